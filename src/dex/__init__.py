@@ -1,0 +1,43 @@
+"""Dex: a durable runtime for AI agents.
+
+A crash repeats at most the one call that was running; a tool call with a side
+effect is never silently run twice.
+"""
+
+from dex.agent import Agent
+from dex.client import Client, SyncClient
+from dex.errors import (
+    Conflict,
+    DexError,
+    InvalidInput,
+    NotFound,
+    ServerError,
+    StorageError,
+    ToolError,
+    Unavailable,
+)
+from dex.tools import Tool, ToolContext, tool
+from dex.wire import TOOL_CALL_NOT_RUN_ERROR_PREFIX, RetryPolicy, ToolKind
+from dex.worker import Worker, WorkerConfig
+
+__all__ = [
+    "TOOL_CALL_NOT_RUN_ERROR_PREFIX",
+    "Agent",
+    "Client",
+    "Conflict",
+    "DexError",
+    "InvalidInput",
+    "NotFound",
+    "RetryPolicy",
+    "ServerError",
+    "StorageError",
+    "SyncClient",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolKind",
+    "Unavailable",
+    "Worker",
+    "WorkerConfig",
+    "tool",
+]

@@ -1,0 +1,3 @@
+from dex.cli.main import main
+
+main()

@@ -1,0 +1,60 @@
+"""Named points in server and Worker code where a test can stop or crash the process.
+
+Armed only through the environment, read once at import:
+
+    DEX_FAILPOINTS="worker.tool_running=pause,server.before_commit_result=crash"
+    DEX_FAILPOINT_DIR=/tmp/fp      # where hits are reported and pauses released
+
+``crash`` SIGKILLs the process on the spot. ``pause`` blocks the process (its
+whole event loop: no heartbeat leaves it) until the file ``NAME.release`` appears
+in the directory, or the test kills it. Every hit first writes ``NAME.hit``, so a
+test waits on a file instead of guessing with a sleep. ``NAME=crash@3`` acts on
+the third hit only.
+
+Unarmed, ``hit`` is a single dictionary check.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+_ARMED: dict[str, tuple[str, int]] = {}
+_COUNTS: dict[str, int] = {}
+_DIR = Path(os.environ.get("DEX_FAILPOINT_DIR", "."))
+
+
+def _parse(spec: str) -> dict[str, tuple[str, int]]:
+    armed: dict[str, tuple[str, int]] = {}
+    for part in spec.split(","):
+        if not part.strip():
+            continue
+        name, _, action = part.strip().partition("=")
+        action, _, nth = action.partition("@")
+        if action not in ("crash", "pause"):
+            raise ValueError(f"failpoint {name}: unknown action {action!r} (crash or pause)")
+        armed[name] = (action, int(nth or 1))
+    return armed
+
+
+_ARMED.update(_parse(os.environ.get("DEX_FAILPOINTS", "")))
+
+
+def hit(name: str) -> None:
+    if not _ARMED:
+        return
+    armed = _ARMED.get(name)
+    if armed is None:
+        return
+    count = _COUNTS[name] = _COUNTS.get(name, 0) + 1
+    action, nth = armed
+    if count != nth:
+        return
+    (_DIR / f"{name}.hit").write_text(str(os.getpid()))
+    if action == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    release = _DIR / f"{name}.release"
+    while not release.exists():
+        time.sleep(0.005)

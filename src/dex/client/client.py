@@ -1,0 +1,158 @@
+"""``dex.Client``: talk to a Dex Server over HTTP (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import orjson
+
+from dex._address import addresses
+from dex.errors import Conflict, DexError, InvalidInput, NotFound, ServerError, Unavailable
+
+_ERRORS: dict[int, type[DexError]] = {404: NotFound, 409: Conflict, 422: InvalidInput}
+
+
+class Client:
+    """Async client. Use ``async with Client(...) as client``, or call ``close()``."""
+
+    def __init__(
+        self,
+        address: str | Sequence[str] | None = None,
+        *,
+        timeout: float = 30.0,
+        connections: int = 100,
+    ) -> None:
+        self.addresses = addresses(address)
+        self.timeout = timeout
+        self._connections = connections
+        self._http: aiohttp.ClientSession | None = None
+        self._current = 0
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # --- sessions ---------------------------------------------------------------------
+
+    async def create_session(self, agent: str, session_id: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"agent": agent}
+        if session_id is not None:
+            body["session_id"] = session_id
+        return await self._request("POST", "/v1/sessions", body)
+
+    async def list_sessions(self, limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if after:
+            params["after"] = after
+        result = await self._request("GET", "/v1/sessions", params=params)
+        sessions: list[dict[str, Any]] = result["sessions"]
+        return sessions
+
+    async def send_message(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        message_id: str | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Send a user message. Its turn starts now, or after the running turn ends.
+
+        With ``wait=True`` return once the turn has ended (or ``timeout`` passed). Sending
+        again with the same ``message_id`` returns the first send's turn and changes nothing.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        body: dict[str, Any] = {"text": text}
+        if message_id is not None:
+            body["message_id"] = message_id
+        if wait:
+            body["wait_seconds"] = timeout
+        result = await self._request("POST", f"/v1/sessions/{session_id}/messages", body,
+                                     read_timeout=timeout + 10)
+        if wait and result["status"] == "running":
+            return await self.wait_turn(session_id, result["turn"], timeout=0)
+        return result
+
+    async def wait_turn(self, session_id: str, turn: int, timeout: float | None = None) -> dict[str, Any]:
+        """The turn once it has ended; if ``timeout`` passes first, its current record."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            result = await self._request(
+                "GET", f"/v1/sessions/{session_id}/turns/{turn}",
+                params={"wait_seconds": min(remaining, 60.0)}, read_timeout=remaining + 10,
+            )
+            if result["status"] != "running" or time.monotonic() >= deadline:
+                return result
+
+    async def get_agent_snapshot(self, session_id: str) -> dict[str, Any]:
+        """History, state, the current turn with its Steps and attempts, and tool calls."""
+        return await self._request("GET", f"/v1/sessions/{session_id}")
+
+    async def list_agents(self) -> list[dict[str, Any]]:
+        result = await self._request("GET", "/v1/agents")
+        agents: list[dict[str, Any]] = result["agents"]
+        return agents
+
+    # --- transport ----------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: dict[str, Any] | None = None,
+        read_timeout: float | None = None,
+    ) -> Any:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._connections),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+            )
+        data = orjson.dumps(body) if body is not None else None
+        timeout = aiohttp.ClientTimeout(total=read_timeout or self.timeout)
+        last: Exception | None = None
+        for _ in range(len(self.addresses)):
+            base = self.addresses[self._current % len(self.addresses)]
+            try:
+                async with self._http.request(
+                    method, base + path, data=data, params=params, timeout=timeout,
+                    headers={"content-type": "application/json"} if data is not None else None,
+                ) as response:
+                    payload = await response.read()
+                    if response.status == 503:
+                        last = Unavailable(f"{base} is not serving: {payload[:200]!r}")
+                        self._current += 1
+                        continue
+                    decoded = orjson.loads(payload) if payload else None
+                    if response.status >= 400:
+                        raise _error(response.status, decoded)
+                    return decoded
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as e:
+                last = e
+                self._current += 1
+        raise Unavailable(f"no Dex Server answered at {', '.join(self.addresses)}: {last}",
+                          retryable=True)
+
+
+def _error(status: int, body: Any) -> DexError:
+    error = body.get("error", {}) if isinstance(body, dict) else {}
+    message = error.get("message", f"HTTP {status}")
+    cls = _ERRORS.get(status, ServerError)
+    exc = cls(message, **error.get("details", {}))
+    exc.status = status
+    exc.code = error.get("code", exc.code)
+    return exc

@@ -1,0 +1,72 @@
+"""Dex's exceptions.
+
+    DexError
+    ├── ToolError            a tool ran and failed with a known outcome (no retry)
+    ├── NotFound             an unknown session, agent, tool, turn or attempt (HTTP 404)
+    ├── Conflict             a state change that the current state refuses (HTTP 409)
+    ├── InvalidInput         input that is well-formed JSON but makes no sense (HTTP 422)
+    ├── StorageError         the store could not commit; nothing was acknowledged
+    │   └── LeaseLost        this node may no longer write (fenced)
+    └── ServerError          the server answered with an error the client cannot map
+        └── Unavailable      no node answered, or the node is a standby
+
+Retryability is a field (``retryable``), not a class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DexError(Exception):
+    code = "dex_error"
+    status = 500
+
+    def __init__(self, message: str, *, retryable: bool = False, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.details = details
+
+
+class ToolError(DexError):
+    """Raise from a tool when it ran and failed with a known outcome.
+
+    The call records ``failed`` at once and the model sees the message. Any other
+    exception is a failed *attempt* and may be retried.
+    """
+
+    code = "tool_error"
+
+
+class NotFound(DexError):
+    code = "not_found"
+    status = 404
+
+
+class Conflict(DexError):
+    code = "conflict"
+    status = 409
+
+
+class InvalidInput(DexError):
+    code = "invalid_input"
+    status = 422
+
+
+class StorageError(DexError):
+    code = "storage_error"
+    status = 503
+
+
+class LeaseLost(StorageError):
+    code = "lease_lost"
+
+
+class ServerError(DexError):
+    code = "server_error"
+
+
+class Unavailable(ServerError):
+    code = "unavailable"
+    status = 503

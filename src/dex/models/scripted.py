@@ -1,0 +1,68 @@
+"""A scripted model for tests and demos: its response depends only on the history.
+
+A rerun of the same RunModel therefore gives the same response, which is what
+makes crash tests exact. It can also be told to fail, hang or stream slowly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from dex.models.base import Model, ModelError, ModelRequest
+from dex.wire import Item, ModelResponse, ModelToolCall
+
+Respond = Callable[[list[Item]], ModelResponse | str]
+
+
+def say(text: str) -> ModelResponse:
+    """A final answer."""
+    return ModelResponse(text=text)
+
+
+def call(name: str, call_id: str = "call_1", /, **arguments: Any) -> ModelToolCall:
+    """One tool call, for ``ModelResponse(tool_calls=[...])``."""
+    return ModelToolCall(id=call_id, name=name, arguments=arguments)
+
+
+class Scripted(Model):
+    def __init__(
+        self,
+        respond: Respond,
+        *,
+        chunk_chars: int = 0,
+        delay_per_chunk: float = 0.0,
+        fail_attempts: int = 0,
+        hang: bool = False,
+        name: str = "scripted",
+    ) -> None:
+        """``chunk_chars`` > 0 streams the text in chunks of that size, ``delay_per_chunk``
+        apart. ``fail_attempts`` makes attempts 1..n fail (retryably); ``hang`` never answers."""
+        self.respond = respond
+        self.chunk_chars = chunk_chars
+        self.delay_per_chunk = delay_per_chunk
+        self.fail_attempts = fail_attempts
+        self.hang = hang
+        self.name = name
+
+    def spec(self) -> dict[str, Any]:
+        return {"provider": "scripted", "name": self.name}
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
+        if request.attempt <= self.fail_attempts:
+            raise ModelError(f"scripted failure on attempt {request.attempt}", retryable=True)
+        if self.hang:
+            await asyncio.Event().wait()
+        response = self.respond(request.history)
+        if isinstance(response, str):
+            response = ModelResponse(text=response)
+        text = response.text
+        if self.chunk_chars > 0 and text:
+            for i in range(0, len(text), self.chunk_chars):
+                if self.delay_per_chunk:
+                    await asyncio.sleep(self.delay_per_chunk)
+                yield text[i : i + self.chunk_chars]
+        elif text:
+            yield text
+        yield response

@@ -1,0 +1,1 @@
+"""HTTP and WebSocket routes: parse, call the domain, render. No SQL here."""

@@ -1,0 +1,82 @@
+"""Every error leaves the server as JSON: ``{"error": {"code", "message", "details"?}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from dex.errors import DexError
+from dex.wire import error_body
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(DexError)
+    async def dex_error(_: Request, exc: DexError) -> ORJSONResponse:
+        return ORJSONResponse(error_body(exc.code, exc.message, **exc.details), exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+        problems = [
+            {"where": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]} for e in exc.errors()
+        ]
+        return ORJSONResponse(
+            error_body("invalid_request", "the request is not valid", problems=problems), 422
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> ORJSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return ORJSONResponse(error_body(code, str(exc.detail)), exc.status_code)
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if value.isdigit() and int(value) > self.limit:
+                    await _too_large(send, self.limit)
+                    return
+                await self.app(scope, receive, send)  # the server holds it to that length
+                return
+        # No declared length (chunked): read it all, up to the limit, then replay it.
+        messages: list[Message] = []
+        seen = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                await _too_large(send, self.limit)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body: Any = ORJSONResponse(
+        error_body("body_too_large", f"the request body is over {limit} bytes"), 413
+    ).body
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})

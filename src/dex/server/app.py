@@ -1,0 +1,79 @@
+"""Builds the ASGI app of one Dex Server node and runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import ORJSONResponse
+from starlette.types import ASGIApp
+
+from dex.server.api import errors, ops, sessions, workers
+from dex.server.config import ServerConfig
+from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.sessions import Sessions
+from dex.server.store.sqlite import SqliteStore
+
+log = logging.getLogger("dex.server")
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = SqliteStore(config.database_path)
+        await store.open()
+        dispatcher = Dispatcher(config.heartbeat_timeout)
+        domain = Sessions(store, dispatcher)
+        app.state.store = store
+        app.state.dispatcher = dispatcher
+        app.state.sessions = domain
+        failed = await domain.start()
+        dispatcher.start(domain.assign, domain.expire)
+        app.state.ready = True
+        log.info("node ready", extra={"action": "node.ready", "failed_attempts": failed})
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            await dispatcher.stop()
+            await store.close()
+
+    app = FastAPI(
+        title="Dex",
+        version="0.1.0",
+        summary="A durable runtime for AI agents.",
+        default_response_class=ORJSONResponse,
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    app.state.ready = False
+    errors.install(app)
+    app.include_router(ops.router)
+    app.include_router(sessions.router)
+    app.include_router(workers.router)
+    return app
+
+
+def asgi(config: ServerConfig) -> ASGIApp:
+    return errors.BodyLimit(create_app(config), config.max_body_bytes)
+
+
+def serve(config: ServerConfig) -> None:
+    """Run one node until SIGINT or SIGTERM."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            asgi(config),
+            host=config.host,
+            port=config.port,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            ws_max_size=64 << 20,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    asyncio.run(server.serve())

@@ -1,0 +1,25 @@
+"""Server configuration: one frozen value with named defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PORT = 7450
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    data_dir: Path = Path("dex-data")
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    heartbeat_timeout: float = 10.0
+    """Seconds without a heartbeat after which an attempt fails (``DEX_HEARTBEAT_TIMEOUT``)."""
+    max_body_bytes: int = 1 << 20
+    """Requests with a larger body are refused with 413 (``DEX_MAX_BODY_BYTES``)."""
+    max_wait_seconds: float = 60.0
+    """The longest a request may wait for a turn to end."""
+
+    @property
+    def database_path(self) -> Path:
+        return self.data_dir / "dex.sqlite3"

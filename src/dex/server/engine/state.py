@@ -1,0 +1,148 @@
+"""The durable state of one session, as the engine sees it.
+
+A session's state is one JSON document (plus its append-only history). It holds
+the current turn with every Step, attempt and tool call, so one row write
+records any transition. Ended turns move to the turn archive.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from dex.wire import (
+    AttemptOutcome,
+    AttemptProgress,
+    RecoveryError,
+    RetryPolicy,
+    StepStatus,
+    StepType,
+    ToolCallStatus,
+    ToolKind,
+    Wire,
+)
+
+
+class Attempt(Wire):
+    number: int
+    worker_id: str
+    started_at: float
+    ended_at: float | None = None
+    outcome: AttemptOutcome = AttemptOutcome.RUNNING
+    error: RecoveryError | None = None
+
+
+class Step(Wire):
+    id: str
+    type: StepType
+    status: StepStatus = StepStatus.QUEUED
+    queue: str
+    retry: RetryPolicy
+    created_at: float
+    not_before: float | None = None
+    tool_call_id: str | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    handed_back: int = 0
+    ended_at: float | None = None
+    error: RecoveryError | None = None
+    usage: dict[str, int] | None = None
+
+    @property
+    def current(self) -> Attempt | None:
+        if self.attempts and self.attempts[-1].outcome == AttemptOutcome.RUNNING:
+            return self.attempts[-1]
+        return None
+
+    @property
+    def progress(self) -> AttemptProgress:
+        """How far the Step got over all its attempts."""
+        return AttemptProgress.NOT_COMPLETED if self.attempts else AttemptProgress.NOT_STARTED
+
+
+class ToolCall(Wire):
+    id: str
+    model_call_id: str
+    name: str
+    arguments: dict[str, Any]
+    kind: ToolKind | None
+    idempotency_key: str
+    status: ToolCallStatus = ToolCallStatus.PENDING
+    result: Any = None
+    error: str | None = None
+    step_id: str | None = None
+
+
+class TurnStatus(StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Turn(Wire):
+    number: int
+    message_id: str | None = None
+    status: TurnStatus = TurnStatus.RUNNING
+    started_at: float
+    ended_at: float | None = None
+    error: str | None = None
+    text: str | None = None
+    steps: list[Step] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    batch: list[str] = Field(default_factory=list)
+    """The tool calls of the latest model response, in the model's order."""
+
+    def step(self, step_id: str) -> Step | None:
+        for step in reversed(self.steps):
+            if step.id == step_id:
+                return step
+        return None
+
+    def tool_call(self, call_id: str) -> ToolCall | None:
+        for call in self.tool_calls:
+            if call.id == call_id:
+                return call
+        return None
+
+
+class QueuedMessage(Wire):
+    number: int
+    text: str
+    message_id: str | None = None
+
+
+class SessionStatus(StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"
+
+
+class SessionState(Wire):
+    id: str
+    agent: str
+    created_at: float
+    status: SessionStatus = SessionStatus.IDLE
+    turn: Turn | None = None
+    queued: list[QueuedMessage] = Field(default_factory=list)
+    messages_received: int = 0
+    history_length: int = 0
+
+    def running_steps(self) -> list[Step]:
+        if self.turn is None:
+            return []
+        return [s for s in self.turn.steps if s.status == StepStatus.RUNNING]
+
+    def queued_steps(self) -> list[Step]:
+        if self.turn is None:
+            return []
+        return [s for s in self.turn.steps if s.status == StepStatus.QUEUED]
+
+
+def attempt_id(session_id: str, step_id: str, number: int) -> str:
+    return f"{session_id}/{step_id}/{number}"
+
+
+def parse_attempt_id(value: str) -> tuple[str, str, int]:
+    session_id, step_id, number = value.rsplit("/", 2)
+    return session_id, step_id, int(number)

@@ -1,0 +1,387 @@
+"""The domain layer: each session is an actor that applies one input at a time.
+
+An input (a user message, a Step result, a failed attempt, a hand-out) runs a
+pure handler on the session's state, and the resulting transition is written
+in one durable commit. Only then does anything outside learn of it: the caller
+gets its answer, Workers get their Steps, waiters wake. A commit that fails
+leaves the in-memory state behind: the actor is dropped and reloaded from
+storage on next use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from dex.errors import Conflict, DexError, InvalidInput, NotFound
+from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
+from dex.server.engine import handlers
+from dex.server.engine.handlers import Transition
+from dex.server.engine.state import (
+    SessionState,
+    Step,
+    Turn,
+    TurnStatus,
+    attempt_id,
+    parse_attempt_id,
+)
+from dex.server.store.base import SessionRow, Store, Write
+from dex.wire import (
+    AgentSpec,
+    AttemptProgress,
+    Handout,
+    Item,
+    ModelResponse,
+    RecoveryError,
+    StepStatus,
+    StepType,
+    ToolOutcome,
+)
+
+log = logging.getLogger("dex.sessions")
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+T = TypeVar("T")
+
+
+@dataclass(eq=False)
+class Actor:
+    state: SessionState
+    history: list[Item]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    turn_waiters: dict[int, asyncio.Event] = field(default_factory=dict)
+
+
+class Sessions:
+    def __init__(self, store: Store, dispatcher: Dispatcher) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.agents: dict[str, AgentSpec] = {}
+        self._actors: dict[str, Actor] = {}
+        self._loading: dict[str, asyncio.Future[Actor]] = {}
+
+    # --- start -----------------------------------------------------------------------
+
+    async def start(self, reason: str = "the server restarted") -> int:
+        """Load agents, fail every attempt left running, and queue what was queued.
+
+        Returns how many attempts were failed.
+        """
+        self.agents = {a.name: a for a in await self.store.load_agents()}
+        failed = 0
+        for session_id in await self.store.running_sessions():
+            actor = await self._actor(session_id)
+            queued = {step.id for step in actor.state.queued_steps()}
+            running = len(actor.state.running_steps())
+            if running:
+                spec = self._spec(actor.state.agent)
+                await self._apply(actor, lambda s, now: handlers.recover(s, spec, now, reason))
+                failed += running
+            for step in actor.state.queued_steps():
+                if step.id in queued:  # retries that recover() queued are offered already
+                    self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
+        return failed
+
+    # --- agents ------------------------------------------------------------------------
+
+    async def register_agents(self, specs: list[AgentSpec]) -> None:
+        changed = [s for s in specs if self.agents.get(s.name) != s]
+        if changed:
+            await self.store.write(Write(agents=changed))
+            for spec in changed:
+                self.agents[spec.name] = spec
+
+    def _spec(self, agent: str) -> AgentSpec:
+        spec = self.agents.get(agent)
+        if spec is None:
+            raise NotFound(f"unknown agent {agent!r}: no Worker has registered it", agent=agent)
+        return spec
+
+    # --- client inputs ------------------------------------------------------------------
+
+    async def create(self, agent: str, session_id: str | None) -> SessionState:
+        self._spec(agent)
+        if session_id is None:
+            session_id = "s_" + secrets.token_hex(8)
+        elif not ID_PATTERN.match(session_id):
+            raise InvalidInput("a session id is 1-128 letters, digits or _.:-", session_id=session_id)
+        state = SessionState(id=session_id, agent=agent, created_at=time.time())
+        await self.store.write(Write(session=state, create=True))
+        return state
+
+    async def list(self, limit: int, after: str | None) -> list[SessionRow]:
+        return await self.store.list_sessions(limit, after)
+
+    async def send(self, session_id: str, text: str, message_id: str | None) -> tuple[int, bool]:
+        """Returns (message number, whether this call created it)."""
+        actor = await self._actor(session_id)
+        async with actor.lock:
+            if message_id is not None:
+                known = await self.store.find_message(session_id, message_id)
+                if known is not None:
+                    return known, False
+            spec = self._spec(actor.state.agent)
+            result: list[int] = []
+
+            def handle(s: SessionState, now: float) -> Transition:
+                t, number = handlers.receive_message(s, spec, text, message_id, now)
+                result.append(number)
+                return t
+
+            await self._apply_locked(actor, handle, message_id=message_id)
+            return result[0], True
+
+    async def wait_turn(self, session_id: str, number: int, timeout: float) -> Turn | None:
+        """The turn once it has ended, or ``None`` if it runs past ``timeout``."""
+        actor = await self._actor(session_id)
+        if number < 1 or number > actor.state.messages_received:
+            raise NotFound(f"session {session_id} has no turn {number}")
+        deadline = time.monotonic() + timeout
+        while True:
+            turn = await self._ended_turn(actor, number)
+            if turn is not None:
+                return turn
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            event = actor.turn_waiters.setdefault(number, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                return None
+
+    async def _ended_turn(self, actor: Actor, number: int) -> Turn | None:
+        turn = actor.state.turn
+        if turn is not None and turn.number == number:
+            return None
+        if any(m.number == number for m in actor.state.queued):
+            return None
+        return await self.store.load_turn(actor.state.id, number)
+
+    async def snapshot(self, session_id: str) -> dict[str, Any]:
+        actor = await self._actor(session_id)
+        state = actor.state
+        waiting = []
+        for step in state.queued_steps():
+            serving = any(step.queue in w.queues for w in self.dispatcher.workers.values())
+            waiting.append({
+                "step_id": step.id,
+                "queue": step.queue,
+                "not_before": step.not_before,
+                "waiting_for": "backoff" if step.not_before else
+                ("a free Worker" if serving else "a Worker that serves " + step.queue),
+            })
+        return {
+            "session": {
+                "id": state.id,
+                "agent": state.agent,
+                "status": state.status.value,
+                "created_at": state.created_at,
+                "messages_received": state.messages_received,
+                "queued_messages": [m.model_dump() for m in state.queued],
+            },
+            "current_turn": state.turn.model_dump(mode="json") if state.turn else None,
+            "waiting": waiting,
+            "history": [item.model_dump(mode="json") for item in actor.history],
+        }
+
+    # --- Worker inputs -------------------------------------------------------------------
+
+    async def assign(self, session_id: str, step_id: str, worker: WorkerConn) -> dict[str, Any] | None:
+        """Record a hand-out of a queued Step to ``worker``; None if it is not queued any more."""
+        actor = await self._actor(session_id)
+        async with actor.lock:
+            step = actor.state.turn.step(step_id) if actor.state.turn else None
+            if step is None or step.status != StepStatus.QUEUED:
+                return None
+            def handle(s: SessionState, now: float) -> Transition:
+                handlers.assign(s, step_id, worker.id, now)
+                return Transition()
+
+            await self._apply_locked(actor, handle, dispatch=False)
+            return self._handout(actor, step, worker)
+
+    async def complete(self, attempt: str, payload: dict[str, Any]) -> None:
+        session_id, step_id, number = _parse(attempt)
+        actor = await self._actor(session_id)
+        spec = self._spec(actor.state.agent)
+
+        def handle(s: SessionState, now: float) -> Transition:
+            step = s.turn.step(step_id) if s.turn else None
+            if step is not None and step.type == StepType.RUN_MODEL:
+                response = ModelResponse.model_validate(payload)
+                return handlers.complete_model(s, spec, step_id, number, response, now)
+            outcome = ToolOutcome.model_validate(payload)
+            return handlers.complete_tool(s, spec, step_id, number, outcome, now)
+
+        await self._apply(actor, handle)
+        self.dispatcher.unhold(attempt)
+
+    async def fail(self, attempt: str, error: RecoveryError) -> None:
+        session_id, step_id, number = _parse(attempt)
+        actor = await self._actor(session_id)
+        spec = self._spec(actor.state.agent)
+        await self._apply(
+            actor, lambda s, now: handlers.fail_attempt(s, spec, step_id, number, error, now)
+        )
+        self.dispatcher.unhold(attempt)
+
+    async def hand_back(self, attempt: str) -> None:
+        session_id, step_id, number = _parse(attempt)
+        actor = await self._actor(session_id)
+        await self._apply(actor, lambda s, now: handlers.hand_back(s, step_id, number))
+        self.dispatcher.unhold(attempt)
+
+    async def expire(self, held: Held) -> None:
+        """An attempt's heartbeats stopped."""
+        error = RecoveryError(
+            message=f"no heartbeat from Worker {held.worker_id} for "
+                    f"{self.dispatcher.heartbeat_timeout:g}s",
+            attempt_progress=AttemptProgress.NOT_COMPLETED,
+        )
+        try:
+            await self.fail(attempt_id(held.session_id, held.step_id, held.number), error)
+        except (Conflict, NotFound):
+            pass  # it ended on its own meanwhile
+
+    # --- the actor machinery ---------------------------------------------------------------
+
+    async def _actor(self, session_id: str) -> Actor:
+        actor = self._actors.get(session_id)
+        if actor is not None:
+            return actor
+        pending = self._loading.get(session_id)
+        if pending is not None:
+            return await pending
+        fut: asyncio.Future[Actor] = asyncio.get_running_loop().create_future()
+        self._loading[session_id] = fut
+        try:
+            loaded = await self.store.load_session(session_id)
+            if loaded is None:
+                raise NotFound(f"unknown session {session_id!r}", session_id=session_id)
+            actor = Actor(state=loaded[0], history=loaded[1])
+            self._actors[session_id] = actor
+            fut.set_result(actor)
+            return actor
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: other waiters re-raise it
+            raise
+        finally:
+            del self._loading[session_id]
+
+    async def _apply(self, actor: Actor, handle: Callable[[SessionState, float], Transition]) -> None:
+        async with actor.lock:
+            await self._apply_locked(actor, handle)
+
+    async def _apply_locked(
+        self,
+        actor: Actor,
+        handle: Callable[[SessionState, float], Transition],
+        *,
+        message_id: str | None = None,
+        dispatch: bool = True,
+    ) -> None:
+        if self._actors.get(actor.state.id) is not actor:
+            raise Conflict("the session was reloaded; try again", retryable=True)
+        state = actor.state
+        now = time.time()
+        t = handle(state, now)
+        # Hand a new Step to a Worker that is free right now in this same commit.
+        handed: list[tuple[Step, WorkerConn]] = []
+        if dispatch:
+            for step in t.ready:
+                if step.not_before is not None or step.status != StepStatus.QUEUED:
+                    continue
+                worker = self.dispatcher.reserve(step.queue)
+                if worker is not None:
+                    handlers.assign(state, step.id, worker.id, now)
+                    handed.append((step, worker))
+        write = Write(
+            session=state,
+            history=t.history,
+            history_start=state.history_length,
+            ended_turn=t.ended_turn,
+            message=(message_id, state.messages_received) if message_id else None,
+        )
+        state.history_length += len(t.history)
+        try:
+            await self.store.write(write)
+        except BaseException:
+            self._actors.pop(state.id, None)  # the state in memory ran ahead of storage
+            for _, worker in handed:
+                self.dispatcher.release(worker)
+            raise
+        actor.history.extend(t.history)
+        self._after_commit(actor, t, handed)
+
+    def _after_commit(
+        self, actor: Actor, t: Transition, handed: list[tuple[Step, WorkerConn]]
+    ) -> None:
+        sid = actor.state.id
+        for aid in t.cancel:
+            held = self.dispatcher.unhold(aid)
+            if held is not None:
+                worker = self.dispatcher.workers.get(held.worker_id)
+                if worker is not None:
+                    worker.send({"t": "cancel", "attempt_id": aid})
+        handed_steps = {id(step) for step, _ in handed}
+        for step in t.ready:
+            if id(step) not in handed_steps and step.status == StepStatus.QUEUED:
+                self.dispatcher.offer(sid, step.id, step.queue, step.not_before)
+        for step, worker in handed:
+            worker.send(self._handout(actor, step, worker))
+        if t.ended_turn is not None:
+            event = actor.turn_waiters.pop(t.ended_turn.number, None)
+            if event is not None:
+                event.set()
+            log.info("turn ended", extra={"action": "turn.ended", "session_id": sid,
+                                          "turn": t.ended_turn.number,
+                                          "status": t.ended_turn.status.value})
+
+    def _handout(self, actor: Actor, step: Step, worker: WorkerConn) -> dict[str, Any]:
+        state = actor.state
+        attempt = step.attempts[-1]
+        aid = attempt_id(state.id, step.id, attempt.number)
+        self.dispatcher.hold(worker, aid, Held(
+            session_id=state.id, step_id=step.id, number=attempt.number, worker_id=worker.id,
+            deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
+        ))
+        handout = Handout(
+            attempt_id=aid,
+            session_id=state.id,
+            step_id=step.id,
+            step_type=step.type,
+            attempt=attempt.number,
+            agent=state.agent,
+        )
+        if step.type == StepType.RUN_MODEL:
+            handout.history = list(actor.history)
+        else:
+            assert state.turn is not None and step.tool_call_id is not None
+            call = state.turn.tool_call(step.tool_call_id)
+            assert call is not None
+            handout.tool = call.name
+            handout.call_id = call.id
+            handout.arguments = call.arguments
+            handout.idempotency_key = call.idempotency_key
+            handout.needs_start_ack = step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL
+        message = handout.model_dump(mode="json")
+        message["t"] = "step"
+        return message
+
+
+def _parse(attempt: str) -> tuple[str, str, int]:
+    try:
+        return parse_attempt_id(attempt)
+    except ValueError:
+        raise NotFound(f"unknown attempt {attempt!r}") from None
+
+
+__all__ = ["DexError", "Sessions", "TurnStatus"]

@@ -1,0 +1,117 @@
+"""Start real Dex Server and Worker processes, SIGKILL them, start them again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from dex.testing.wait import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class _Process:
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, args: list[str], env: Mapping[str, str]) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dex", *args],
+                env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until the process is gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, and wait for a graceful exit. Returns the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class ServerProcess(_Process):
+    """``dex server`` on a data directory; restart it on the same directory after a kill."""
+
+    def __init__(
+        self, data_dir: Path, *, port: int | None = None, heartbeat_timeout: float = 2.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(data_dir.parent / f"{data_dir.name}-server.log")
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.heartbeat_timeout = heartbeat_timeout
+        self.env = dict(env or {})
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, env: Mapping[str, str] | None = None, timeout: float = 20.0) -> ServerProcess:
+        self._spawn(
+            ["server", "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
+             "--heartbeat-timeout", str(self.heartbeat_timeout)],
+            {**self.env, **(env or {})},
+        )
+        wait_until(lambda: self._ready() or not self.alive, timeout, 0.02, "server ready")
+        if not self.alive:
+            raise RuntimeError(f"server exited:\n{self.output()[-3000:]}")
+        return self
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.address + "/readyz", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+
+class WorkerProcess(_Process):
+    """``dex worker MODULE`` pointed at a server."""
+
+    def __init__(
+        self, module: str, address: str, log: Path, *, env: Mapping[str, str] | None = None,
+        capacity: int = 16,
+    ) -> None:
+        super().__init__(log)
+        self.module = module
+        self.address = address
+        self.env = dict(env or {})
+        self.capacity = capacity
+
+    def start(self, env: Mapping[str, str] | None = None) -> WorkerProcess:
+        self._spawn(
+            ["worker", self.module, "--address", self.address, "--capacity", str(self.capacity)],
+            {**self.env, **(env or {})},
+        )
+        return self

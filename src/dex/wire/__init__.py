@@ -1,0 +1,226 @@
+"""The plain data that crosses between the server, Workers and clients.
+
+Everything here is JSON: pydantic models with no behaviour beyond validation.
+Live objects (a model client, a tool function) never cross the wire; a Worker
+rebuilds them from its own registry by name.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+TOOL_CALL_NOT_RUN_ERROR_PREFIX = "the tool did not run, so it is safe to call again"
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- tools and agents -------------------------------------------------------
+
+
+class ToolKind(StrEnum):
+    READ = "read"
+    IDEMPOTENT_WRITE = "idempotent_write"
+    WRITE = "write"
+
+
+class RetryPolicy(Wire):
+    """How often a Step may be handed to a Worker before it fails for good."""
+
+    max_attempts: int = Field(3, ge=1, le=100)
+    within_seconds: float = Field(1800.0, gt=0)
+    initial_backoff_seconds: float = Field(1.0, ge=0)
+    max_backoff_seconds: float = Field(30.0, ge=0)
+    backoff_multiplier: float = Field(2.0, ge=1)
+
+    def backoff(self, failed_attempts: int) -> float:
+        """Seconds to wait before attempt ``failed_attempts + 1``."""
+        delay = self.initial_backoff_seconds * self.backoff_multiplier ** (failed_attempts - 1)
+        return float(min(delay, self.max_backoff_seconds))
+
+
+SINGLE_ATTEMPT = RetryPolicy(max_attempts=1)
+
+
+class ToolSpec(Wire):
+    name: str = Field(min_length=1, max_length=128)
+    description: str = ""
+    kind: ToolKind = ToolKind.WRITE
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+
+class AgentSpec(Wire):
+    """What a Worker tells the server about an agent it serves."""
+
+    name: str = Field(min_length=1, max_length=128)
+    model: dict[str, Any] = Field(default_factory=dict)
+    instructions: str = ""
+    tools: list[ToolSpec] = Field(default_factory=list)
+    model_retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+    def tool(self, name: str) -> ToolSpec | None:
+        for spec in self.tools:
+            if spec.name == name:
+                return spec
+        return None
+
+
+# --- history ---------------------------------------------------------------
+
+
+class ModelToolCall(Wire):
+    """One tool call as the model asked for it."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolCallStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    DENIED = "denied"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (ToolCallStatus.PENDING, ToolCallStatus.RUNNING)
+
+
+class UserItem(Wire):
+    type: Literal["user"] = "user"
+    text: str
+
+
+class AssistantItem(Wire):
+    type: Literal["assistant"] = "assistant"
+    text: str = ""
+    tool_calls: list[ModelToolCall] = Field(default_factory=list)
+
+
+class ToolResultItem(Wire):
+    type: Literal["tool_result"] = "tool_result"
+    call_id: str
+    name: str
+    status: ToolCallStatus
+    result: Any = None
+    error: str | None = None
+
+
+class NoteItem(Wire):
+    type: Literal["note"] = "note"
+    text: str
+
+
+class SummaryItem(Wire):
+    type: Literal["summary"] = "summary"
+    text: str
+
+
+Item = Annotated[
+    UserItem | AssistantItem | ToolResultItem | NoteItem | SummaryItem,
+    Field(discriminator="type"),
+]
+ITEMS = TypeAdapter(list[Item])
+ITEM = TypeAdapter(Item)
+
+
+# --- model output ------------------------------------------------------------
+
+
+class Usage(Wire):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class ModelResponse(Wire):
+    text: str = ""
+    tool_calls: list[ModelToolCall] = Field(default_factory=list)
+    stop_reason: str = "end_turn"
+    usage: Usage = Field(default_factory=Usage)
+
+
+# --- steps, attempts, recovery -------------------------------------------------
+
+
+class StepType(StrEnum):
+    RUN_MODEL = "RunModel"
+    CALL_TOOL = "CallTool"
+    CALL_SINGLE_ATTEMPT_TOOL = "CallSingleAttemptTool"
+
+
+class StepStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class AttemptProgress(StrEnum):
+    UNSPECIFIED = "UNSPECIFIED"
+    NOT_STARTED = "NOT_STARTED"
+    NOT_COMPLETED = "NOT_COMPLETED"
+
+
+class RecoveryError(Wire):
+    """Why an attempt failed, and how far it got."""
+
+    message: str
+    attempt_progress: AttemptProgress = AttemptProgress.UNSPECIFIED
+    retryable: bool = True
+
+
+class AttemptOutcome(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ToolOutcome(Wire):
+    """What a tool body produced: a result, or a definite failure (``ToolError``)."""
+
+    status: Literal["succeeded", "failed"]
+    result: Any = None
+    error: str | None = None
+
+
+# --- the Worker protocol -----------------------------------------------------------
+#
+# A Worker holds one WebSocket to the active node. Each frame is a JSON list of
+# messages, so both sides batch what is ready in one send.
+
+
+class Handout(Wire):
+    """A Step attempt handed to a Worker."""
+
+    attempt_id: str
+    session_id: str
+    step_id: str
+    step_type: StepType
+    attempt: int
+    agent: str
+    # RunModel
+    history: list[Item] = Field(default_factory=list)
+    # tool steps
+    tool: str | None = None
+    call_id: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str | None = None
+    needs_start_ack: bool = False
+
+
+def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
+    """The JSON body of every error the API returns."""
+    body: dict[str, Any] = {"code": code, "message": message}
+    if details:
+        body["details"] = details
+    return {"error": body}

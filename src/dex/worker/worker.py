@@ -1,0 +1,374 @@
+"""A stateless Worker: holds agent definitions in code and runs the Steps it is handed.
+
+It keeps one WebSocket to the active node (see ``dex.server.api.workers`` for the
+messages), reconnects by itself, heartbeats every attempt it holds, and keeps
+each result until the server acknowledges it, sending it again after a
+reconnect. A result the server refuses (its attempt was failed meanwhile) is
+dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from dex import _failpoints as failpoints
+from dex._address import addresses
+from dex.agent import Agent
+from dex.errors import ToolError
+from dex.models.base import ModelRequest
+from dex.tools import ToolContext
+from dex.wire import (
+    AttemptProgress,
+    Handout,
+    ModelResponse,
+    RecoveryError,
+    StepType,
+    ToolOutcome,
+)
+
+log = logging.getLogger("dex.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    capacity: int = 16
+    """How many attempts this Worker runs at once."""
+    heartbeat_interval: float = 1.0
+    drain_timeout: float = 30.0
+    """On shutdown, how long running attempts may take to finish."""
+    reconnect_initial: float = 0.1
+    reconnect_max: float = 5.0
+    worker_id: str | None = None
+
+
+@dataclass(eq=False)
+class _Attempt:
+    handout: Handout
+    task: asyncio.Task[None] | None = None
+    started: asyncio.Future[bool] | None = None
+    result: dict[str, Any] | None = None
+
+
+@dataclass(eq=False)
+class _Link:
+    """One live connection."""
+
+    ws: aiohttp.ClientWebSocketResponse
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def put(self, message: dict[str, Any]) -> None:
+        self.pending.append(message)
+        self.ready.set()
+
+
+class Worker:
+    def __init__(
+        self,
+        agents: Sequence[Agent],
+        address: str | Sequence[str] | None = None,
+        config: WorkerConfig | None = None,
+    ) -> None:
+        if not agents:
+            raise ValueError("a Worker needs at least one agent")
+        self.agents = {a.name: a for a in agents}
+        if len(self.agents) != len(agents):
+            raise ValueError("two agents share a name")
+        self.addresses = addresses(address)
+        self.config = config or WorkerConfig()
+        self.id = self.config.worker_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        )
+        self._attempts: dict[str, _Attempt] = {}
+        self._link: _Link | None = None
+        self._stopping = asyncio.Event()
+        self._draining = False
+        self._stopped = asyncio.Event()
+        self._running = False
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Worker:
+        self._main = asyncio.create_task(self.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    async def run(self) -> None:
+        """Serve until ``shutdown()``. Calling it while it runs does nothing."""
+        if self._running:
+            await self._stopped.wait()
+            return
+        self._running = True
+        try:
+            async with aiohttp.ClientSession() as http:
+                await self._connect_loop(http)
+        finally:
+            self._stopped.set()
+
+    def run_forever(self) -> None:
+        """Run in this thread until SIGINT or SIGTERM, then drain and exit."""
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.shutdown()))
+            await self.run()
+
+        asyncio.run(main())
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Stop taking Steps, let running ones finish (up to the drain timeout), hand back
+        what had not started, and close. Safe to call more than once."""
+        if not self._draining:
+            self._draining = True
+            await self._drain(self.config.drain_timeout if timeout is None else timeout)
+            self._stopping.set()
+        if self._running:
+            await self._stopped.wait()
+
+    async def _drain(self, timeout: float) -> None:
+        link = self._link
+        if link is not None:
+            link.put({"t": "drain"})
+        for attempt in list(self._attempts.values()):
+            if attempt.started is not None and not attempt.started.done():
+                attempt.started.set_result(False)  # hands it back
+        tasks = [a.task for a in self._attempts.values() if a.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=timeout)
+            for task in late:
+                task.cancel()
+        # wait (briefly) for the server to acknowledge what we sent
+        deadline = asyncio.get_running_loop().time() + min(timeout, 5.0)
+        while self._attempts and asyncio.get_running_loop().time() < deadline and self._link:
+            await asyncio.sleep(0.02)
+
+    # --- the connection ------------------------------------------------------------------
+
+    async def _connect_loop(self, http: aiohttp.ClientSession) -> None:
+        delay = self.config.reconnect_initial
+        index = 0
+        while not self._stopping.is_set():
+            base = self.addresses[index % len(self.addresses)]
+            index += 1
+            url = base.replace("http://", "ws://").replace("https://", "wss://")
+            try:
+                async with http.ws_connect(
+                    url + "/v1/workers/connect", max_msg_size=64 << 20, autoping=True
+                ) as ws:
+                    delay = self.config.reconnect_initial
+                    await self._serve(ws)
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
+            if self._stopping.is_set():
+                break
+            try:
+                await asyncio.wait_for(self._stopping.wait(), delay)
+            except TimeoutError:
+                pass
+            delay = min(delay * 2, self.config.reconnect_max)
+
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        link = _Link(ws)
+        link.put({
+            "t": "hello",
+            "worker_id": self.id,
+            "agents": [a.spec().model_dump(mode="json") for a in self.agents.values()],
+            "capacity": self.config.capacity,
+        })
+        if self._draining:
+            link.put({"t": "drain"})
+        # results the last node never acknowledged: send them again
+        for attempt in self._attempts.values():
+            if attempt.result is not None:
+                link.put(attempt.result)
+        self._link = link
+        sides = [
+            asyncio.create_task(self._write(link)),
+            asyncio.create_task(self._heartbeat(link)),
+            asyncio.create_task(self._read(link)),
+            asyncio.create_task(self._stopping.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(sides, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            self._link = None
+            for task in sides:
+                task.cancel()
+            await asyncio.gather(*sides, return_exceptions=True)
+
+    async def _write(self, link: _Link) -> None:
+        while True:
+            await link.ready.wait()
+            link.ready.clear()
+            batch, link.pending = link.pending, []
+            if batch:
+                await link.ws.send_bytes(orjson.dumps(batch))
+
+    async def _heartbeat(self, link: _Link) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval)
+            if self._attempts:
+                link.put({"t": "hb", "attempts": list(self._attempts)})
+
+    async def _read(self, link: _Link) -> None:
+        async for frame in link.ws:
+            if frame.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                break
+            for message in orjson.loads(frame.data):
+                self._on_message(link, message)
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._link is not None:
+            self._link.put(message)
+
+    def _on_message(self, link: _Link, message: dict[str, Any]) -> None:
+        kind = message["t"]
+        if kind == "step":
+            message.pop("t")
+            handout = Handout.model_validate(message)
+            if handout.attempt_id in self._attempts:
+                return
+            attempt = _Attempt(handout)
+            self._attempts[handout.attempt_id] = attempt
+            attempt.task = asyncio.create_task(self._run_attempt(attempt))
+        elif kind == "hb":
+            for attempt_id, status in message["status"].items():
+                attempt = self._attempts.get(attempt_id)
+                if attempt is None:
+                    continue
+                if attempt.started is not None and not attempt.started.done():
+                    attempt.started.set_result(status == "ok")
+                elif status != "ok" and attempt.result is None:
+                    self._abandon(attempt, "the server no longer runs this attempt")
+        elif kind == "cancel":
+            attempt = self._attempts.get(message["attempt_id"])
+            if attempt is not None and attempt.result is None:
+                self._abandon(attempt, "cancelled by the server")
+        elif kind == "ack":
+            attempt = self._attempts.pop(message["attempt_id"], None)
+            if attempt is not None and not message["ok"]:
+                log.info("result refused: %s", message.get("error"),
+                         extra={"action": "worker.result_refused",
+                                "attempt_id": message["attempt_id"]})
+
+    def _abandon(self, attempt: _Attempt, why: str) -> None:
+        log.info(why, extra={"action": "worker.attempt_abandoned",
+                             "attempt_id": attempt.handout.attempt_id})
+        self._attempts.pop(attempt.handout.attempt_id, None)
+        if attempt.task is not None:
+            attempt.task.cancel()
+
+    # --- running one attempt ---------------------------------------------------------------
+
+    async def _run_attempt(self, attempt: _Attempt) -> None:
+        h = attempt.handout
+        failpoints.hit("worker.after_receive")
+        try:
+            agent = self.agents.get(h.agent)
+            if agent is None:
+                raise ToolError(f"this Worker does not serve agent {h.agent!r}")
+            if h.step_type == StepType.RUN_MODEL:
+                result = await self._run_model(agent, h)
+            else:
+                result = await self._run_tool(agent, attempt)
+                if result is None:
+                    return
+            failpoints.hit("worker.before_send_result")
+            attempt.result = {"t": "done", "attempt_id": h.attempt_id, "result": result}
+        except asyncio.CancelledError:
+            raise
+        except ToolError as e:
+            if h.step_type == StepType.RUN_MODEL:
+                attempt.result = _fail(h, str(e), retryable=False)
+            else:
+                outcome = ToolOutcome(status="failed", error=e.message)
+                attempt.result = {"t": "done", "attempt_id": h.attempt_id,
+                                  "result": outcome.model_dump(mode="json")}
+        except Exception as e:
+            log.warning("attempt failed: %r", e, extra={"action": "worker.attempt_failed",
+                                                        "attempt_id": h.attempt_id})
+            attempt.result = _fail(h, f"{type(e).__name__}: {e}",
+                                   retryable=getattr(e, "retryable", True))
+        self._send(attempt.result)
+        failpoints.hit("worker.after_send_result")
+
+    async def _run_model(self, agent: Agent, h: Handout) -> dict[str, Any]:
+        request = ModelRequest(
+            session_id=h.session_id,
+            agent=agent.name,
+            instructions=agent.instructions,
+            history=h.history,
+            tools=[t.spec() for t in agent.tools],
+            attempt=h.attempt,
+        )
+        response: ModelResponse | None = None
+        async for event in agent.model.stream(request):
+            if isinstance(event, ModelResponse):
+                response = event
+            else:
+                self._send({"t": "delta", "attempt_id": h.attempt_id, "text": event})
+                failpoints.hit("worker.model_streaming")
+        if response is None:
+            raise RuntimeError(f"model {agent.model.spec()} returned no response")
+        return response.model_dump(mode="json")
+
+    async def _run_tool(self, agent: Agent, attempt: _Attempt) -> dict[str, Any] | None:
+        h = attempt.handout
+        assert h.tool is not None and h.call_id is not None and h.idempotency_key is not None
+        tool = agent.tool(h.tool)
+        if tool is None:
+            raise ToolError(f"this Worker's agent {agent.name!r} has no tool {h.tool!r}")
+        arguments = tool.validate(h.arguments)  # invalid arguments: the body never runs
+        del arguments
+        failpoints.hit("worker.before_first_heartbeat")
+        if h.needs_start_ack or self._draining:
+            attempt.started = asyncio.get_running_loop().create_future()
+            if self._draining:
+                attempt.started.set_result(False)
+            else:
+                self._send({"t": "hb", "attempts": [h.attempt_id]})
+            if not await attempt.started:
+                if self._draining:
+                    self._send({"t": "back", "attempt_id": h.attempt_id})
+                    attempt.result = {"t": "back", "attempt_id": h.attempt_id}
+                else:
+                    self._attempts.pop(h.attempt_id, None)
+                return None
+        ctx = ToolContext(
+            session_id=h.session_id,
+            call_id=h.call_id,
+            tool=tool.name,
+            idempotency_key=h.idempotency_key,
+            attempt=h.attempt,
+            _heartbeat=lambda: self._beat(h.attempt_id),
+        )
+        failpoints.hit("worker.tool_running")
+        value = await tool.call(ctx, h.arguments)
+        return ToolOutcome(status="succeeded", result=value).model_dump(mode="json")
+
+    async def _beat(self, attempt_id: str) -> None:
+        self._send({"t": "hb", "attempts": [attempt_id]})
+
+
+def _fail(h: Handout, message: str, *, retryable: bool) -> dict[str, Any]:
+    error = RecoveryError(
+        message=message, attempt_progress=AttemptProgress.NOT_COMPLETED, retryable=retryable
+    )
+    return {"t": "fail", "attempt_id": h.attempt_id, "error": error.model_dump(mode="json")}

@@ -1,0 +1,117 @@
+"""Agents that the end-to-end and crash tests run in real Worker processes.
+
+The scripted model reads the last user message:
+    "call: [[tool, {args}], ...]"  asks for those tool calls (all in one response),
+    anything else                  answers "echo: <text>".
+Once every call has a result, it answers "results: <json of statuses and results>".
+
+Tools keep a ledger outside Dex (``DEX_TEST_LEDGER``). A tool whose ``gate`` argument
+is set writes ``<gate>.entered`` and then waits for ``<gate>.open`` (``DEX_TEST_GATES``),
+so a test can kill a Worker while the tool runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import dex
+from dex.models import Scripted, say
+from dex.testing import Ledger
+from dex.wire import AssistantItem, Item, ModelResponse, ModelToolCall, ToolResultItem, UserItem
+
+LEDGER = Ledger(os.environ.get("DEX_TEST_LEDGER", "ledger.jsonl"))
+GATES = Path(os.environ.get("DEX_TEST_GATES", "."))
+
+
+def script(history: list[Item]) -> ModelResponse:
+    last_user = max(i for i, item in enumerate(history) if isinstance(item, UserItem))
+    user = history[last_user]
+    assert isinstance(user, UserItem)
+    after = history[last_user + 1 :]
+    if not user.text.startswith("call:"):
+        return say(f"echo: {user.text}")
+    results = [item for item in after if isinstance(item, ToolResultItem)]
+    if any(isinstance(item, AssistantItem) for item in after):
+        summary = [{"name": r.name, "status": r.status.value, "result": r.result,
+                    "error": r.error} for r in results]
+        return say("results: " + json.dumps(summary, sort_keys=True))
+    calls = json.loads(user.text.removeprefix("call:"))
+    return ModelResponse(tool_calls=[
+        ModelToolCall(id=f"c{i}", name=name, arguments=args) for i, (name, args) in enumerate(calls)
+    ], stop_reason="tool_use")
+
+
+async def _gate(gate: str | None) -> None:
+    if not gate:
+        return
+    (GATES / f"{gate}.entered").write_text("")
+    while not (GATES / f"{gate}.open").exists():
+        await asyncio.sleep(0.005)
+
+
+@dex.tool(kind="read", retry=dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05))
+async def lookup(key: str, ctx: dex.ToolContext, gate: str | None = None) -> dict[str, Any]:
+    """Read a value."""
+    LEDGER.record("lookup", key=key, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
+    await _gate(gate)
+    return {"key": key, "value": key.upper()}
+
+
+@dex.tool(kind="write")
+async def charge(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
+    """Charge a card: not idempotent, so Dex runs it at most once."""
+    await _gate(gate)
+    LEDGER.record("charge", amount=amount, idempotency_key=ctx.idempotency_key,
+                  attempt=ctx.attempt)
+    return f"charged {amount}"
+
+
+@dex.tool(kind="idempotent_write",
+          retry=dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05))
+async def upsert(key: str, ctx: dex.ToolContext, gate: str | None = None) -> str:
+    """Write a record keyed by the idempotency key."""
+    LEDGER.record("upsert", key=key, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
+    await _gate(gate)
+    return f"stored {key}"
+
+
+@dex.tool(kind="read")
+async def refuse(reason: str) -> str:
+    """Fails with a known outcome."""
+    raise dex.ToolError(reason)
+
+
+@dex.tool(kind="read", retry=dex.RetryPolicy(max_attempts=2, initial_backoff_seconds=0.05))
+async def flaky(ctx: dex.ToolContext) -> str:
+    """Raises on every attempt: a failed attempt, not a known outcome."""
+    LEDGER.record("flaky", idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
+    raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+
+
+_FAST = dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05)
+
+assistant = dex.Agent(
+    name="assistant",
+    model=Scripted(script),
+    instructions="You are a test agent.",
+    tools=[lookup, charge, upsert, refuse, flaky],
+    model_retry=_FAST,
+)
+
+streamer = dex.Agent(
+    name="streamer",
+    model=Scripted(script, chunk_chars=4, delay_per_chunk=0.01),
+    tools=[lookup],
+    model_retry=_FAST,
+)
+
+failing = dex.Agent(
+    name="failing",
+    model=Scripted(script, fail_attempts=99),
+    tools=[lookup],
+    model_retry=_FAST,
+)
