@@ -6,7 +6,8 @@ The scripted model reads the last user message:
 Once every call has a result, it answers "results: <json of statuses and results>".
 
 Tools keep a ledger outside Dex (``DEX_TEST_LEDGER``). A tool whose ``gate`` argument
-is set writes ``<gate>.entered`` and then waits for ``<gate>.open`` (``DEX_TEST_GATES``),
+is set records its effect, writes ``<gate>.<attempt>.entered``,
+then waits for ``<gate>.open`` (``DEX_TEST_GATES``),
 so a test can kill a Worker while the tool runs.
 """
 
@@ -36,19 +37,26 @@ def script(history: list[Item]) -> ModelResponse:
         return say(f"echo: {user.text}")
     results = [item for item in after if isinstance(item, ToolResultItem)]
     if any(isinstance(item, AssistantItem) for item in after):
-        summary = [{"name": r.name, "status": r.status.value, "result": r.result,
-                    "error": r.error} for r in results]
+        summary = [
+            {"name": r.name, "status": r.status.value, "result": r.result, "error": r.error}
+            for r in results
+        ]
         return say("results: " + json.dumps(summary, sort_keys=True))
     calls = json.loads(user.text.removeprefix("call:"))
-    return ModelResponse(tool_calls=[
-        ModelToolCall(id=f"c{i}", name=name, arguments=args) for i, (name, args) in enumerate(calls)
-    ], stop_reason="tool_use")
+    return ModelResponse(
+        tool_calls=[
+            ModelToolCall(id=f"c{i}", name=name, arguments=args)
+            for i, (name, args) in enumerate(calls)
+        ],
+        stop_reason="tool_use",
+    )
 
 
-async def _gate(gate: str | None) -> None:
+async def _gate(gate: str | None, attempt: int) -> None:
+    """Write ``<gate>.<attempt>.entered``, then wait until ``<gate>.open`` exists."""
     if not gate:
         return
-    (GATES / f"{gate}.entered").write_text("")
+    (GATES / f"{gate}.{attempt}.entered").write_text("")
     while not (GATES / f"{gate}.open").exists():
         await asyncio.sleep(0.005)
 
@@ -57,25 +65,25 @@ async def _gate(gate: str | None) -> None:
 async def lookup(key: str, ctx: dex.ToolContext, gate: str | None = None) -> dict[str, Any]:
     """Read a value."""
     LEDGER.record("lookup", key=key, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate)
+    await _gate(gate, ctx.attempt)
     return {"key": key, "value": key.upper()}
 
 
 @dex.tool(kind="write")
 async def charge(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Charge a card: not idempotent, so Dex runs it at most once."""
-    await _gate(gate)
-    LEDGER.record("charge", amount=amount, idempotency_key=ctx.idempotency_key,
-                  attempt=ctx.attempt)
+    LEDGER.record("charge", amount=amount, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
+    await _gate(gate, ctx.attempt)
     return f"charged {amount}"
 
 
-@dex.tool(kind="idempotent_write",
-          retry=dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05))
+@dex.tool(
+    kind="idempotent_write", retry=dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05)
+)
 async def upsert(key: str, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Write a record keyed by the idempotency key."""
     LEDGER.record("upsert", key=key, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate)
+    await _gate(gate, ctx.attempt)
     return f"stored {key}"
 
 

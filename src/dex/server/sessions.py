@@ -11,6 +11,7 @@ storage on next use.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import secrets
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from dex import _failpoints as failpoints
 from dex.errors import Conflict, DexError, InvalidInput, NotFound
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.engine import handlers
@@ -80,8 +82,10 @@ class Sessions:
             queued = {step.id for step in actor.state.queued_steps()}
             running = len(actor.state.running_steps())
             if running:
-                spec = self._spec(actor.state.agent)
-                await self._apply(actor, lambda s, now: handlers.recover(s, spec, now, reason))
+                await self._apply(
+                    actor,
+                    functools.partial(_recover, spec=self._spec(actor.state.agent), reason=reason),
+                )
                 failed += running
             for step in actor.state.queued_steps():
                 if step.id in queued:  # retries that recover() queued are offered already
@@ -110,12 +114,14 @@ class Sessions:
         if session_id is None:
             session_id = "s_" + secrets.token_hex(8)
         elif not ID_PATTERN.match(session_id):
-            raise InvalidInput("a session id is 1-128 letters, digits or _.:-", session_id=session_id)
+            raise InvalidInput(
+                "a session id is 1-128 letters, digits or _.:-", session_id=session_id
+            )
         state = SessionState(id=session_id, agent=agent, created_at=time.time())
         await self.store.write(Write(session=state, create=True))
         return state
 
-    async def list(self, limit: int, after: str | None) -> list[SessionRow]:
+    async def list_rows(self, limit: int, after: str | None) -> list[SessionRow]:
         return await self.store.list_sessions(limit, after)
 
     async def send(self, session_id: str, text: str, message_id: str | None) -> tuple[int, bool]:
@@ -170,13 +176,16 @@ class Sessions:
         waiting = []
         for step in state.queued_steps():
             serving = any(step.queue in w.queues for w in self.dispatcher.workers.values())
-            waiting.append({
-                "step_id": step.id,
-                "queue": step.queue,
-                "not_before": step.not_before,
-                "waiting_for": "backoff" if step.not_before else
-                ("a free Worker" if serving else "a Worker that serves " + step.queue),
-            })
+            waiting.append(
+                {
+                    "step_id": step.id,
+                    "queue": step.queue,
+                    "not_before": step.not_before,
+                    "waiting_for": "backoff"
+                    if step.not_before
+                    else ("a free Worker" if serving else "a Worker that serves " + step.queue),
+                }
+            )
         return {
             "session": {
                 "id": state.id,
@@ -188,18 +197,26 @@ class Sessions:
             },
             "current_turn": state.turn.model_dump(mode="json") if state.turn else None,
             "waiting": waiting,
+            "running": [
+                {"attempt_id": aid, "worker_id": held.worker_id, "output_chars": held.output}
+                for aid, held in self.dispatcher.held.items()
+                if held.session_id == session_id
+            ],
             "history": [item.model_dump(mode="json") for item in actor.history],
         }
 
     # --- Worker inputs -------------------------------------------------------------------
 
-    async def assign(self, session_id: str, step_id: str, worker: WorkerConn) -> dict[str, Any] | None:
+    async def assign(
+        self, session_id: str, step_id: str, worker: WorkerConn
+    ) -> dict[str, Any] | None:
         """Record a hand-out of a queued Step to ``worker``; None if it is not queued any more."""
         actor = await self._actor(session_id)
         async with actor.lock:
             step = actor.state.turn.step(step_id) if actor.state.turn else None
             if step is None or step.status != StepStatus.QUEUED:
                 return None
+
             def handle(s: SessionState, now: float) -> Transition:
                 handlers.assign(s, step_id, worker.id, now)
                 return Transition()
@@ -208,6 +225,7 @@ class Sessions:
             return self._handout(actor, step, worker)
 
     async def complete(self, attempt: str, payload: dict[str, Any]) -> None:
+        failpoints.hit("server.before_commit_result")
         session_id, step_id, number = _parse(attempt)
         actor = await self._actor(session_id)
         spec = self._spec(actor.state.agent)
@@ -222,6 +240,7 @@ class Sessions:
 
         await self._apply(actor, handle)
         self.dispatcher.unhold(attempt)
+        failpoints.hit("server.after_commit_result")
 
     async def fail(self, attempt: str, error: RecoveryError) -> None:
         session_id, step_id, number = _parse(attempt)
@@ -242,7 +261,7 @@ class Sessions:
         """An attempt's heartbeats stopped."""
         error = RecoveryError(
             message=f"no heartbeat from Worker {held.worker_id} for "
-                    f"{self.dispatcher.heartbeat_timeout:g}s",
+            f"{self.dispatcher.heartbeat_timeout:g}s",
             attempt_progress=AttemptProgress.NOT_COMPLETED,
         )
         try:
@@ -276,7 +295,9 @@ class Sessions:
         finally:
             del self._loading[session_id]
 
-    async def _apply(self, actor: Actor, handle: Callable[[SessionState, float], Transition]) -> None:
+    async def _apply(
+        self, actor: Actor, handle: Callable[[SessionState, float], Transition]
+    ) -> None:
         async with actor.lock:
             await self._apply_locked(actor, handle)
 
@@ -341,18 +362,31 @@ class Sessions:
             event = actor.turn_waiters.pop(t.ended_turn.number, None)
             if event is not None:
                 event.set()
-            log.info("turn ended", extra={"action": "turn.ended", "session_id": sid,
-                                          "turn": t.ended_turn.number,
-                                          "status": t.ended_turn.status.value})
+            log.info(
+                "turn ended",
+                extra={
+                    "action": "turn.ended",
+                    "session_id": sid,
+                    "turn": t.ended_turn.number,
+                    "status": t.ended_turn.status.value,
+                },
+            )
 
     def _handout(self, actor: Actor, step: Step, worker: WorkerConn) -> dict[str, Any]:
         state = actor.state
         attempt = step.attempts[-1]
         aid = attempt_id(state.id, step.id, attempt.number)
-        self.dispatcher.hold(worker, aid, Held(
-            session_id=state.id, step_id=step.id, number=attempt.number, worker_id=worker.id,
-            deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
-        ))
+        self.dispatcher.hold(
+            worker,
+            aid,
+            Held(
+                session_id=state.id,
+                step_id=step.id,
+                number=attempt.number,
+                worker_id=worker.id,
+                deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
+            ),
+        )
         handout = Handout(
             attempt_id=aid,
             session_id=state.id,
@@ -375,6 +409,10 @@ class Sessions:
         message = handout.model_dump(mode="json")
         message["t"] = "step"
         return message
+
+
+def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:
+    return handlers.recover(state, spec, now, reason)
 
 
 def _parse(attempt: str) -> tuple[str, str, int]:

@@ -65,6 +65,7 @@ class _Link:
     """One live connection."""
 
     ws: aiohttp.ClientWebSocketResponse
+    heartbeat_interval: float
     pending: list[dict[str, Any]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -182,13 +183,15 @@ class Worker:
             delay = min(delay * 2, self.config.reconnect_max)
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        link = _Link(ws)
-        link.put({
-            "t": "hello",
-            "worker_id": self.id,
-            "agents": [a.spec().model_dump(mode="json") for a in self.agents.values()],
-            "capacity": self.config.capacity,
-        })
+        link = _Link(ws, self.config.heartbeat_interval)
+        link.put(
+            {
+                "t": "hello",
+                "worker_id": self.id,
+                "agents": [a.spec().model_dump(mode="json") for a in self.agents.values()],
+                "capacity": self.config.capacity,
+            }
+        )
         if self._draining:
             link.put({"t": "drain"})
         # results the last node never acknowledged: send them again
@@ -220,10 +223,12 @@ class Worker:
             batch, link.pending = link.pending, []
             if batch:
                 await link.ws.send_bytes(orjson.dumps(batch))
+                if any(m["t"] == "done" for m in batch):
+                    failpoints.hit("worker.after_send_result")
 
     async def _heartbeat(self, link: _Link) -> None:
         while True:
-            await asyncio.sleep(self.config.heartbeat_interval)
+            await asyncio.sleep(link.heartbeat_interval)
             if self._attempts:
                 link.put({"t": "hb", "attempts": list(self._attempts)})
 
@@ -240,7 +245,11 @@ class Worker:
 
     def _on_message(self, link: _Link, message: dict[str, Any]) -> None:
         kind = message["t"]
-        if kind == "step":
+        if kind == "welcome":
+            # four beats per timeout: one lost or late beat does not fail an attempt
+            timeout = float(message.get("heartbeat_timeout", 0)) or float("inf")
+            link.heartbeat_interval = min(self.config.heartbeat_interval, timeout / 4)
+        elif kind == "step":
             message.pop("t")
             handout = Handout.model_validate(message)
             if handout.attempt_id in self._attempts:
@@ -250,27 +259,31 @@ class Worker:
             attempt.task = asyncio.create_task(self._run_attempt(attempt))
         elif kind == "hb":
             for attempt_id, status in message["status"].items():
-                attempt = self._attempts.get(attempt_id)
-                if attempt is None:
+                held = self._attempts.get(attempt_id)
+                if held is None:
                     continue
-                if attempt.started is not None and not attempt.started.done():
-                    attempt.started.set_result(status == "ok")
-                elif status != "ok" and attempt.result is None:
-                    self._abandon(attempt, "the server no longer runs this attempt")
+                if held.started is not None and not held.started.done():
+                    held.started.set_result(status == "ok")
+                elif status != "ok" and held.result is None:
+                    self._abandon(held, "the server no longer runs this attempt")
         elif kind == "cancel":
-            attempt = self._attempts.get(message["attempt_id"])
-            if attempt is not None and attempt.result is None:
-                self._abandon(attempt, "cancelled by the server")
+            cancelled = self._attempts.get(message["attempt_id"])
+            if cancelled is not None and cancelled.result is None:
+                self._abandon(cancelled, "cancelled by the server")
         elif kind == "ack":
-            attempt = self._attempts.pop(message["attempt_id"], None)
-            if attempt is not None and not message["ok"]:
-                log.info("result refused: %s", message.get("error"),
-                         extra={"action": "worker.result_refused",
-                                "attempt_id": message["attempt_id"]})
+            acked = self._attempts.pop(message["attempt_id"], None)
+            if acked is not None and not message["ok"]:
+                log.info(
+                    "result refused: %s",
+                    message.get("error"),
+                    extra={"action": "worker.result_refused", "attempt_id": message["attempt_id"]},
+                )
 
     def _abandon(self, attempt: _Attempt, why: str) -> None:
-        log.info(why, extra={"action": "worker.attempt_abandoned",
-                             "attempt_id": attempt.handout.attempt_id})
+        log.info(
+            why,
+            extra={"action": "worker.attempt_abandoned", "attempt_id": attempt.handout.attempt_id},
+        )
         self._attempts.pop(attempt.handout.attempt_id, None)
         if attempt.task is not None:
             attempt.task.cancel()
@@ -279,17 +292,17 @@ class Worker:
 
     async def _run_attempt(self, attempt: _Attempt) -> None:
         h = attempt.handout
-        failpoints.hit("worker.after_receive")
         try:
             agent = self.agents.get(h.agent)
             if agent is None:
                 raise ToolError(f"this Worker does not serve agent {h.agent!r}")
-            if h.step_type == StepType.RUN_MODEL:
-                result = await self._run_model(agent, h)
-            else:
-                result = await self._run_tool(agent, attempt)
-                if result is None:
-                    return
+            result = (
+                await self._run_model(agent, h)
+                if h.step_type == StepType.RUN_MODEL
+                else await self._run_tool(agent, attempt)
+            )
+            if result is None:
+                return
             failpoints.hit("worker.before_send_result")
             attempt.result = {"t": "done", "attempt_id": h.attempt_id, "result": result}
         except asyncio.CancelledError:
@@ -299,17 +312,24 @@ class Worker:
                 attempt.result = _fail(h, str(e), retryable=False)
             else:
                 outcome = ToolOutcome(status="failed", error=e.message)
-                attempt.result = {"t": "done", "attempt_id": h.attempt_id,
-                                  "result": outcome.model_dump(mode="json")}
+                attempt.result = {
+                    "t": "done",
+                    "attempt_id": h.attempt_id,
+                    "result": outcome.model_dump(mode="json"),
+                }
         except Exception as e:
-            log.warning("attempt failed: %r", e, extra={"action": "worker.attempt_failed",
-                                                        "attempt_id": h.attempt_id})
-            attempt.result = _fail(h, f"{type(e).__name__}: {e}",
-                                   retryable=getattr(e, "retryable", True))
-        self._send(attempt.result)
-        failpoints.hit("worker.after_send_result")
+            log.warning(
+                "attempt failed: %r",
+                e,
+                extra={"action": "worker.attempt_failed", "attempt_id": h.attempt_id},
+            )
+            attempt.result = _fail(
+                h, f"{type(e).__name__}: {e}", retryable=getattr(e, "retryable", True)
+            )
+        if attempt.result is not None:
+            self._send(attempt.result)
 
-    async def _run_model(self, agent: Agent, h: Handout) -> dict[str, Any]:
+    async def _run_model(self, agent: Agent, h: Handout) -> dict[str, Any] | None:
         request = ModelRequest(
             session_id=h.session_id,
             agent=agent.name,
@@ -319,12 +339,12 @@ class Worker:
             attempt=h.attempt,
         )
         response: ModelResponse | None = None
+        failpoints.hit("worker.run_model.before_output")
         async for event in agent.model.stream(request):
             if isinstance(event, ModelResponse):
                 response = event
             else:
                 self._send({"t": "delta", "attempt_id": h.attempt_id, "text": event})
-                failpoints.hit("worker.model_streaming")
         if response is None:
             raise RuntimeError(f"model {agent.model.spec()} returned no response")
         return response.model_dump(mode="json")
@@ -349,6 +369,10 @@ class Worker:
                     self._send({"t": "back", "attempt_id": h.attempt_id})
                     attempt.result = {"t": "back", "attempt_id": h.attempt_id}
                 else:
+                    log.info(
+                        "the server no longer runs this attempt: not starting it",
+                        extra={"action": "worker.start_refused", "attempt_id": h.attempt_id},
+                    )
                     self._attempts.pop(h.attempt_id, None)
                 return None
         ctx = ToolContext(

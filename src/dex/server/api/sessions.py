@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import ORJSONResponse
 from pydantic import Field
 
+from dex.server.api.responses import ORJSONResponse
 from dex.server.sessions import Sessions
 from dex.wire import Wire
 
@@ -22,11 +23,15 @@ class CreateSession(Wire):
 class SendMessage(Wire):
     text: str = Field(min_length=1, max_length=1_000_000)
     message_id: str | None = Field(
-        None, min_length=1, max_length=128,
+        None,
+        min_length=1,
+        max_length=128,
         description="A client-chosen id: sending the same id again returns the first turn.",
     )
     wait_seconds: float = Field(
-        0, ge=0, le=3600,
+        0,
+        ge=0,
+        le=3600,
         description="Hold the response until the turn ends, up to this long.",
     )
 
@@ -46,6 +51,7 @@ def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
         "text": turn.text,
         "error": turn.error,
         "tool_calls": [c.model_dump(mode="json") for c in turn.tool_calls],
+        "steps": [s.model_dump(mode="json") for s in turn.steps],
         "started_at": turn.started_at,
         "ended_at": turn.ended_at,
     }
@@ -55,8 +61,12 @@ def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
 async def create_session(body: CreateSession, request: Request) -> ORJSONResponse:
     state = await _sessions(request).create(body.agent, body.session_id)
     return ORJSONResponse(
-        {"id": state.id, "agent": state.agent, "status": state.status.value,
-         "created_at": state.created_at},
+        {
+            "id": state.id,
+            "agent": state.agent,
+            "status": state.status.value,
+            "created_at": state.created_at,
+        },
         201,
     )
 
@@ -67,13 +77,37 @@ async def list_sessions(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: str | None = None,
 ) -> ORJSONResponse:
-    rows = await _sessions(request).list(limit, after)
+    rows = await _sessions(request).list_rows(limit, after)
     return ORJSONResponse({"sessions": [row.__dict__ for row in rows]})
 
 
 @router.get("/sessions/{session_id}")
 async def get_agent_snapshot(session_id: str, request: Request) -> ORJSONResponse:
-    return ORJSONResponse(await _sessions(request).snapshot(session_id))
+    sessions = _sessions(request)
+    snapshot = await sessions.snapshot(session_id)
+    snapshot["tool_calls"] = await _every_tool_call(sessions, snapshot)
+    return ORJSONResponse(snapshot)
+
+
+async def _every_tool_call(sessions: Sessions, snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every tool call of the session, oldest first, each with its turn number: those of
+    the ended turns (from the turn archive) and then those of the current turn."""
+    session = snapshot["session"]
+    current = snapshot["current_turn"]
+    not_ended = {m["number"] for m in session["queued_messages"]}
+    if current is not None:
+        not_ended.add(current["number"])
+    numbers = [n for n in range(1, session["messages_received"] + 1) if n not in not_ended]
+    ended = await asyncio.gather(*(sessions.wait_turn(session["id"], n, 0) for n in numbers))
+    calls: list[dict[str, Any]] = []
+    for turn in ended:
+        if turn is not None:
+            calls.extend(
+                {"turn": turn.number, **c.model_dump(mode="json")} for c in turn.tool_calls
+            )
+    if current is not None:
+        calls.extend({"turn": current["number"], **c} for c in current["tool_calls"])
+    return calls
 
 
 @router.post("/sessions/{session_id}/messages")

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dex import _failpoints as failpoints
+
 log = logging.getLogger("dex.dispatch")
 
 Send = Callable[[dict[str, Any]], None]
@@ -110,7 +112,11 @@ class Dispatcher:
             return None  # keep queue order: earlier Steps go first
         best: WorkerConn | None = None
         for worker in self.workers.values():
-            if queue in worker.queues and worker.free > 0 and (best is None or worker.free > best.free):
+            if (
+                queue in worker.queues
+                and worker.free > 0
+                and (best is None or worker.free > best.free)
+            ):
                 best = worker
         if best is not None:
             best.reserved += 1
@@ -189,12 +195,19 @@ class Dispatcher:
         try:
             message = await self._assign(session_id, step_id, worker)
         except Exception:
-            log.exception("hand-out failed", extra={"action": "dispatch.assign_failed",
-                                                    "session_id": session_id, "step_id": step_id})
+            log.exception(
+                "hand-out failed",
+                extra={
+                    "action": "dispatch.assign_failed",
+                    "session_id": session_id,
+                    "step_id": step_id,
+                },
+            )
             message = None
         if message is None:
             self.release(worker)
         else:
+            failpoints.hit("server.after_record_handout")
             worker.send(message)
 
     def _expire_heartbeats(self) -> None:

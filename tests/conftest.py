@@ -1,0 +1,32 @@
+"""Project-wide pytest options: ``--write-crash-matrix PATH`` writes docs/crash-matrix.md
+from the ``crash`` marks of the collected tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.crash_matrix import check_mark, render
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--write-crash-matrix",
+        metavar="PATH",
+        default=None,
+        help="write the crash matrix page from the collected crash tests",
+    )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    marks = []
+    root = Path(session.config.rootpath)
+    for item in session.items:
+        for mark in item.iter_markers("crash"):
+            row, column = mark.args
+            check_mark(row, column)
+            marks.append((row, column, str(Path(item.path).relative_to(root))))
+    target = session.config.getoption("--write-crash-matrix")
+    if target:
+        Path(target).write_text(render(marks))
