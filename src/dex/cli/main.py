@@ -15,8 +15,9 @@ import typer
 from dex._address import DEFAULT_ADDRESS
 from dex.agent import Agent
 
-app = typer.Typer(help="Dex: a durable runtime for AI agents.", no_args_is_help=True,
-                  add_completion=False)
+app = typer.Typer(
+    help="Dex: a durable runtime for AI agents.", no_args_is_help=True, add_completion=False
+)
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -28,13 +29,19 @@ def _listen(value: str) -> tuple[str, int]:
 
 @app.command()
 def server(
-    data_dir: Annotated[Path, typer.Option(envvar="DEX_DATA_DIR", help="Where SQLite keeps state.")]
-    = Path("dex-data"),
-    listen: Annotated[str, typer.Option(envvar="DEX_LISTEN", help="HOST:PORT to serve on.")]
-    = "127.0.0.1:7450",
-    heartbeat_timeout: Annotated[float, typer.Option(
-        envvar="DEX_HEARTBEAT_TIMEOUT", help="Seconds without a heartbeat before an attempt fails.")]
-    = 10.0,
+    data_dir: Annotated[
+        Path, typer.Option(envvar="DEX_DATA_DIR", help="Where SQLite keeps state.")
+    ] = Path("dex-data"),
+    listen: Annotated[
+        str, typer.Option(envvar="DEX_LISTEN", help="HOST:PORT to serve on.")
+    ] = "127.0.0.1:7450",
+    heartbeat_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="DEX_HEARTBEAT_TIMEOUT",
+            help="Seconds without a heartbeat before an attempt fails.",
+        ),
+    ] = 10.0,
     max_body_bytes: Annotated[int, typer.Option(envvar="DEX_MAX_BODY_BYTES")] = 1 << 20,
 ) -> None:
     """Run a Dex Server node on SQLite in DATA_DIR."""
@@ -43,16 +50,25 @@ def server(
 
     host, port = _listen(listen)
     _logging()
-    serve(ServerConfig(data_dir=data_dir, host=host, port=port,
-                       heartbeat_timeout=heartbeat_timeout, max_body_bytes=max_body_bytes))
+    serve(
+        ServerConfig(
+            data_dir=data_dir,
+            host=host,
+            port=port,
+            heartbeat_timeout=heartbeat_timeout,
+            max_body_bytes=max_body_bytes,
+        )
+    )
 
 
 @app.command()
 def worker(
-    module: Annotated[str, typer.Argument(help="A module (my.agents) or file (agents.py) "
-                                          "that defines Agents.")],
-    address: Annotated[str, typer.Option(envvar="DEX_ADDRESS", help="Server address(es), "
-                                         "comma-separated.")] = DEFAULT_ADDRESS,
+    module: Annotated[
+        str, typer.Argument(help="A module (my.agents) or file (agents.py) that defines Agents.")
+    ],
+    address: Annotated[
+        str, typer.Option(envvar="DEX_ADDRESS", help="Server address(es), comma-separated.")
+    ] = DEFAULT_ADDRESS,
     capacity: Annotated[int, typer.Option(envvar="DEX_WORKER_CAPACITY")] = 16,
     drain_timeout: Annotated[float, typer.Option(envvar="DEX_DRAIN_TIMEOUT")] = 30.0,
 ) -> None:
@@ -61,18 +77,21 @@ def worker(
 
     agents = load_agents(module)
     _logging()
-    Worker(agents, address, WorkerConfig(capacity=capacity, drain_timeout=drain_timeout)
-           ).run_forever()
+    Worker(
+        agents, address, WorkerConfig(capacity=capacity, drain_timeout=drain_timeout)
+    ).run_forever()
 
 
 @app.command()
 def demo(
-    data_dir: Annotated[Path, typer.Option(envvar="DEX_DATA_DIR")] = Path("dex-demo-data"),
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Data directory (default: a new temporary one).")
+    ] = None,
     port: Annotated[int, typer.Option(envvar="DEX_DEMO_PORT")] = 7451,
 ) -> None:
     """Start a server and a Worker, talk to an agent, SIGKILL the Worker mid-tool, and show
     what Dex did about it."""
-    from dex.cli.demo import run
+    from dex.demo import run
 
     raise typer.Exit(run(data_dir, port))
 
@@ -131,8 +150,9 @@ def _print(value: Any) -> None:
 
 
 def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
+    )
 
 
 def main() -> None:

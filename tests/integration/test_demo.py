@@ -1,0 +1,22 @@
+"""The README's main command: ``dex demo`` runs end to end and tells what happened."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from dex.testing import free_port
+
+
+def test_demo_books_once_and_deduplicates_the_invoice() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dex", "demo", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = " ".join(done.stdout.split())
+    assert "outcome_unknown" in out
+    assert "Tables booked: 1" in out
+    assert "invoices the billing system kept: 1" in out
