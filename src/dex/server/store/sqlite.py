@@ -45,18 +45,24 @@ class SqliteStore(Store):
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._loop = asyncio.get_running_loop()
+        self._queue = queue.SimpleQueue()  # nothing left over from an earlier open
         ready: asyncio.Future[None] = self._loop.create_future()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="dex-sqlite",
                                         daemon=True)
         self._thread.start()
-        await ready
-        await self._call(_migrate)
+        try:
+            await ready
+            await self._call(_migrate)
+        except BaseException:
+            await self.close()  # a store that failed to open refuses calls, never hangs them
+            raise
 
     async def close(self) -> None:
         if self._thread is not None:
+            # Refuse new calls at once: one queued behind the stop would never be answered.
+            thread, self._thread = self._thread, None
             self._queue.put(None)
-            await asyncio.to_thread(self._thread.join)
-            self._thread = None
+            await asyncio.to_thread(thread.join)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)

@@ -1,0 +1,457 @@
+"""Conformance tests for the ``Store`` interface, run against every backend.
+
+The ``store`` fixture is parametrized over ``BACKENDS``; a new backend (PostgreSQL)
+is one more entry there: a factory that builds a fresh, empty store and can build
+a second one over the same data (to test reopening). Tests at the end of the file
+check what only the SQLite backend promises (its pragmas and its group commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dex.errors import Conflict, StorageError
+from dex.server.engine import handlers
+from dex.server.engine.state import SessionState, SessionStatus, Turn
+from dex.server.store.base import Store, Write
+from dex.server.store.sqlite import SqliteStore
+from dex.wire import (
+    AgentSpec,
+    AssistantItem,
+    Item,
+    ModelResponse,
+    ModelToolCall,
+    NoteItem,
+    SummaryItem,
+    ToolCallStatus,
+    ToolKind,
+    ToolResultItem,
+    ToolSpec,
+    UserItem,
+)
+
+T0 = 1_000.0
+SPEC = AgentSpec(
+    name="helper",
+    instructions="be brief",
+    tools=[ToolSpec(name="lookup", kind=ToolKind.READ), ToolSpec(name="charge")],
+)
+
+
+@dataclass
+class Backend:
+    name: str
+    make: Callable[[], Store]
+    """Builds a new, unopened store over this backend's (one) database."""
+
+
+def _sqlite(tmp_path: Path) -> Backend:
+    path = tmp_path / "dex.sqlite3"
+    return Backend("sqlite", lambda: SqliteStore(path))
+
+
+# To add PostgreSQL: "postgres": a factory that creates a fresh database (or
+# schema) from a DSN in the environment and skips the test when there is none.
+BACKENDS: dict[str, Callable[[Path], Backend]] = {"sqlite": _sqlite}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return BACKENDS[request.param](tmp_path)
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[Store]:
+    s = backend.make()
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def idle(session_id: str) -> SessionState:
+    return SessionState(id=session_id, agent="helper", created_at=T0)
+
+
+def in_a_turn(session_id: str) -> tuple[SessionState, list[Item]]:
+    """A session in the middle of turn 1: the model asked for a tool that now runs."""
+    state = idle(session_id)
+    t, _ = handlers.receive_message(state, SPEC, "what is my balance?", "m-1", T0)
+    history = list(t.history)
+    step = state.turn.steps[0]  # type: ignore[union-attr]
+    handlers.assign(state, step.id, "w1", T0 + 1)
+    response = ModelResponse(
+        tool_calls=[ModelToolCall(id="c1", name="lookup", arguments={"account": 7})]
+    )
+    t = handlers.complete_model(state, SPEC, step.id, 1, response, T0 + 2)
+    history += t.history
+    handlers.assign(state, t.ready[0].id, "w2", T0 + 3)
+    state.history_length = len(history)
+    return state, history
+
+
+async def create(store: Store, state: SessionState, history: list[Item] | None = None) -> None:
+    await store.write(Write(session=state, create=True, history=history or []))
+
+
+def user(n: int) -> UserItem:
+    return UserItem(text=f"message {n}")
+
+
+# --- sessions ----------------------------------------------------------------------------
+
+
+async def test_a_created_session_loads_back_equal(store: Store) -> None:
+    state, history = in_a_turn("s1")
+    history += [
+        ToolResultItem(call_id="c0", name="lookup", status=ToolCallStatus.SUCCEEDED, result=[1]),
+        NoteItem(text="a note"),
+        SummaryItem(text="a summary"),
+    ]
+
+    await create(store, state, history)
+    loaded = await store.load_session("s1")
+
+    assert loaded is not None
+    loaded_state, loaded_history = loaded
+    assert loaded_state == state
+    assert loaded_state.model_dump() == state.model_dump()
+    assert loaded_history == history
+    assert await store.load_session("nope") is None
+
+
+async def test_creating_an_existing_session_is_a_conflict_and_keeps_the_first(
+    store: Store,
+) -> None:
+    first = idle("s1")
+    await create(store, first, [user(1)])
+    second = SessionState(id="s1", agent="other", created_at=T0 + 1)
+
+    with pytest.raises(Conflict):
+        await store.write(
+            Write(session=second, create=True, history=[user(99)], message=("m-x", 1))
+        )
+
+    loaded = await store.load_session("s1")
+    assert loaded is not None
+    assert loaded[0] == first
+    assert loaded[1] == [user(1)]
+    assert await store.find_message("s1", "m-x") is None
+    [row] = await store.list_sessions(10, None)
+    assert row.agent == "helper"
+
+
+async def test_an_update_replaces_the_state(store: Store) -> None:
+    await create(store, idle("s1"))
+    state, history = in_a_turn("s1")
+
+    await store.write(Write(session=state, history=history, history_start=0))
+
+    loaded = await store.load_session("s1")
+    assert loaded is not None
+    assert loaded[0] == state
+    assert loaded[0].status == SessionStatus.RUNNING
+    [row] = await store.list_sessions(10, None)
+    assert row.status == "running"
+
+
+async def test_history_appends_in_order_across_writes(store: Store) -> None:
+    await create(store, idle("s1"), [user(0)])
+    state = idle("s1")
+    written = 1
+    for size in (3, 1, 12):
+        items: list[Item] = [user(written + i) for i in range(size)]
+        await store.write(Write(session=state, history=items, history_start=written))
+        written += size
+
+    loaded = await store.load_session("s1")
+
+    assert loaded is not None
+    assert loaded[1] == [user(n) for n in range(written)]
+
+
+async def test_a_write_that_overlaps_stored_history_writes_nothing(store: Store) -> None:
+    await create(store, idle("s1"), [user(0), user(1)])
+    changed, _ = in_a_turn("s1")
+
+    with pytest.raises(Conflict):
+        await store.write(Write(session=changed, history=[user(7)], history_start=1))
+
+    loaded = await store.load_session("s1")
+    assert loaded is not None
+    assert loaded[0] == idle("s1")  # the state update was rolled back with the history
+    assert loaded[1] == [user(0), user(1)]
+
+
+async def test_histories_of_sessions_are_separate(store: Store) -> None:
+    await create(store, idle("a"), [user(1)])
+    await create(store, idle("b"), [AssistantItem(text="b's")])
+
+    a, b = await store.load_session("a"), await store.load_session("b")
+
+    assert a is not None and a[1] == [user(1)]
+    assert b is not None and b[1] == [AssistantItem(text="b's")]
+
+
+# --- turns and messages --------------------------------------------------------------------
+
+
+async def test_ended_turns_are_archived_and_loaded_by_number(store: Store) -> None:
+    state = idle("s1")
+    await create(store, state)
+    ended: list[Turn] = []
+    for n in (1, 2):
+        t, _ = handlers.receive_message(state, SPEC, f"hello {n}", None, T0 + n)
+        step = t.ready[0]
+        handlers.assign(state, step.id, "w1", T0 + n)
+        done = handlers.complete_model(
+            state, SPEC, step.id, 1, ModelResponse(text=f"hi {n}"), T0 + n
+        )
+        assert done.ended_turn is not None
+        ended.append(done.ended_turn)
+        await store.write(Write(session=state, ended_turn=done.ended_turn))
+    await create(store, idle("other"))
+
+    assert await store.load_turn("s1", 1) == ended[0]
+    assert await store.load_turn("s1", 2) == ended[1]
+    assert (await store.load_turn("s1", 2)).text == "hi 2"  # type: ignore[union-attr]
+    assert await store.load_turn("s1", 3) is None
+    assert await store.load_turn("other", 1) is None
+
+
+async def test_archiving_the_same_turn_twice_is_a_conflict(store: Store) -> None:
+    state = idle("s1")
+    await create(store, state)
+    turn = Turn(number=1, started_at=T0, ended_at=T0 + 1, text="first")
+    await store.write(Write(session=state, ended_turn=turn))
+
+    with pytest.raises(Conflict):
+        await store.write(
+            Write(session=state, ended_turn=turn.model_copy(update={"text": "second"}))
+        )
+
+    assert await store.load_turn("s1", 1) == turn
+
+
+async def test_find_message_returns_the_number_of_a_remembered_message(store: Store) -> None:
+    await create(store, idle("s1"))
+    await create(store, idle("s2"))
+    await store.write(Write(session=idle("s1"), message=("m-1", 1)))
+    await store.write(Write(session=idle("s1"), message=("m-2", 2)))
+
+    assert await store.find_message("s1", "m-1") == 1
+    assert await store.find_message("s1", "m-2") == 2
+    assert await store.find_message("s1", "m-3") is None
+    assert await store.find_message("s2", "m-1") is None  # message ids are per session
+
+    with pytest.raises(Conflict):
+        await store.write(Write(session=idle("s1"), message=("m-1", 3)))
+    assert await store.find_message("s1", "m-1") == 1
+
+
+async def test_running_sessions_lists_only_sessions_in_a_turn(store: Store) -> None:
+    await create(store, idle("a"))
+    await create(store, in_a_turn("b")[0])
+    await create(store, in_a_turn("c")[0])
+
+    assert sorted(await store.running_sessions()) == ["b", "c"]
+
+    await store.write(Write(session=idle("b")))
+
+    assert await store.running_sessions() == ["c"]
+
+
+async def test_list_sessions_pages_by_id(store: Store) -> None:
+    for sid in ("c", "a", "d", "b"):
+        await create(store, idle(sid))
+
+    first = await store.list_sessions(2, None)
+    rest = await store.list_sessions(10, first[-1].id)
+
+    assert [r.id for r in first] == ["a", "b"]
+    assert [r.id for r in rest] == ["c", "d"]
+    assert (first[0].agent, first[0].created_at, first[0].status) == ("helper", T0, "idle")
+
+
+# --- agents -----------------------------------------------------------------------------------
+
+
+async def test_agents_are_upserted_by_name(store: Store) -> None:
+    old = AgentSpec(name="helper", instructions="old")
+    new = AgentSpec(name="helper", instructions="new", tools=[ToolSpec(name="lookup")])
+    other = AgentSpec(name="aide")
+
+    await store.write(Write(agents=[old]))
+    assert await store.load_agents() == [old]
+
+    await store.write(Write(agents=[new, other]))
+    assert await store.load_agents() == [other, new]
+
+
+# --- concurrency and durability ------------------------------------------------------------------
+
+
+async def test_a_failing_write_among_concurrent_writes_fails_alone(store: Store) -> None:
+    await create(store, idle("taken"), [user(0)])
+    writes = [Write(session=idle(f"s{i:02}"), create=True, history=[user(i)]) for i in range(40)]
+    bad = Write(session=SessionState(id="taken", agent="x", created_at=T0), create=True)
+    writes.insert(17, bad)
+
+    results = await asyncio.gather(*(store.write(w) for w in writes), return_exceptions=True)
+
+    assert isinstance(results[17], Conflict)
+    assert [r for i, r in enumerate(results) if i != 17] == [None] * 40
+    for i in range(40):
+        loaded = await store.load_session(f"s{i:02}")
+        assert loaded is not None and loaded[1] == [user(i)]
+    taken = await store.load_session("taken")
+    assert taken is not None and taken[0] == idle("taken")
+
+
+async def test_data_survives_close_and_reopen(backend: Backend) -> None:
+    first = backend.make()
+    await first.open()
+    state, history = in_a_turn("s1")
+    await first.write(Write(session=state, create=True, history=history, message=("m-1", 1)))
+    await first.write(Write(session=idle("s2"), create=True, agents=[SPEC]))
+    await first.close()
+
+    second = backend.make()
+    await second.open()
+    try:
+        loaded = await second.load_session("s1")
+        assert loaded == (state, history)
+        assert await second.find_message("s1", "m-1") == 1
+        assert await second.load_agents() == [SPEC]
+        assert await second.running_sessions() == ["s1"]
+    finally:
+        await second.close()
+
+
+async def test_a_store_that_is_not_open_refuses_calls(backend: Backend) -> None:
+    s = backend.make()
+    with pytest.raises(StorageError):
+        await s.load_session("s1")
+    await s.open()
+    await s.close()
+    with pytest.raises(StorageError):
+        await s.write(Write(session=idle("s1"), create=True))
+
+
+async def test_a_call_racing_close_is_answered_and_committed_or_refused(
+    backend: Backend,
+) -> None:
+    s = backend.make()
+    await s.open()
+    write = Write(session=idle("s1"), create=True)
+
+    async with asyncio.timeout(30):  # a guard: without an answer the write would wait forever
+        closed, written = await asyncio.gather(s.close(), s.write(write), return_exceptions=True)
+
+    assert closed is None
+    assert written is None or isinstance(written, StorageError)
+    again = backend.make()
+    await again.open()
+    try:
+        loaded = await again.load_session("s1")
+    finally:
+        await again.close()
+    assert (loaded is not None) == (written is None)  # acknowledged exactly when committed
+
+
+# --- SQLite only ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "dex.sqlite3")
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+async def test_sqlite_commits_are_durable_wal_with_synchronous_full(
+    sqlite_store: SqliteStore,
+) -> None:
+    # synchronous is per connection, so ask the store's own connection (through
+    # its writer thread); journal_mode=WAL is recorded in the file itself.
+    synchronous = await sqlite_store._call(
+        lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0]
+    )
+    assert synchronous == 2  # FULL
+
+    other = sqlite3.connect(sqlite_store.path)
+    try:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        other.close()
+
+
+async def test_sqlite_a_failing_write_inside_one_group_commit_fails_alone(
+    sqlite_store: SqliteStore,
+) -> None:
+    await create(sqlite_store, idle("taken"))
+    # Hold the writer thread so that every write below queues up behind it and
+    # is then committed in one batch.
+    started, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(30)
+
+    held = asyncio.ensure_future(sqlite_store._call(hold))
+    assert await asyncio.to_thread(started.wait, 30)
+    commits, operations = sqlite_store.commits, sqlite_store.operations
+
+    async def let_go() -> None:  # runs after every write below has queued
+        release.set()
+
+    writes = [Write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
+    writes.insert(4, Write(session=SessionState(id="taken", agent="x", created_at=T0), create=True))
+    results = await asyncio.gather(
+        *(sqlite_store.write(w) for w in writes), let_go(), return_exceptions=True
+    )
+    await held
+
+    assert sqlite_store.commits - commits == 2  # the held batch, then all 11 writes at once
+    assert sqlite_store.operations - operations == 1 + 11
+    assert isinstance(results[4], Conflict)
+    assert [r for i, r in enumerate(results[:11]) if i != 4] == [None] * 10
+    for i in range(10):
+        loaded = await sqlite_store.load_session(f"s{i}")
+        assert loaded is not None and loaded[1] == [user(i)]
+    taken = await sqlite_store.load_session("taken")
+    assert taken is not None and taken[0].agent == "helper"
+
+
+async def test_sqlite_a_store_that_failed_to_open_refuses_calls(tmp_path: Path) -> None:
+    path = tmp_path / "dex.sqlite3"
+    path.mkdir()  # a directory where the database file should be
+    s = SqliteStore(path)
+
+    with pytest.raises(StorageError):
+        await s.open()
+
+    async with asyncio.timeout(30):  # a guard: a call on a dead writer would wait forever
+        with pytest.raises(StorageError):
+            await s.load_session("s1")
+
+        path.rmdir()  # the cause is fixed: the same store opens
+        await s.open()
+        try:
+            assert await s.load_session("s1") is None
+        finally:
+            await s.close()
