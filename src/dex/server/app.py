@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import ORJSONResponse
 from starlette.types import ASGIApp
 
 from dex.server.api import errors, ops, sessions, workers
+from dex.server.api.responses import ORJSONResponse
 from dex.server.config import ServerConfig
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.sessions import Sessions

@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dex.errors import DexError
+from dex.server.api.responses import ORJSONResponse
 from dex.wire import error_body
 
 

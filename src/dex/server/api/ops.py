@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import ORJSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
+
+from dex.server.api.responses import ORJSONResponse
 
 router = APIRouter(tags=["operations"])
 

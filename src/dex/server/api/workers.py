@@ -102,11 +102,19 @@ async def worker_channel(ws: WebSocket) -> None:
             raw = frame.get("bytes") or frame.get("text")
             if raw is None:
                 continue
-            for message in orjson.loads(raw):
-                task = _handle(sessions, worker, outbox, message)
-                if task is not None:
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+            try:
+                for message in orjson.loads(raw):
+                    task = _handle(sessions, worker, outbox, message)
+                    if task is not None:
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                # A frame we cannot read: refuse it clearly instead of crashing the channel.
+                log.warning(
+                    "bad message", extra={"action": "worker.bad_message", "worker_id": worker.id}
+                )
+                await ws.close(code=4400, reason=f"bad message: {e!r}"[:120])
+                break
     except WebSocketDisconnect:
         pass
     finally:
@@ -137,15 +145,20 @@ def _handle(
         return None
     attempt = message.get("attempt_id", "")
     if kind == "done":
-        work = sessions.complete(attempt, message["result"])
+        result: Any = message.get("result")  # if missing, validation refuses it
+        work = sessions.complete(attempt, result)
     elif kind == "fail":
-        work = sessions.fail(attempt, RecoveryError.model_validate(message["error"]))
+        work = _fail(sessions, attempt, message.get("error"))
     elif kind == "back":
         work = sessions.hand_back(attempt)
     else:
         log.warning("unknown message", extra={"action": "worker.bad_message", "kind": kind})
         return None
     return asyncio.create_task(_acked(attempt, work, outbox))
+
+
+async def _fail(sessions: Sessions, attempt: str, error: Any) -> None:
+    await sessions.fail(attempt, RecoveryError.model_validate(error))
 
 
 async def _acked(attempt: str, work: Any, outbox: Outbox) -> None:

@@ -1,0 +1,237 @@
+"""dex.Client and dex.SyncClient end to end: a real uvicorn server and a real dex.Worker,
+both in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+
+import dex
+from dex.testing import free_port, wait_until_async
+from tests.integration.conftest import FAST_WORKER, HELPER, charges, metric
+
+
+def _results(turn: dict[str, Any]) -> list[list[Any]]:
+    text = turn["text"]
+    assert text.startswith("results: "), turn
+    results: list[list[Any]] = json.loads(text.removeprefix("results: "))
+    return results
+
+
+async def test_create_and_list_sessions(client: dex.Client, dex_worker: dex.Worker) -> None:
+    named = await client.create_session("helper", "alpha")
+    assert named["id"] == "alpha" and named["agent"] == "helper" and named["status"] == "idle"
+    generated = await client.create_session("helper")
+    assert generated["id"] not in ("", "alpha")
+    await client.create_session("helper", "beta")
+    listed = await client.list_sessions()
+    assert sorted(s["id"] for s in listed) == sorted(["alpha", "beta", generated["id"]])
+    first_two = await client.list_sessions(limit=2)
+    rest = await client.list_sessions(limit=2, after=first_two[-1]["id"])
+    assert [s["id"] for s in first_two + rest] == sorted(s["id"] for s in listed)
+
+
+async def test_send_message_and_wait_returns_the_final_text(
+    client: dex.Client, dex_worker: dex.Worker
+) -> None:
+    session = await client.create_session("helper")
+    turn = await client.send_message(session["id"], "hello there", wait=True)
+    assert turn["status"] == "completed"
+    assert turn["text"] == "echo: hello there"
+    assert turn["turn"] == 1 and turn["created"] is True
+    second = await client.send_message(session["id"], "again", wait=True)
+    assert second["turn"] == 2 and second["text"] == "echo: again"
+
+
+async def test_tool_calls_succeed(client: dex.Client, dex_worker: dex.Worker) -> None:
+    session = await client.create_session("helper")
+    added = await client.send_message(session["id"], "add 2 40", wait=True)
+    assert added["status"] == "completed"
+    assert _results(added) == [["add", "succeeded", 42, None]]
+    (call,) = added["tool_calls"]
+    assert call["name"] == "add" and call["status"] == "succeeded" and call["result"] == 42
+
+    charged = await client.send_message(session["id"], "charge 7", wait=True)
+    assert _results(charged) == [["charge", "succeeded", "charged 7", None]]
+    (call,) = charged["tool_calls"]
+    assert charges == [(7, call["idempotency_key"], 1)]  # ran once, with the call's key
+
+    refused = await client.send_message(session["id"], "refuse not today", wait=True)
+    assert refused["status"] == "completed"
+    assert _results(refused) == [["refuse", "failed", None, "not today"]]
+
+
+async def test_send_without_waiting_then_wait_turn(
+    client: dex.Client, dex_worker: dex.Worker
+) -> None:
+    session = await client.create_session("helper")
+    sent = await client.send_message(session["id"], "add 1 1", message_id="m-1")
+    assert sent["turn"] == 1 and sent["created"] is True
+    assert sent["status"] == "running"
+    turn = await client.wait_turn(session["id"], sent["turn"])
+    assert turn["status"] == "completed"
+    assert _results(turn) == [["add", "succeeded", 2, None]]
+    repeat = await client.send_message(session["id"], "add 1 1", message_id="m-1", wait=True)
+    assert repeat["created"] is False and repeat["turn"] == 1
+    assert repeat["text"] == turn["text"]
+
+
+async def test_agent_snapshot(client: dex.Client, dex_worker: dex.Worker) -> None:
+    session = await client.create_session("helper", "snap")
+    await client.send_message("snap", "hi", wait=True)
+    charged = await client.send_message("snap", "charge 3", wait=True)
+    snapshot = await client.get_agent_snapshot(session["id"])
+    assert snapshot["session"]["id"] == "snap"
+    assert snapshot["session"]["status"] == "idle"
+    assert snapshot["session"]["messages_received"] == 2
+    assert snapshot["current_turn"] is None
+    assert [item["type"] for item in snapshot["history"]] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "tool_result",
+        "assistant",
+    ]
+    assert snapshot["history"][1]["text"] == "echo: hi"
+    assert snapshot["history"][3]["tool_calls"][0]["name"] == "charge"
+    assert snapshot["history"][4]["status"] == "succeeded"
+    assert snapshot["history"][5]["text"] == charged["text"]
+    (call,) = snapshot["tool_calls"]
+    assert call["name"] == "charge"
+    assert call["status"] == "succeeded"
+    assert call["error"] is None
+    assert call["turn"] == 2
+    assert call["idempotency_key"] == charged["tool_calls"][0]["idempotency_key"]
+    assert charges == [(3, call["idempotency_key"], 1)]
+
+
+async def test_errors_map_to_dex_exceptions(client: dex.Client, dex_worker: dex.Worker) -> None:
+    await client.create_session("helper", "taken")
+    with pytest.raises(dex.NotFound) as missing:
+        await client.get_agent_snapshot("nope")
+    assert missing.value.status == 404 and missing.value.code == "not_found"
+    with pytest.raises(dex.NotFound):
+        await client.create_session("nobody")
+    with pytest.raises(dex.NotFound):
+        await client.send_message("nope", "hello")
+    with pytest.raises(dex.NotFound):
+        await client.wait_turn("taken", 5, timeout=1)
+    with pytest.raises(dex.Conflict) as conflict:
+        await client.create_session("helper", "taken")
+    assert conflict.value.status == 409
+    with pytest.raises(dex.InvalidInput) as invalid:
+        await client.create_session("helper", "no spaces allowed")
+    assert invalid.value.status == 422
+    with pytest.raises(dex.InvalidInput):
+        await client.list_sessions(limit=0)
+    for exc in (missing.value, conflict.value, invalid.value):
+        assert isinstance(exc, dex.DexError) and exc.message and not exc.retryable
+    assert [s["id"] for s in await client.list_sessions()] == ["taken"]
+
+
+async def test_client_with_no_server_raises_unavailable() -> None:
+    async with dex.Client(f"http://127.0.0.1:{free_port()}", timeout=5) as client:
+        with pytest.raises(dex.Unavailable) as unavailable:
+            await client.list_sessions()
+    assert unavailable.value.retryable
+
+
+async def test_client_and_worker_move_on_from_a_dead_address(server_address: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with (
+        dex.Worker([HELPER], [dead, server_address], FAST_WORKER),
+        dex.Client([dead, server_address], timeout=15) as client,
+    ):
+
+        async def registered() -> bool:
+            return any(a["name"] == "helper" for a in await client.list_agents())
+
+        await wait_until_async(registered, what="the Worker found the live server")
+        session = await client.create_session("helper")
+        turn = await client.send_message(session["id"], "hello", wait=True)
+    assert turn["text"] == "echo: hello"
+
+
+async def test_sync_client_from_plain_sync_code(
+    server_address: str, dex_worker: dex.Worker
+) -> None:
+    def use() -> tuple[str, dict[str, Any], dict[str, Any]]:
+        with dex.SyncClient(server_address, timeout=15) as sync:
+            session = sync.create_session("helper")
+            turn = sync.send_message(session["id"], "add 3 4", wait=True)
+            snapshot = sync.get_agent_snapshot(session["id"])
+            with pytest.raises(dex.NotFound):
+                sync.get_agent_snapshot("nope")
+            with pytest.raises(dex.Conflict):
+                sync.create_session("helper", session["id"])
+            return session["id"], turn, snapshot
+
+    session_id, turn, snapshot = await asyncio.to_thread(use)
+    assert turn["status"] == "completed"
+    assert _results(turn) == [["add", "succeeded", 7, None]]
+    assert snapshot["session"]["id"] == session_id and snapshot["session"]["status"] == "idle"
+    assert len(snapshot["history"]) == 4
+
+
+async def test_worker_shutdown_twice_and_concurrently(
+    server_address: str, client: dex.Client, dex_worker: dex.Worker
+) -> None:
+    config = dex.WorkerConfig(
+        heartbeat_interval=0.2, drain_timeout=5, reconnect_initial=0.02, worker_id="second"
+    )
+    second = dex.Worker([HELPER], server_address, config)
+    running = asyncio.create_task(second.run())
+
+    async def workers_connected(n: int) -> bool:
+        return await metric(server_address, "dex_workers_connected") == n
+
+    await wait_until_async(lambda: workers_connected(2), what="both Workers connected")
+    await asyncio.wait_for(second.shutdown(), 10)
+    assert running.done() and running.exception() is None
+    await asyncio.wait_for(second.shutdown(), 1)  # again: returns at once
+    await asyncio.wait_for(asyncio.gather(second.shutdown(), second.shutdown()), 1)
+    await wait_until_async(lambda: workers_connected(1), what="the second Worker left")
+    # the first Worker still serves
+    session = await client.create_session("helper")
+    assert (await client.send_message(session["id"], "still?", wait=True))["text"] == "echo: still?"
+
+
+async def test_concurrent_shutdowns_of_a_running_worker(server_address: str) -> None:
+    worker = dex.Worker([HELPER], server_address, FAST_WORKER)
+    running = asyncio.create_task(worker.run())
+
+    async def connected() -> bool:
+        return await metric(server_address, "dex_workers_connected") == 1
+
+    await wait_until_async(connected, what="the Worker connected")
+    await asyncio.wait_for(asyncio.gather(worker.shutdown(), worker.shutdown()), 10)
+    assert running.done() and running.exception() is None
+
+
+async def test_worker_keeps_retrying_an_unreachable_address_until_shutdown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="dex.worker")
+    config = dex.WorkerConfig(reconnect_initial=0.01, reconnect_max=0.05)
+    worker = dex.Worker([HELPER], f"http://127.0.0.1:{free_port()}", config)
+    running = asyncio.create_task(worker.run())
+
+    def failures() -> int:
+        return sum(getattr(r, "action", None) == "worker.connect_failed" for r in caplog.records)
+
+    async def retried() -> bool:
+        if running.done():
+            running.result()
+            raise AssertionError("the Worker stopped by itself")
+        return failures() >= 5
+
+    await wait_until_async(retried, what="five failed connection attempts")
+    assert not running.done()
+    await asyncio.wait_for(worker.shutdown(), 5)
+    assert running.done() and running.exception() is None
+    await asyncio.wait_for(worker.shutdown(), 1)
