@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dex.testing import WorkerProcess
-from tests.crash.conftest import Rig
+from tests.support.rig import Rig
 
 WORKER_KILL = "Worker kill"
 SERVER_RESTART = "Server restart"

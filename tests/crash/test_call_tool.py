@@ -4,8 +4,8 @@ idempotency key; after the last attempt a read records failed, a write outcome_u
 from __future__ import annotations
 
 from dex import TOOL_CALL_NOT_RUN_ERROR_PREFIX
-from tests.crash.conftest import Rig, attempts, results
 from tests.crash.helpers import columns, interrupt
+from tests.support.rig import Rig, attempts, results
 
 
 @columns("idempotent_write.running")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dex.testing import wait_until
-from tests.crash.conftest import Rig, attempts, results
 from tests.crash.helpers import SERVER_RESTART, WORKER_KILL, columns
+from tests.support.rig import Rig, attempts, results
 
 
 @columns("any_step.queued")

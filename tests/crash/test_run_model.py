@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dex.testing import wait_until
-from tests.crash.conftest import Rig, attempts
 from tests.crash.helpers import columns, interrupt
+from tests.support.rig import Rig, attempts
 
 
 @columns("run_model.before_output")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dex.testing import wait_until
-from tests.crash.conftest import Rig, attempts, results
 from tests.crash.helpers import SERVER_RESTART, columns, interrupt
+from tests.support.rig import Rig, attempts, results
 
 
 @columns("single_attempt.running")

@@ -22,7 +22,15 @@ from typing import Any
 import dex
 from dex.models import Scripted, say
 from dex.testing import Ledger
-from dex.wire import AssistantItem, Item, ModelResponse, ModelToolCall, ToolResultItem, UserItem
+from dex.wire import (
+    AssistantItem,
+    Item,
+    ModelResponse,
+    ModelToolCall,
+    NoteItem,
+    ToolResultItem,
+    UserItem,
+)
 
 LEDGER = Ledger(os.environ.get("DEX_TEST_LEDGER", "ledger.jsonl"))
 GATES = Path(os.environ.get("DEX_TEST_GATES", "."))
@@ -121,5 +129,24 @@ failing = dex.Agent(
     name="failing",
     model=Scripted(script, fail_attempts=99),
     tools=[lookup],
+    model_retry=_FAST,
+)
+
+
+def fragile_script(history: list[Item]) -> ModelResponse:
+    """Asks for the tools, then fails on every attempt once their results are in."""
+    last_user = max(i for i, item in enumerate(history) if isinstance(item, UserItem))
+    if any(isinstance(item, ToolResultItem) for item in history[last_user:]):
+        raise RuntimeError("the model provider is down")
+    notes = [item.text for item in history if isinstance(item, NoteItem)]
+    if notes:
+        return say("I see a note: " + notes[-1])
+    return script(history)
+
+
+fragile = dex.Agent(
+    name="fragile",
+    model=Scripted(fragile_script),
+    tools=[lookup, charge],
     model_retry=_FAST,
 )

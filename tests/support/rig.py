@@ -1,4 +1,5 @@
-"""A rig of real processes for crash tests: one server node, Workers, a ledger, gates."""
+"""A rig of real processes for end-to-end and crash tests: one server node, Workers, a
+ledger, gates and failpoints."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import dex
 from dex.testing import Ledger, ServerProcess, WorkerProcess, wait_until
 
-AGENTS = str(Path(__file__).parent.parent / "support" / "agents.py")
+AGENTS = str(Path(__file__).with_name("agents.py"))
 HEARTBEAT_TIMEOUT = 1.0
 
 
@@ -114,8 +115,6 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
     r = Rig(tmp_path)
     try:
         yield r
-    except BaseException:
-        raise
     finally:
         r.close()
 

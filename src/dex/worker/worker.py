@@ -141,6 +141,12 @@ class Worker:
             await self._stopped.wait()
 
     async def _drain(self, timeout: float) -> None:
+        log.info(
+            "draining: taking no new Steps, finishing %d running attempts within %gs",
+            len(self._attempts),
+            timeout,
+            extra={"action": "worker.draining"},
+        )
         link = self._link
         if link is not None:
             link.put({"t": "drain"})

@@ -106,7 +106,11 @@ def assign(state: SessionState, step_id: str, worker_id: str, now: float) -> Att
 
 
 def complete_model(
-    state: SessionState, spec: AgentSpec, step_id: str, number: int, response: ModelResponse,
+    state: SessionState,
+    spec: AgentSpec,
+    step_id: str,
+    number: int,
+    response: ModelResponse,
     now: float,
 ) -> Transition:
     step = _running(state, step_id, number, StepType.RUN_MODEL)
@@ -155,7 +159,11 @@ def complete_model(
 
 
 def complete_tool(
-    state: SessionState, spec: AgentSpec, step_id: str, number: int, outcome: ToolOutcome,
+    state: SessionState,
+    spec: AgentSpec,
+    step_id: str,
+    number: int,
+    outcome: ToolOutcome,
     now: float,
 ) -> Transition:
     step = _running(state, step_id, number, StepType.CALL_TOOL, StepType.CALL_SINGLE_ATTEMPT_TOOL)
@@ -175,7 +183,11 @@ def complete_tool(
 
 
 def fail_attempt(
-    state: SessionState, spec: AgentSpec, step_id: str, number: int, error: RecoveryError,
+    state: SessionState,
+    spec: AgentSpec,
+    step_id: str,
+    number: int,
+    error: RecoveryError,
     now: float,
 ) -> Transition:
     """An attempt failed: retry the Step if its policy allows, else fail it for good."""
@@ -237,7 +249,9 @@ def _start_turn(
     state.status = SessionStatus.RUNNING
     t.history.append(UserItem(text=message.text))
     t.events.append({"type": "turn.started", "turn": turn.number})
-    t.ready.append(_new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now))
+    t.ready.append(
+        _new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
+    )
 
 
 def _after_tool_call(state: SessionState, spec: AgentSpec, now: float, t: Transition) -> None:
@@ -258,11 +272,17 @@ def _after_tool_call(state: SessionState, spec: AgentSpec, now: float, t: Transi
             )
         )
     turn.batch = []
-    t.ready.append(_new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now))
+    t.ready.append(
+        _new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
+    )
 
 
 def _fail_step(
-    state: SessionState, spec: AgentSpec, step: Step, error: RecoveryError, now: float,
+    state: SessionState,
+    spec: AgentSpec,
+    step: Step,
+    error: RecoveryError,
+    now: float,
     t: Transition,
 ) -> None:
     step.status = StepStatus.FAILED
@@ -289,8 +309,14 @@ def _fail_step(
 
 
 def _end_turn(
-    state: SessionState, spec: AgentSpec, status: TurnStatus, now: float, t: Transition,
-    *, text: str | None = None, error: str | None = None,
+    state: SessionState,
+    spec: AgentSpec,
+    status: TurnStatus,
+    now: float,
+    t: Transition,
+    *,
+    text: str | None = None,
+    error: str | None = None,
 ) -> None:
     turn = _turn(state)
     turn.status = status
@@ -317,16 +343,21 @@ def _end_turn(
 
 
 def _ran(call: ToolCall) -> bool:
+    """Whether the call's tool may have run: it had a Step, and that Step reached a Worker."""
+    if call.step_id is None:  # an unknown tool: no Step, nothing ran
+        return False
     if call.status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.OUTCOME_UNKNOWN):
         return True
     return call.status == ToolCallStatus.FAILED and not (call.error or "").startswith(
-        (TOOL_CALL_NOT_RUN_ERROR_PREFIX, "unknown tool")
+        TOOL_CALL_NOT_RUN_ERROR_PREFIX
     )
 
 
 def _failed_turn_note(calls: list[ToolCall]) -> str:
-    lines = ["The previous turn failed before the model could answer. These tool calls already"
-             " ran; do not repeat them:"]
+    lines = [
+        "The previous turn failed before the model could answer. These tool calls already"
+        " ran; do not repeat them:"
+    ]
     for call in calls:
         args = json.dumps(call.arguments, sort_keys=True)
         outcome = json.dumps(call.result) if call.status == ToolCallStatus.SUCCEEDED else call.error
@@ -337,9 +368,7 @@ def _failed_turn_note(calls: list[ToolCall]) -> str:
 # --- helpers -------------------------------------------------------------------------
 
 
-def _new_step(
-    turn: Turn, type_: StepType, queue: str, retry: Any, now: float
-) -> Step:
+def _new_step(turn: Turn, type_: StepType, queue: str, retry: Any, now: float) -> Step:
     step = Step(
         id=f"{turn.number}.{len(turn.steps) + 1}",
         type=type_,

@@ -1,0 +1,3 @@
+from tests.support.rig import rig
+
+__all__ = ["rig"]
