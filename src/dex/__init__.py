@@ -16,13 +16,15 @@ from dex.errors import (
     ToolError,
     Unavailable,
 )
-from dex.tools import Tool, ToolContext, tool
+from dex.tools import PENDING, Checked, Tool, ToolContext, tool
 from dex.wire import TOOL_CALL_NOT_RUN_ERROR_PREFIX, RetryPolicy, ToolKind
 from dex.worker import Worker, WorkerConfig
 
 __all__ = [
+    "PENDING",
     "TOOL_CALL_NOT_RUN_ERROR_PREFIX",
     "Agent",
+    "Checked",
     "Client",
     "Conflict",
     "DexError",

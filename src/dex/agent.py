@@ -18,6 +18,9 @@ class Agent:
     tools: Sequence[Tool] = ()
     model_retry: RetryPolicy = field(default_factory=RetryPolicy)
     """How often RunModel may be attempted: 3 attempts within 30 minutes by default."""
+    compact_threshold_chars: int | None = None
+    """Summarize the history (a CompactContext Step) before a model call once the history
+    since the last summary holds more than this many characters. None: never."""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tools]
@@ -32,6 +35,7 @@ class Agent:
             instructions=self.instructions,
             tools=[t.spec() for t in self.tools],
             model_retry=self.model_retry,
+            compact_threshold_chars=self.compact_threshold_chars,
         )
 
     def tool(self, name: str) -> Tool | None:

@@ -5,13 +5,22 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from dex.errors import ToolError
-from dex.wire import RetryPolicy, ToolKind, ToolSpec
+from dex.wire import Approval, RetryPolicy, ToolKind, ToolOutcome, ToolSpec
+
+
+class Interrupt(BaseException):
+    """A tool pauses its call: it asked a question or sleeps. A ``BaseException``, so a
+    tool's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, outcome: ToolOutcome) -> None:
+        super().__init__(outcome.status)
+        self.outcome = outcome
 
 
 @dataclass
@@ -26,10 +35,57 @@ class ToolContext:
     """Stable for this call across attempts and servers: pass it to the system you call."""
     attempt: int
     _heartbeat: Callable[[], Awaitable[None]]
+    answers: list[str] = field(default_factory=list)
+    """Answers to the questions this call asked so far, in order."""
+    sleeps_done: int = 0
+    _asked: int = 0
+    _slept: int = 0
 
     async def heartbeat(self) -> None:
         """Tell Dex the tool is alive now (Workers also heartbeat on their own)."""
         await self._heartbeat()
+
+    async def ask(self, question: str, choices: list[str] | None = None) -> str:
+        """Ask the user; the call resumes with the answer.
+
+        The first time, this ends the tool's Step with the question, and the session waits
+        for an answer (``AwaitQuestionAnswer``). Then the tool is called again from the
+        start, and this same ``ask`` returns the answer. So the code before it must be
+        harmless to run again."""
+        index = self._asked
+        self._asked += 1
+        if index < len(self.answers):
+            return self.answers[index]
+        raise Interrupt(ToolOutcome(status="asked", question=question, choices=choices))
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep durably (``AwaitTimer``): the timer lives in the server and fires once, even
+        across crashes; then the tool is called again and this ``sleep`` returns at once."""
+        if seconds < 0:
+            raise ValueError("cannot sleep a negative time")
+        index = self._slept
+        self._slept += 1
+        if index < self.sleeps_done:
+            return
+        raise Interrupt(ToolOutcome(status="sleep", sleep_seconds=seconds))
+
+
+class _Pending:
+    def __repr__(self) -> str:
+        return "dex.PENDING"
+
+
+PENDING: Any = _Pending()
+"""Return it from a task's poll while the task still runs."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A check probe's verdict: ``happened`` True (with the call's ``result``), False (the
+    call took no effect), or None (still unknown)."""
+
+    happened: bool | None
+    result: Any = None
 
 
 class Tool:
@@ -43,14 +99,44 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         retry: RetryPolicy | None = None,
+        approval: bool | Callable[..., bool] = False,
+        poll_interval: float = 1.0,
     ) -> None:
         self.fn = fn
         self.kind = ToolKind(kind)
         self.name = name or fn.__name__
         self.description = description or inspect.getdoc(fn) or ""
         self.retry = retry or RetryPolicy()
+        self.approval = approval
+        self.poll_interval = poll_interval
+        self.poll_fn: Callable[..., Any] | None = None
+        self.check_fn: Callable[..., Any] | None = None
         self._context_param: str | None = None
         self._arguments = self._model(fn)
+
+    def poll(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorate the poll of a ``task`` tool: ``async def poll(ctx, handle)`` returns the
+        result, or ``dex.PENDING`` while the task runs. A poll is a read: it may run again."""
+        if self.kind != ToolKind.TASK:
+            raise TypeError(f"tool {self.name} is not a task: only tasks have a poll")
+        self.poll_fn = fn
+        return fn
+
+    def check(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorate a check probe: ``async def check(ctx, **arguments)`` returns
+        ``dex.Checked(...)``, True, False or None. Dex runs it (as a read) to settle an
+        ``outcome_unknown`` of this tool by itself."""
+        self.check_fn = fn
+        return fn
+
+    def needs_approval(self, arguments: dict[str, Any]) -> bool:
+        """Whether this call waits for a person's approval; a predicate that fails says yes."""
+        if not callable(self.approval):
+            return bool(self.approval)
+        try:
+            return bool(self.approval(**arguments))
+        except Exception:
+            return True
 
     def _model(self, fn: Callable[..., Any]) -> type[BaseModel]:
         hints = typing.get_type_hints(fn)
@@ -65,20 +151,32 @@ class Tool:
             default = ... if param.default is param.empty else param.default
             fields[param.name] = (annotation, default)
         config = ConfigDict(extra="forbid")
-        model: type[BaseModel] = create_model(  # type: ignore[call-overload]
-            f"{self.name}_arguments", __config__=config, **fields
-        )
+        model: type[BaseModel] = create_model(f"{self.name}_arguments", __config__=config, **fields)
         return model
 
     def spec(self) -> ToolSpec:
         schema = self._arguments.model_json_schema()
         schema.pop("title", None)
+        if self.kind == ToolKind.TASK and self.poll_fn is None:
+            raise TypeError(
+                f"task tool {self.name} has no poll: decorate one with @{self.name}.poll"
+            )
+        approval = (
+            Approval.PREDICATE
+            if callable(self.approval)
+            else Approval.ALWAYS
+            if self.approval
+            else Approval.NEVER
+        )
         return ToolSpec(
             name=self.name,
             description=self.description,
             kind=self.kind,
             parameters=schema,
             retry=self.retry,
+            approval=approval,
+            poll_interval_seconds=self.poll_interval,
+            has_check=self.check_fn is not None,
         )
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -97,10 +195,24 @@ class Tool:
         kwargs = self.validate(arguments)
         if self._context_param is not None:
             kwargs[self._context_param] = ctx
-        result = self.fn(**kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        return await _maybe_await(self.fn(**kwargs))
+
+    async def call_poll(self, ctx: ToolContext, handle: Any) -> Any:
+        assert self.poll_fn is not None
+        return await _maybe_await(self.poll_fn(ctx, handle))
+
+    async def call_check(self, ctx: ToolContext, arguments: dict[str, Any]) -> Checked:
+        assert self.check_fn is not None
+        verdict = await _maybe_await(self.check_fn(ctx, **self.validate(arguments)))
+        if isinstance(verdict, Checked):
+            return verdict
+        if verdict is None or isinstance(verdict, bool):
+            return Checked(happened=verdict)
+        raise TypeError(f"check of {self.name} returned {verdict!r}: want Checked, bool or None")
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 @overload
@@ -112,6 +224,8 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     retry: RetryPolicy | None = None,
+    approval: bool | Callable[..., bool] = False,
+    poll_interval: float = 1.0,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -121,6 +235,8 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     retry: RetryPolicy | None = None,
+    approval: bool | Callable[..., bool] = False,
+    poll_interval: float = 1.0,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function a tool. ``kind`` decides what a crash does to it:
 
@@ -128,12 +244,25 @@ def tool(
     - ``"idempotent_write"``: runs again with the same ``ctx.idempotency_key``.
     - ``"write"`` (the default, the safest): runs at most once; a crash records
       ``outcome_unknown``.
+    - ``"task"``: starts external work and returns a handle (an idempotent, keyed call);
+      ``@the_tool.poll`` then polls the handle every ``poll_interval`` seconds.
+
+    ``approval=True`` makes every call wait for a person's approval; a predicate
+    (called with the arguments) decides per call.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, kind=ToolKind(kind), name=name, description=description, retry=retry)
+        return Tool(
+            f,
+            kind=ToolKind(kind),
+            name=name,
+            description=description,
+            retry=retry,
+            approval=approval,
+            poll_interval=poll_interval,
+        )
 
     return wrap(fn) if fn is not None else wrap
 
 
-__all__ = ["Tool", "ToolContext", "ToolError", "tool"]
+__all__ = ["PENDING", "Checked", "Interrupt", "Tool", "ToolContext", "ToolError", "tool"]

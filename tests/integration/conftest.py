@@ -239,6 +239,8 @@ def script(history: list[Item]) -> ModelResponse:
         return ModelResponse(tool_calls=[call("add", "c1", a=int(words[1]), b=int(words[2]))])
     if words[0] == "charge":
         return ModelResponse(tool_calls=[call("charge", "c1", amount=int(words[1]))])
+    if words[0] == "hold":
+        return ModelResponse(tool_calls=[call("hold", "c1")])
     if words[0] == "refuse":
         return ModelResponse(tool_calls=[call("refuse", "c1", reason=" ".join(words[1:]))])
     return say(f"echo: {user.text}")
@@ -263,11 +265,23 @@ def refuse(reason: str) -> str:
     raise dex.ToolError(reason)
 
 
+HOLD: dict[str, asyncio.Event] = {}
+"""Set by a test: ``hold`` sets HOLD["entered"], then waits for HOLD["open"]."""
+
+
+@dex.tool(kind="read")
+async def hold() -> str:
+    """Runs until the test lets it finish."""
+    HOLD["entered"].set()
+    await HOLD["open"].wait()
+    return "released"
+
+
 HELPER = dex.Agent(
     name="helper",
     model=Scripted(script),
     instructions="A test agent.",
-    tools=[add, charge, refuse],
+    tools=[add, charge, refuse, hold],
     model_retry=RetryPolicy(max_attempts=3, initial_backoff_seconds=0),
 )
 
@@ -285,11 +299,11 @@ async def metric(address: str, name: str) -> float:
     raise AssertionError(f"no metric {name} in {text!r}")
 
 
-@pytest.fixture
-async def server_address(tmp_path: Path) -> AsyncIterator[str]:
-    """A real uvicorn server in this process, on a free port; its address."""
+@contextlib.asynccontextmanager
+async def run_server(data_dir: Path, **options: Any) -> AsyncIterator[str]:
+    """A real uvicorn server in this process, on a free port; yields its address."""
     port = free_port()
-    config = ServerConfig(data_dir=tmp_path / "data", port=port, heartbeat_timeout=5.0)
+    config = ServerConfig(data_dir=data_dir, port=port, **{"heartbeat_timeout": 5.0, **options})
     server = uvicorn.Server(
         uvicorn.Config(
             asgi(config),
@@ -321,6 +335,12 @@ async def server_address(tmp_path: Path) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 20)
+
+
+@pytest.fixture
+async def server_address(tmp_path: Path) -> AsyncIterator[str]:
+    async with run_server(tmp_path / "data") as address:
+        yield address
 
 
 @pytest.fixture

@@ -600,8 +600,22 @@ def test_a_malformed_fail_is_refused_and_the_channel_lives(api: Api, worker: Fak
 
 @pytest.mark.parametrize(
     "frame",
-    [b"{not json", b'{"t": "hb"}', b'["hb"]', b'[{"t": "hb"}]', b'[{"t": "hb", "attempts": 5}]'],
-    ids=["not-json", "not-a-list", "not-an-object", "hb-without-attempts", "hb-bad-attempts"],
+    [
+        b"{not json",
+        b'{"t": "hb"}',
+        b'["hb"]',
+        b'[{"t": "hb"}]',
+        b'[{"t": "hb", "attempts": 5}]',
+        b'[{"t": "done", "attempt_id": 5, "result": {}}]',
+    ],
+    ids=[
+        "not-json",
+        "not-a-list",
+        "not-an-object",
+        "hb-without-attempts",
+        "hb-bad-attempts",
+        "attempt-id-not-a-string",
+    ],
 )
 def test_a_malformed_frame_closes_the_channel_and_changes_nothing(
     api: Api, worker: FakeWorker, frame: bytes
@@ -621,8 +635,8 @@ def test_a_malformed_frame_closes_the_channel_and_changes_nothing(
 
 @pytest.fixture
 def short_heartbeat(tmp_path: Path) -> Iterator[Api]:
-    """An app whose attempts fail after 0.3 s without a heartbeat."""
-    asgi_app = make_api_app(tmp_path / "data", heartbeat_timeout=0.3)
+    """An app whose attempts fail after 1 s without a heartbeat."""
+    asgi_app = make_api_app(tmp_path / "data", heartbeat_timeout=1.0)
     with TestClient(asgi_app) as client:
         yield Api(client, asgi_app.app)  # type: ignore[attr-defined]
 
@@ -636,9 +650,9 @@ def test_an_attempt_without_heartbeats_fails_and_is_retried(short_heartbeat: Api
         assert first["attempt"] == 1
         # no heartbeat: the attempt fails and the Step is handed out again
         second = worker.step(session_id="s1", step_id=first["step_id"], attempt=2)
+        assert worker.done(second["attempt_id"], model_done("in time"))["ok"] is True
         assert worker.heartbeat(first["attempt_id"]) == {first["attempt_id"]: "stop"}
         assert worker.done(first["attempt_id"], model_done("late"))["ok"] is False
-        assert worker.done(second["attempt_id"], model_done("in time"))["ok"] is True
         turn = api.turn("s1", 1, wait=10)
     assert turn["status"] == "completed" and turn["text"] == "in time"
     history = api.snapshot("s1")["history"]
@@ -657,11 +671,11 @@ def test_a_write_tool_whose_heartbeats_stop_is_outcome_unknown(short_heartbeat: 
         assert charge["needs_start_ack"] is True
         # the Worker goes silent: a single-attempt tool is never handed out again
         final = worker.step(session_id="s1", step_type="RunModel")
+        assert worker.done(final["attempt_id"], model_done("not sure it was charged"))["ok"]
         result = final["history"][-1]
         assert result["type"] == "tool_result" and result["status"] == "outcome_unknown"
         assert worker.heartbeat(charge["attempt_id"]) == {charge["attempt_id"]: "stop"}
         assert worker.done(charge["attempt_id"], tool_done("charged 5"))["ok"] is False
-        worker.done(final["attempt_id"], model_done("not sure it was charged"))
         turn = api.turn("s1", 1, wait=10)
     assert turn["status"] == "completed"
     (call,) = turn["tool_calls"]

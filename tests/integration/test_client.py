@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import dex
 from dex.testing import free_port, wait_until_async
-from tests.integration.conftest import FAST_WORKER, HELPER, charges, metric
+from tests.integration.conftest import FAST_WORKER, HELPER, HOLD, charges, metric, run_server
 
 
 def _results(turn: dict[str, Any]) -> list[list[Any]]:
@@ -235,3 +236,42 @@ async def test_worker_keeps_retrying_an_unreachable_address_until_shutdown(
     await asyncio.wait_for(worker.shutdown(), 5)
     assert running.done() and running.exception() is None
     await asyncio.wait_for(worker.shutdown(), 1)
+
+
+async def test_send_and_wait_outlasts_the_servers_cap_on_waiting(tmp_path: Path) -> None:
+    """The server holds a request at most ``max_wait_seconds``; the client keeps waiting
+    for the rest of its own timeout."""
+    HOLD["entered"], HOLD["open"] = asyncio.Event(), asyncio.Event()
+    async with (
+        run_server(tmp_path / "data", max_wait_seconds=0.2) as address,
+        dex.Worker([HELPER], address, FAST_WORKER),
+        dex.Client(address, timeout=15) as client,
+    ):
+
+        async def registered() -> bool:
+            return any(a["name"] == "helper" for a in await client.list_agents())
+
+        await wait_until_async(registered, what="the Worker registered its agent")
+        answers: list[tuple[str, str]] = []
+        request = client._request
+
+        async def recording(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            result = await request(method, path, *args, **kwargs)
+            answers.append((method, result.get("status", "")))
+            return result
+
+        client._request = recording  # type: ignore[method-assign]
+        session = await client.create_session("helper")
+        sending = asyncio.create_task(client.send_message(session["id"], "hold", wait=True))
+        await asyncio.wait_for(HOLD["entered"].wait(), 10)
+
+        async def server_stopped_waiting() -> bool:
+            return ("POST", "running") in answers
+
+        await wait_until_async(server_stopped_waiting, what="the server's wait ran out")
+        assert not sending.done()
+        HOLD["open"].set()
+        turn = await asyncio.wait_for(sending, 15)
+    assert turn["status"] == "completed", turn
+    assert _results(turn) == [["hold", "succeeded", "released", None]]
+    assert turn["created"] is True

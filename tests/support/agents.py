@@ -150,3 +150,100 @@ fragile = dex.Agent(
     tools=[lookup, charge],
     model_retry=_FAST,
 )
+
+
+# --- waits and long work (issue: approvals, questions, timers, tasks, checks) ------------
+
+
+@dex.tool(kind="write", approval=True)
+async def delete_all(ctx: dex.ToolContext) -> str:
+    """Always needs approval."""
+    LEDGER.record("delete_all", idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
+    return "deleted"
+
+
+@dex.tool(kind="write", approval=lambda amount, gate=None: amount > 100)
+async def transfer(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
+    """Needs approval above 100."""
+    LEDGER.record("transfer", amount=amount, idempotency_key=ctx.idempotency_key)
+    await _gate(gate, ctx.attempt)
+    return f"transferred {amount}"
+
+
+@dex.tool(kind="idempotent_write", retry=_FAST)
+async def order(item: str, ctx: dex.ToolContext) -> str:
+    """Asks which size, then orders."""
+    LEDGER.record("order.before_ask", attempt=ctx.attempt, answers=len(ctx.answers))
+    size = await ctx.ask(f"Which size of {item}?", choices=["S", "M", "L"])
+    LEDGER.record("order", item=item, size=size, idempotency_key=ctx.idempotency_key)
+    return f"ordered {item} in {size}"
+
+
+@dex.tool(kind="read", retry=_FAST)
+async def remind(seconds: float, ctx: dex.ToolContext) -> str:
+    """Sleeps durably, then reminds."""
+    LEDGER.record("remind.before_sleep", sleeps_done=ctx.sleeps_done)
+    await ctx.sleep(seconds)
+    LEDGER.record("remind", idempotency_key=ctx.idempotency_key)
+    return "time is up"
+
+
+@dex.tool(kind="task", retry=_FAST, poll_interval=0.05)
+async def render(scene: str, ctx: dex.ToolContext) -> str:
+    """Starts a render job; the handle is the idempotency key."""
+    LEDGER.record(
+        "render.start", scene=scene, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt
+    )
+    return ctx.idempotency_key
+
+
+@render.poll
+async def render_poll(ctx: dex.ToolContext, handle: str) -> object:
+    LEDGER.record("render.poll", handle=handle, attempt=ctx.attempt)
+    gate = handle.replace("/", "_")
+    if (GATES / f"{gate}.pause").exists():
+        (GATES / f"{gate}.polling").write_text("")
+        while not (GATES / f"{gate}.open").exists():
+            await asyncio.sleep(0.005)
+    if (GATES / f"{gate}.done").exists():
+        return f"rendered {handle}"
+    return dex.PENDING
+
+
+@dex.tool(kind="write")
+async def pay(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
+    """A write with a check probe: the bank can be asked whether the payment happened."""
+    LEDGER.record("pay", amount=amount, idempotency_key=ctx.idempotency_key)
+    await _gate(gate, ctx.attempt)
+    return f"paid {amount}"
+
+
+@pay.check
+async def pay_check(ctx: dex.ToolContext, amount: int, gate: str | None = None) -> dex.Checked:
+    found = [e for e in LEDGER.entries("pay") if e["idempotency_key"] == ctx.idempotency_key]
+    LEDGER.record("pay.check", found=len(found))
+    return dex.Checked(happened=bool(found), result=f"paid {amount} (found by check)")
+
+
+waiter = dex.Agent(
+    name="waiter",
+    model=Scripted(script),
+    tools=[delete_all, transfer, order, remind, render, pay, lookup, charge],
+    model_retry=_FAST,
+)
+
+compactor = dex.Agent(
+    name="compactor",
+    model=Scripted(script),
+    tools=[lookup],
+    model_retry=_FAST,
+    compact_threshold_chars=400,
+)
+
+broken_summaries = dex.Agent(
+    name="broken_summaries",
+    model=Scripted(script, fail_summaries=True),
+    tools=[lookup],
+    model_retry=_FAST,
+    compact_threshold_chars=400,
+)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -51,7 +50,9 @@ class Client:
             body["session_id"] = session_id
         return await self._request("POST", "/v1/sessions", body)
 
-    async def list_sessions(self, limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
+    async def list_sessions(
+        self, limit: int = 100, after: str | None = None
+    ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}
         if after:
             params["after"] = after
@@ -74,25 +75,35 @@ class Client:
         again with the same ``message_id`` returns the first send's turn and changes nothing.
         """
         timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         body: dict[str, Any] = {"text": text}
         if message_id is not None:
             body["message_id"] = message_id
         if wait:
             body["wait_seconds"] = timeout
-        result = await self._request("POST", f"/v1/sessions/{session_id}/messages", body,
-                                     read_timeout=timeout + 10)
+        result = await self._request(
+            "POST", f"/v1/sessions/{session_id}/messages", body, read_timeout=timeout + 10
+        )
         if wait and result["status"] == "running":
-            return await self.wait_turn(session_id, result["turn"], timeout=0)
+            # The server holds a request only so long: wait out the rest of our timeout.
+            remaining = max(0.0, deadline - time.monotonic())
+            ended = await self.wait_turn(session_id, result["turn"], timeout=remaining)
+            ended["created"] = result["created"]
+            return ended
         return result
 
-    async def wait_turn(self, session_id: str, turn: int, timeout: float | None = None) -> dict[str, Any]:
+    async def wait_turn(
+        self, session_id: str, turn: int, timeout: float | None = None
+    ) -> dict[str, Any]:
         """The turn once it has ended; if ``timeout`` passes first, its current record."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             remaining = max(0.0, deadline - time.monotonic())
             result = await self._request(
-                "GET", f"/v1/sessions/{session_id}/turns/{turn}",
-                params={"wait_seconds": min(remaining, 60.0)}, read_timeout=remaining + 10,
+                "GET",
+                f"/v1/sessions/{session_id}/turns/{turn}",
+                params={"wait_seconds": min(remaining, 60.0)},
+                read_timeout=remaining + 10,
             )
             if result["status"] != "running" or time.monotonic() >= deadline:
                 return result
@@ -106,6 +117,73 @@ class Client:
         agents: list[dict[str, Any]] = result["agents"]
         return agents
 
+    # --- waits, cancel, reconcile ---------------------------------------------------------
+
+    async def list_approvals(self, session_id: str) -> list[dict[str, Any]]:
+        """Tool calls waiting for approval: call id, tool, arguments, arguments_hash, since."""
+        result = await self._request("GET", f"/v1/sessions/{session_id}/approvals")
+        approvals: list[dict[str, Any]] = result["approvals"]
+        return approvals
+
+    async def approve(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        by: str | None = None,
+        arguments_hash: str | None = None,
+    ) -> dict[str, Any]:
+        """Approve a tool call: it runs once. Pass the ``arguments_hash`` you reviewed to
+        refuse an approval of other arguments (409)."""
+        body = {"by": by, "arguments_hash": arguments_hash}
+        return await self._request(
+            "POST", f"/v1/sessions/{session_id}/tool_calls/{call_id}/approve", body
+        )
+
+    async def deny(
+        self, session_id: str, call_id: str, reason: str, *, by: str | None = None
+    ) -> dict[str, Any]:
+        """Deny a tool call: it records ``denied`` and the model sees the reason."""
+        return await self._request(
+            "POST",
+            f"/v1/sessions/{session_id}/tool_calls/{call_id}/deny",
+            {"reason": reason, "by": by},
+        )
+
+    async def answer(
+        self, session_id: str, call_id: str, answer: str, *, by: str | None = None
+    ) -> dict[str, Any]:
+        """Answer the question a tool asked (``ctx.ask``): the tool runs again with it."""
+        return await self._request(
+            "POST",
+            f"/v1/sessions/{session_id}/tool_calls/{call_id}/answer",
+            {"answer": answer, "by": by},
+        )
+
+    async def cancel_turn(
+        self, session_id: str, reason: str = "cancelled by a client"
+    ) -> dict[str, Any]:
+        """Cancel the running turn: queued Steps fail as not started, running ones stop."""
+        return await self._request("POST", f"/v1/sessions/{session_id}/cancel", {"reason": reason})
+
+    async def reconcile(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        status: str,
+        result: Any = None,
+        error: str | None = None,
+        by: str | None = None,
+    ) -> dict[str, Any]:
+        """Record what really happened to an ``outcome_unknown`` call (``succeeded`` with a
+        result, or ``failed`` with an error). The model sees it in the history."""
+        return await self._request(
+            "POST",
+            f"/v1/sessions/{session_id}/tool_calls/{call_id}/reconcile",
+            {"status": status, "result": result, "error": error, "by": by},
+        )
+
     # --- transport ----------------------------------------------------------------------
 
     async def _request(
@@ -116,7 +194,7 @@ class Client:
         *,
         params: dict[str, Any] | None = None,
         read_timeout: float | None = None,
-    ) -> Any:
+    ) -> dict[str, Any]:
         if self._http is None:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._connections),
@@ -129,7 +207,11 @@ class Client:
             base = self.addresses[self._current % len(self.addresses)]
             try:
                 async with self._http.request(
-                    method, base + path, data=data, params=params, timeout=timeout,
+                    method,
+                    base + path,
+                    data=data,
+                    params=params,
+                    timeout=timeout,
                     headers={"content-type": "application/json"} if data is not None else None,
                 ) as response:
                     payload = await response.read()
@@ -140,12 +222,15 @@ class Client:
                     decoded = orjson.loads(payload) if payload else None
                     if response.status >= 400:
                         raise _error(response.status, decoded)
+                    if not isinstance(decoded, dict):
+                        raise ServerError(f"unexpected answer from {base}: {payload[:200]!r}")
                     return decoded
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, aiohttp.ClientConnectionError, OSError) as e:
                 last = e
                 self._current += 1
-        raise Unavailable(f"no Dex Server answered at {', '.join(self.addresses)}: {last}",
-                          retryable=True)
+        raise Unavailable(
+            f"no Dex Server answered at {', '.join(self.addresses)}: {last}", retryable=True
+        )
 
 
 def _error(status: int, body: Any) -> DexError:

@@ -16,8 +16,9 @@ class SyncClient:
 
     def __init__(self, address: str | Sequence[str] | None = None, **options: Any) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="dex-client",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="dex-client", daemon=True
+        )
         self._thread.start()
         self._client = Client(address, **options)
 

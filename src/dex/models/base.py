@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dex.errors import DexError
-from dex.wire import Item, ModelResponse, ToolSpec
+from dex.wire import Item, ModelResponse, Summary, ToolSpec, UserItem
 
 
 class ModelError(DexError):
@@ -35,3 +35,28 @@ class Model(ABC):
     @abstractmethod
     def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
         """Yield text deltas as they arrive, then exactly one ``ModelResponse``."""
+
+    async def summarize(self, request: ModelRequest) -> Summary:
+        """Summarize ``request.history`` for a CompactContext Step: by default, the same
+        model asked for a summary, without tools."""
+        ask = replace(
+            request,
+            instructions=SUMMARY_INSTRUCTIONS,
+            history=[*request.history, UserItem(text=SUMMARY_REQUEST)],
+            tools=[],
+        )
+        response: ModelResponse | None = None
+        async for event in self.stream(ask):
+            if isinstance(event, ModelResponse):
+                response = event
+        if response is None or not response.text:
+            raise ModelError("the model returned no summary", retryable=True)
+        return Summary(text=response.text, usage=response.usage)
+
+
+SUMMARY_INSTRUCTIONS = (
+    "You compress conversations. Write a faithful summary of the conversation so far: the "
+    "user's goals, decisions, facts learned, tool calls made and their outcomes (say which "
+    "succeeded, failed, or have an unknown outcome), and what is still open."
+)
+SUMMARY_REQUEST = "Summarize the conversation so far, as instructed."

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from dex.models.base import Model, ModelError, ModelRequest
-from dex.wire import Item, ModelResponse, ModelToolCall
+from dex.wire import Item, ModelResponse, ModelToolCall, Summary, SummaryItem, UserItem
 
 Respond = Callable[[list[Item]], ModelResponse | str]
 
@@ -36,18 +36,31 @@ class Scripted(Model):
         fail_attempts: int = 0,
         hang: bool = False,
         name: str = "scripted",
+        summarize: Callable[[list[Item]], str] | None = None,
+        fail_summaries: bool = False,
     ) -> None:
         """``chunk_chars`` > 0 streams the text in chunks of that size, ``delay_per_chunk``
-        apart. ``fail_attempts`` makes attempts 1..n fail (retryably); ``hang`` never answers."""
+        apart. ``fail_attempts`` makes attempts 1..n fail (retryably); ``hang`` never answers.
+        ``summarize`` writes CompactContext summaries (default: a deterministic digest);
+        ``fail_summaries`` makes every summary attempt fail."""
         self.respond = respond
         self.chunk_chars = chunk_chars
         self.delay_per_chunk = delay_per_chunk
         self.fail_attempts = fail_attempts
         self.hang = hang
         self.name = name
+        self._summarize = summarize or _digest
+        self.fail_summaries = fail_summaries
 
     def spec(self) -> dict[str, Any]:
         return {"provider": "scripted", "name": self.name}
+
+    async def summarize(self, request: ModelRequest) -> Summary:
+        if self.fail_summaries:
+            raise ModelError(
+                f"scripted summary failure on attempt {request.attempt}", retryable=True
+            )
+        return Summary(text=self._summarize(request.history))
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
         if request.attempt <= self.fail_attempts:
@@ -66,3 +79,15 @@ class Scripted(Model):
         elif text:
             yield text
         yield response
+
+
+def _digest(history: list[Item]) -> str:
+    """A deterministic summary: how much there was, and what the user asked."""
+    asked = [item.text for item in history if isinstance(item, UserItem)]
+    earlier = [item.text for item in history if isinstance(item, SummaryItem)]
+    parts = [f"Summary of {len(history)} items."]
+    if earlier:
+        parts.append(f"Before that: {earlier[-1]}")
+    if asked:
+        parts.append("The user said: " + " | ".join(asked))
+    return " ".join(parts)

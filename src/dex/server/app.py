@@ -32,7 +32,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         app.state.dispatcher = dispatcher
         app.state.sessions = domain
         failed = await domain.start()
-        dispatcher.start(domain.assign, domain.expire)
+        dispatcher.start(domain.assign, domain.expire, domain.fire_timer)
         app.state.ready = True
         log.info("node ready", extra={"action": "node.ready", "failed_attempts": failed})
         try:
@@ -40,6 +40,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         finally:
             app.state.ready = False
             await dispatcher.stop()
+            await domain.stop()
             await store.close()
 
     app = FastAPI(

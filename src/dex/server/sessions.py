@@ -16,7 +16,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
     SessionState,
     Step,
+    ToolCall,
     Turn,
     TurnStatus,
     attempt_id,
@@ -43,6 +44,7 @@ from dex.wire import (
     RecoveryError,
     StepStatus,
     StepType,
+    Summary,
     ToolOutcome,
 )
 
@@ -67,14 +69,32 @@ class Sessions:
         self.agents: dict[str, AgentSpec] = {}
         self._actors: dict[str, Actor] = {}
         self._loading: dict[str, asyncio.Future[Actor]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "background work failed",
+                exc_info=task.exception(),
+                extra={"action": "sessions.task_failed"},
+            )
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # --- start -----------------------------------------------------------------------
 
     async def start(self, reason: str = "the server restarted") -> int:
-        """Load agents, fail every attempt left running, and queue what was queued.
-
-        Returns how many attempts were failed.
-        """
+        """Load agents, fail every attempt left running, apply recorded inputs, arm timers,
+        and queue what was queued. Returns how many attempts were failed."""
         self.agents = {a.name: a for a in await self.store.load_agents()}
         failed = 0
         for session_id in await self.store.running_sessions():
@@ -90,6 +110,10 @@ class Sessions:
             for step in actor.state.queued_steps():
                 if step.id in queued:  # retries that recover() queued are offered already
                     self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
+            for step in actor.state.waiting_steps():
+                if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
+                    self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
+            await self._process_inbox(actor)
         return failed
 
     # --- agents ------------------------------------------------------------------------
@@ -197,6 +221,20 @@ class Sessions:
             },
             "current_turn": state.turn.model_dump(mode="json") if state.turn else None,
             "waiting": waiting,
+            "waits": [
+                {
+                    "step_id": step.id,
+                    "type": step.type.value,
+                    "call_id": step.tool_call_id,
+                    "since": step.wait.since if step.wait else step.created_at,
+                    "deadline": step.wait.deadline if step.wait else None,
+                    "question": step.wait.question if step.wait else None,
+                    "choices": step.wait.choices if step.wait else None,
+                    "resolution_recorded": any(e["step_id"] == step.id for e in state.inbox),
+                }
+                for step in state.waiting_steps()
+            ],
+            "approvals": self.pending_approvals(state),
             "running": [
                 {"attempt_id": aid, "worker_id": held.worker_id, "output_chars": held.output}
                 for aid, held in self.dispatcher.held.items()
@@ -204,6 +242,118 @@ class Sessions:
             ],
             "history": [item.model_dump(mode="json") for item in actor.history],
         }
+
+    # --- waits: approvals, answers, timers, cancel, reconcile ------------------------------
+
+    async def resolve(self, session_id: str, entry: dict[str, Any]) -> None:
+        """Record a wait's resolution durably (the caller's acknowledgement), then run the
+        handler that moves the turn on in a second commit. A crash between the two runs
+        the handler on start; the resolution stays recorded."""
+        actor = await self._actor(session_id)
+
+        def record(s: SessionState, now: float) -> Transition:
+            handlers.record_input(s, entry, now)
+            return Transition()
+
+        await self._apply(actor, record)
+        self._spawn(self._process_inbox(actor))
+
+    async def fire_timer(self, session_id: str, step_id: str) -> None:
+        actor = await self._actor(session_id)
+        step = actor.state.turn.step(step_id) if actor.state.turn else None
+        if step is None or step.status != StepStatus.WAITING or step.tool_call_id is None:
+            return
+        try:
+            await self.resolve(session_id, {"kind": "timer", "call_id": step.tool_call_id})
+        except Conflict:
+            pass  # fired already
+
+    async def _process_inbox(self, actor: Actor) -> None:
+        spec = self._spec(actor.state.agent)
+
+        def handle(s: SessionState, now: float) -> Transition:
+            failpoints.hit("server.handler_running")
+            return handlers.apply_input(s, spec, now)
+
+        while actor.state.inbox:
+            await self._apply(actor, handle)
+
+    async def cancel(self, session_id: str, reason: str) -> int:
+        """Cancel the running turn; returns its number."""
+        actor = await self._actor(session_id)
+        spec = self._spec(actor.state.agent)
+        number: list[int] = []
+
+        def handle(s: SessionState, now: float) -> Transition:
+            if s.turn is None:
+                raise Conflict(f"session {session_id} has no running turn")
+            number.append(s.turn.number)
+            return handlers.cancel_turn(s, spec, now, reason)
+
+        await self._apply(actor, handle)
+        return number[0]
+
+    async def reconcile(
+        self,
+        session_id: str,
+        call_id: str,
+        status: str,
+        result: Any,
+        error: str | None,
+        by: str | None,
+    ) -> ToolCall:
+        """Record what really happened to an outcome_unknown call; the model sees a note."""
+        actor = await self._actor(session_id)
+        async with actor.lock:
+            state = actor.state
+            turn = state.turn
+            if turn is not None and turn.tool_call(call_id) is not None:
+                updated: Turn | None = None
+            else:
+                try:
+                    number = int(call_id.split(".", 1)[0])
+                except ValueError:
+                    raise NotFound(f"unknown tool call {call_id!r}") from None
+                updated = await self.store.load_turn(session_id, number)
+                if updated is None or updated.tool_call(call_id) is None:
+                    raise NotFound(f"session {session_id} has no tool call {call_id!r}")
+                turn = updated
+            call = turn.tool_call(call_id)
+            assert call is not None
+
+            def handle(s: SessionState, now: float) -> Transition:
+                t = Transition()
+                handlers.append_history(
+                    s, t, handlers.reconcile(call, status, result, error, by, now)
+                )
+                return t
+
+            # a failed commit drops the actor (and the loaded turn): nothing half-applied stays
+            await self._apply_locked(actor, handle, updated_turn=updated)
+            return call
+
+    def pending_approvals(self, actor_state: SessionState) -> list[dict[str, Any]]:
+        turn = actor_state.turn
+        found = []
+        for step in actor_state.waiting_steps():
+            if step.type != StepType.AWAIT_TOOL_APPROVAL or turn is None:
+                continue
+            call = turn.tool_call(step.tool_call_id or "")
+            if call is None or any(e["call_id"] == call.id for e in actor_state.inbox):
+                continue
+            found.append(
+                {
+                    "call_id": call.id,
+                    "tool": call.name,
+                    "arguments": call.arguments,
+                    "arguments_hash": call.arguments_hash,
+                    "since": step.wait.since if step.wait else step.created_at,
+                }
+            )
+        return found
+
+    async def approvals(self, session_id: str) -> list[dict[str, Any]]:
+        return self.pending_approvals((await self._actor(session_id)).state)
 
     # --- Worker inputs -------------------------------------------------------------------
 
@@ -235,6 +385,9 @@ class Sessions:
             if step is not None and step.type == StepType.RUN_MODEL:
                 response = ModelResponse.model_validate(payload)
                 return handlers.complete_model(s, spec, step_id, number, response, now)
+            if step is not None and step.type == StepType.COMPACT_CONTEXT:
+                summary = Summary.model_validate(payload)
+                return handlers.complete_summary(s, spec, step_id, number, summary, now)
             outcome = ToolOutcome.model_validate(payload)
             return handlers.complete_tool(s, spec, step_id, number, outcome, now)
 
@@ -308,6 +461,7 @@ class Sessions:
         *,
         message_id: str | None = None,
         dispatch: bool = True,
+        updated_turn: Turn | None = None,
     ) -> None:
         if self._actors.get(actor.state.id) is not actor:
             raise Conflict("the session was reloaded; try again", retryable=True)
@@ -329,6 +483,7 @@ class Sessions:
             history=t.history,
             history_start=state.history_length,
             ended_turn=t.ended_turn,
+            updated_turn=updated_turn,
             message=(message_id, state.messages_received) if message_id else None,
         )
         state.history_length += len(t.history)
@@ -358,6 +513,9 @@ class Sessions:
                 self.dispatcher.offer(sid, step.id, step.queue, step.not_before)
         for step, worker in handed:
             worker.send(self._handout(actor, step, worker))
+        for step in t.timers:
+            assert step.wait is not None and step.wait.deadline is not None
+            self.dispatcher.arm_timer(sid, step.id, step.wait.deadline)
         if t.ended_turn is not None:
             event = actor.turn_waiters.pop(t.ended_turn.number, None)
             if event is not None:
@@ -395,8 +553,8 @@ class Sessions:
             attempt=attempt.number,
             agent=state.agent,
         )
-        if step.type == StepType.RUN_MODEL:
-            handout.history = list(actor.history)
+        if step.type in (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT):
+            handout.history = actor.history[state.context_start :]
         else:
             assert state.turn is not None and step.tool_call_id is not None
             call = state.turn.tool_call(step.tool_call_id)
@@ -406,6 +564,9 @@ class Sessions:
             handout.arguments = call.arguments
             handout.idempotency_key = call.idempotency_key
             handout.needs_start_ack = step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL
+            handout.answers = call.answers
+            handout.sleeps_done = call.sleeps_done
+            handout.task_handle = call.task_handle
         message = handout.model_dump(mode="json")
         message["t"] = "step"
         return message

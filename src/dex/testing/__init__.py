@@ -5,5 +5,11 @@ from dex.testing.harness import ServerProcess, WorkerProcess, free_port
 from dex.testing.ledger import Ledger
 from dex.testing.wait import wait_until, wait_until_async
 
-__all__ = ["Ledger", "ServerProcess", "WorkerProcess", "free_port", "wait_until",
-           "wait_until_async"]
+__all__ = [
+    "Ledger",
+    "ServerProcess",
+    "WorkerProcess",
+    "free_port",
+    "wait_until",
+    "wait_until_async",
+]

@@ -31,7 +31,9 @@ class _Process:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "dex", *args],
-                env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
 
     @property
@@ -64,7 +66,11 @@ class ServerProcess(_Process):
     """``dex server`` on a data directory; restart it on the same directory after a kill."""
 
     def __init__(
-        self, data_dir: Path, *, port: int | None = None, heartbeat_timeout: float = 2.0,
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        heartbeat_timeout: float = 2.0,
         env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(data_dir.parent / f"{data_dir.name}-server.log")
@@ -79,8 +85,15 @@ class ServerProcess(_Process):
 
     def start(self, env: Mapping[str, str] | None = None, timeout: float = 20.0) -> ServerProcess:
         self._spawn(
-            ["server", "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
-             "--heartbeat-timeout", str(self.heartbeat_timeout)],
+            [
+                "server",
+                "--data-dir",
+                str(self.data_dir),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--heartbeat-timeout",
+                str(self.heartbeat_timeout),
+            ],
             {**self.env, **(env or {})},
         )
         wait_until(lambda: self._ready() or not self.alive, timeout, 0.02, "server ready")
@@ -100,7 +113,12 @@ class WorkerProcess(_Process):
     """``dex worker MODULE`` pointed at a server."""
 
     def __init__(
-        self, module: str, address: str, log: Path, *, env: Mapping[str, str] | None = None,
+        self,
+        module: str,
+        address: str,
+        log: Path,
+        *,
+        env: Mapping[str, str] | None = None,
         capacity: int = 16,
     ) -> None:
         super().__init__(log)

@@ -25,7 +25,9 @@ def wait_until(
 
 
 async def wait_until_async(
-    condition: Callable[[], Awaitable[T]], timeout: float = 10.0, interval: float = 0.01,
+    condition: Callable[[], Awaitable[T]],
+    timeout: float = 10.0,
+    interval: float = 0.01,
     what: str = "",
 ) -> T:
     deadline = time.monotonic() + timeout

@@ -26,6 +26,15 @@ class ToolKind(StrEnum):
     READ = "read"
     IDEMPOTENT_WRITE = "idempotent_write"
     WRITE = "write"
+    TASK = "task"
+    """Starts external work (an idempotent, keyed call returning a handle), then polls it."""
+
+
+class Approval(StrEnum):
+    NEVER = "never"
+    ALWAYS = "always"
+    PREDICATE = "predicate"
+    """The Worker decides per call, from the tool's predicate on its arguments."""
 
 
 class RetryPolicy(Wire):
@@ -52,6 +61,11 @@ class ToolSpec(Wire):
     kind: ToolKind = ToolKind.WRITE
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    approval: Approval = Approval.NEVER
+    poll_interval_seconds: float = Field(1.0, gt=0)
+    """For kind ``task``: the time between two polls."""
+    has_check: bool = False
+    """The tool defines a check (a read) that settles an ``outcome_unknown`` by itself."""
 
 
 class AgentSpec(Wire):
@@ -62,6 +76,8 @@ class AgentSpec(Wire):
     instructions: str = ""
     tools: list[ToolSpec] = Field(default_factory=list)
     model_retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    compact_threshold_chars: int | None = Field(None, ge=100)
+    """Summarize the history before RunModel once it holds more than this many characters."""
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:
@@ -145,6 +161,9 @@ class ModelResponse(Wire):
     tool_calls: list[ModelToolCall] = Field(default_factory=list)
     stop_reason: str = "end_turn"
     usage: Usage = Field(default_factory=Usage)
+    approval_required: list[str] = Field(default_factory=list)
+    """Set by the Worker, not the model: ids of the tool calls whose approval predicate
+    asked for approval."""
 
 
 # --- steps, attempts, recovery -------------------------------------------------
@@ -154,10 +173,26 @@ class StepType(StrEnum):
     RUN_MODEL = "RunModel"
     CALL_TOOL = "CallTool"
     CALL_SINGLE_ATTEMPT_TOOL = "CallSingleAttemptTool"
+    POLL_TOOL_TASK = "PollToolTask"
+    CHECK_TOOL_CALL = "CheckToolCall"
+    COMPACT_CONTEXT = "CompactContext"
+    AWAIT_TOOL_APPROVAL = "AwaitToolApproval"
+    AWAIT_QUESTION_ANSWER = "AwaitQuestionAnswer"
+    AWAIT_TIMER = "AwaitTimer"
+
+    @property
+    def is_wait(self) -> bool:
+        """Waits live in the server and use no Worker."""
+        return self in (
+            StepType.AWAIT_TOOL_APPROVAL,
+            StepType.AWAIT_QUESTION_ANSWER,
+            StepType.AWAIT_TIMER,
+        )
 
 
 class StepStatus(StrEnum):
     QUEUED = "queued"
+    WAITING = "waiting"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -186,11 +221,29 @@ class AttemptOutcome(StrEnum):
 
 
 class ToolOutcome(Wire):
-    """What a tool body produced: a result, or a definite failure (``ToolError``)."""
+    """What a tool Step produced.
 
-    status: Literal["succeeded", "failed"]
+    ``succeeded`` / ``failed``: a result, or a definite failure (``ToolError``).
+    ``asked``: the tool asked the user a question (``ctx.ask``) and must be called again
+    with the answer. ``sleep``: the tool sleeps (``ctx.sleep``) and must be called again
+    when the timer fires. ``pending``: a task poll found the task still running.
+    ``checked``: a check probe's verdict (``happened`` true, false, or null for unknown).
+    """
+
+    status: Literal["succeeded", "failed", "asked", "sleep", "pending", "checked"]
     result: Any = None
     error: str | None = None
+    question: str | None = None
+    choices: list[str] | None = None
+    sleep_seconds: float | None = None
+    happened: bool | None = None
+
+
+class Summary(Wire):
+    """What a CompactContext Step produced."""
+
+    text: str
+    usage: Usage = Field(default_factory=Usage)
 
 
 # --- the Worker protocol -----------------------------------------------------------
@@ -216,6 +269,12 @@ class Handout(Wire):
     arguments: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str | None = None
     needs_start_ack: bool = False
+    answers: list[str] = Field(default_factory=list)
+    """Answers to the questions this call asked so far, in order."""
+    sleeps_done: int = 0
+    """How many of this call's ``ctx.sleep`` timers have fired."""
+    task_handle: Any = None
+    """For PollToolTask and CheckToolCall: what the task's start returned."""
 
 
 def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:

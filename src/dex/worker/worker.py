@@ -27,7 +27,7 @@ from dex._address import addresses
 from dex.agent import Agent
 from dex.errors import ToolError
 from dex.models.base import ModelRequest
-from dex.tools import ToolContext
+from dex.tools import PENDING, Interrupt, ToolContext
 from dex.wire import (
     AttemptProgress,
     Handout,
@@ -302,22 +302,33 @@ class Worker:
             agent = self.agents.get(h.agent)
             if agent is None:
                 raise ToolError(f"this Worker does not serve agent {h.agent!r}")
-            result = (
-                await self._run_model(agent, h)
-                if h.step_type == StepType.RUN_MODEL
-                else await self._run_tool(agent, attempt)
-            )
+            if h.step_type == StepType.RUN_MODEL:
+                result = await self._run_model(agent, h)
+            elif h.step_type == StepType.COMPACT_CONTEXT:
+                result = await self._compact(agent, h)
+            else:
+                result = await self._run_tool(agent, attempt)
             if result is None:
                 return
             failpoints.hit("worker.before_send_result")
             attempt.result = {"t": "done", "attempt_id": h.attempt_id, "result": result}
         except asyncio.CancelledError:
             raise
+        except Interrupt as pause:  # ctx.ask or ctx.sleep: the call goes on later
+            attempt.result = {
+                "t": "done",
+                "attempt_id": h.attempt_id,
+                "result": pause.outcome.model_dump(mode="json"),
+            }
         except ToolError as e:
-            if h.step_type == StepType.RUN_MODEL:
+            if h.step_type in (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT):
                 attempt.result = _fail(h, str(e), retryable=False)
             else:
-                outcome = ToolOutcome(status="failed", error=e.message)
+                outcome = (
+                    ToolOutcome(status="checked", happened=None, error=e.message)
+                    if h.step_type == StepType.CHECK_TOOL_CALL
+                    else ToolOutcome(status="failed", error=e.message)
+                )
                 attempt.result = {
                     "t": "done",
                     "attempt_id": h.attempt_id,
@@ -353,7 +364,24 @@ class Worker:
                 self._send({"t": "delta", "attempt_id": h.attempt_id, "text": event})
         if response is None:
             raise RuntimeError(f"model {agent.model.spec()} returned no response")
+        for call in response.tool_calls:
+            tool = agent.tool(call.name)
+            if tool is not None and callable(tool.approval) and tool.needs_approval(call.arguments):
+                response.approval_required.append(call.id)
         return response.model_dump(mode="json")
+
+    async def _compact(self, agent: Agent, h: Handout) -> dict[str, Any]:
+        request = ModelRequest(
+            session_id=h.session_id,
+            agent=agent.name,
+            instructions=agent.instructions,
+            history=h.history,
+            tools=[],
+            attempt=h.attempt,
+        )
+        failpoints.hit("worker.compact_context.running")
+        summary = await agent.model.summarize(request)
+        return summary.model_dump(mode="json")
 
     async def _run_tool(self, agent: Agent, attempt: _Attempt) -> dict[str, Any] | None:
         h = attempt.handout
@@ -388,9 +416,23 @@ class Worker:
             idempotency_key=h.idempotency_key,
             attempt=h.attempt,
             _heartbeat=lambda: self._beat(h.attempt_id),
+            answers=list(h.answers),
+            sleeps_done=h.sleeps_done,
         )
-        failpoints.hit("worker.tool_running")
-        value = await tool.call(ctx, h.arguments)
+        if h.step_type == StepType.POLL_TOOL_TASK:
+            failpoints.hit("worker.poll_running")
+            value = await tool.call_poll(ctx, h.task_handle)
+            if value is PENDING:
+                return ToolOutcome(status="pending").model_dump(mode="json")
+        elif h.step_type == StepType.CHECK_TOOL_CALL:
+            verdict = await tool.call_check(ctx, h.arguments)
+            outcome = ToolOutcome(
+                status="checked", happened=verdict.happened, result=verdict.result
+            )
+            return outcome.model_dump(mode="json")
+        else:
+            failpoints.hit("worker.tool_running")
+            value = await tool.call(ctx, h.arguments)
         return ToolOutcome(status="succeeded", result=value).model_dump(mode="json")
 
     async def _beat(self, attempt_id: str) -> None:

@@ -77,6 +77,11 @@ async def _too_large(send: Send, limit: int) -> None:
     body: Any = ORJSONResponse(
         error_body("body_too_large", f"the request body is over {limit} bytes"), 413
     ).body
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import Field
@@ -34,6 +34,34 @@ class SendMessage(Wire):
         le=3600,
         description="Hold the response until the turn ends, up to this long.",
     )
+
+
+class Approve(Wire):
+    by: str | None = Field(None, max_length=200, description="Who approves.")
+    arguments_hash: str | None = Field(
+        None, description="The arguments_hash the approver saw: a mismatch is a 409."
+    )
+
+
+class Deny(Wire):
+    reason: str = Field(min_length=1, max_length=10_000)
+    by: str | None = Field(None, max_length=200)
+
+
+class Answer(Wire):
+    answer: str = Field(min_length=1, max_length=100_000)
+    by: str | None = Field(None, max_length=200)
+
+
+class Cancel(Wire):
+    reason: str = Field("cancelled by a client", max_length=10_000)
+
+
+class Reconcile(Wire):
+    status: Literal["succeeded", "failed"]
+    result: Any = None
+    error: str | None = Field(None, max_length=100_000)
+    by: str | None = Field(None, max_length=200)
 
 
 def _sessions(request: Request) -> Sessions:
@@ -140,3 +168,53 @@ async def get_turn(
 async def list_agents(request: Request) -> ORJSONResponse:
     agents = _sessions(request).agents.values()
     return ORJSONResponse({"agents": [a.model_dump(mode="json") for a in agents]})
+
+
+@router.get("/sessions/{session_id}/approvals", tags=["waits"])
+async def list_approvals(session_id: str, request: Request) -> ORJSONResponse:
+    """Tool calls waiting for approval, with the arguments and their hash."""
+    return ORJSONResponse({"approvals": await _sessions(request).approvals(session_id)})
+
+
+@router.post("/sessions/{session_id}/tool_calls/{call_id}/approve", tags=["waits"])
+async def approve(session_id: str, call_id: str, body: Approve, request: Request) -> ORJSONResponse:
+    entry = {
+        "kind": "approve",
+        "call_id": call_id,
+        "by": body.by,
+        "arguments_hash": body.arguments_hash,
+    }
+    await _sessions(request).resolve(session_id, entry)
+    return ORJSONResponse({"call_id": call_id, "approved": True})
+
+
+@router.post("/sessions/{session_id}/tool_calls/{call_id}/deny", tags=["waits"])
+async def deny(session_id: str, call_id: str, body: Deny, request: Request) -> ORJSONResponse:
+    entry = {"kind": "deny", "call_id": call_id, "by": body.by, "reason": body.reason}
+    await _sessions(request).resolve(session_id, entry)
+    return ORJSONResponse({"call_id": call_id, "approved": False})
+
+
+@router.post("/sessions/{session_id}/tool_calls/{call_id}/answer", tags=["waits"])
+async def answer(session_id: str, call_id: str, body: Answer, request: Request) -> ORJSONResponse:
+    entry = {"kind": "answer", "call_id": call_id, "by": body.by, "answer": body.answer}
+    await _sessions(request).resolve(session_id, entry)
+    return ORJSONResponse({"call_id": call_id, "answered": True})
+
+
+@router.post("/sessions/{session_id}/cancel", tags=["sessions"])
+async def cancel(session_id: str, body: Cancel, request: Request) -> ORJSONResponse:
+    """Cancel the running turn: queued Steps fail as NOT_STARTED, running attempts stop."""
+    number = await _sessions(request).cancel(session_id, body.reason)
+    return ORJSONResponse({"session_id": session_id, "turn": number, "status": "cancelled"})
+
+
+@router.post("/sessions/{session_id}/tool_calls/{call_id}/reconcile", tags=["waits"])
+async def reconcile(
+    session_id: str, call_id: str, body: Reconcile, request: Request
+) -> ORJSONResponse:
+    """Record what really happened to an outcome_unknown call; the model is told."""
+    call = await _sessions(request).reconcile(
+        session_id, call_id, body.status, body.result, body.error, body.by
+    )
+    return ORJSONResponse(call.model_dump(mode="json"))

@@ -9,7 +9,7 @@ Worker -> server
     {"t": "back", "attempt_id"}                  handed back, never started
     {"t": "drain"}                               hand me nothing new
 Server -> Worker
-    {"t": "welcome", "worker_id"}
+    {"t": "welcome", "worker_id", "heartbeat_timeout"}  heartbeat well within it
     {"t": "step", ...Handout}                    the attempt is recorded before this is sent
     {"t": "hb", "status": {attempt_id: "ok" | "stop"}}
     {"t": "ack", "attempt_id", "ok", "error"?}   a result committed (ok) or refused
@@ -86,9 +86,14 @@ async def worker_channel(ws: WebSocket) -> None:
     for agent in hello.agents:
         queues.add(f"model:{agent.name}")
         queues.update(f"tool:{agent.name}/{tool.name}" for tool in agent.tools)
-    worker = WorkerConn(id=hello.worker_id, queues=queues, capacity=hello.capacity,
-                        send=outbox.put)
-    outbox.put({"t": "welcome", "worker_id": worker.id})
+    worker = WorkerConn(id=hello.worker_id, queues=queues, capacity=hello.capacity, send=outbox.put)
+    outbox.put(
+        {
+            "t": "welcome",
+            "worker_id": worker.id,
+            "heartbeat_timeout": sessions.dispatcher.heartbeat_timeout,
+        }
+    )
     writer = asyncio.create_task(outbox.run())
     dispatcher = sessions.dispatcher
     dispatcher.connect(worker)
@@ -121,8 +126,9 @@ async def worker_channel(ws: WebSocket) -> None:
         outbox.closed = True
         dispatcher.disconnect(worker)
         writer.cancel()
-        log.info("worker disconnected", extra={"action": "worker.disconnected",
-                                               "worker_id": worker.id})
+        log.info(
+            "worker disconnected", extra={"action": "worker.disconnected", "worker_id": worker.id}
+        )
 
 
 def _handle(
@@ -144,6 +150,8 @@ def _handle(
         worker.draining = True
         return None
     attempt = message.get("attempt_id", "")
+    if not isinstance(attempt, str):
+        raise TypeError(f"attempt_id must be a string, not {attempt!r}")
     if kind == "done":
         result: Any = message.get("result")  # if missing, validation refuses it
         work = sessions.complete(attempt, result)

@@ -58,6 +58,7 @@ class Held:
 # Step is no longer queued.
 Assign = Callable[[str, str, WorkerConn], Awaitable[dict[str, Any] | None]]
 Expire = Callable[[Held], Awaitable[None]]
+Fire = Callable[[str, str], Awaitable[None]]
 
 
 class Dispatcher:
@@ -67,18 +68,21 @@ class Dispatcher:
         self.held: dict[str, Held] = {}
         self._ready: dict[str, deque[tuple[str, str]]] = {}
         self._delayed: list[tuple[float, int, str, str, str]] = []
+        self._timers: list[tuple[float, int, str, str]] = []
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._assign: Assign | None = None
         self._expire: Expire | None = None
+        self._fire: Fire | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
         self.paused = False
         """A draining node hands out nothing new."""
 
-    def start(self, assign: Assign, expire: Expire) -> None:
+    def start(self, assign: Assign, expire: Expire, fire: Fire) -> None:
         self._assign = assign
         self._expire = expire
+        self._fire = fire
         self._runner = asyncio.create_task(self._run(), name="dex-dispatcher")
 
     async def stop(self) -> None:
@@ -134,6 +138,11 @@ class Dispatcher:
             self._ready.setdefault(queue, deque()).append((session_id, step_id))
         self._wake.set()
 
+    def arm_timer(self, session_id: str, step_id: str, due: float) -> None:
+        """Fire an AwaitTimer at ``due`` (wall clock); at once if it came due meanwhile."""
+        heapq.heappush(self._timers, (due, next(self._seq), session_id, step_id))
+        self._wake.set()
+
     def queued(self, queue: str) -> int:
         return len(self._ready.get(queue, ()))
 
@@ -169,15 +178,23 @@ class Dispatcher:
                 _, _, sid, step_id, queue = heapq.heappop(self._delayed)
                 self._ready.setdefault(queue, deque()).append((sid, step_id))
             if not self.paused:
+                self._fire_timers(now_wall)
                 self._pump()
             self._expire_heartbeats()
             timeout = 0.25
-            if self._delayed:
-                timeout = min(timeout, max(0.0, self._delayed[0][0] - time.time()))
+            for heap in (self._delayed, self._timers):
+                if heap:
+                    timeout = min(timeout, max(0.0, heap[0][0] - time.time()))
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 pass
+
+    def _fire_timers(self, now: float) -> None:
+        assert self._fire is not None
+        while self._timers and self._timers[0][0] <= now:
+            _, _, session_id, step_id = heapq.heappop(self._timers)
+            self._spawn(self._fire(session_id, step_id))
 
     def _pump(self) -> None:
         assert self._assign is not None

@@ -4,14 +4,22 @@ Each handler first checks that the input applies (raising ``NotFound`` or
 ``Conflict`` without touching the state), then mutates the state it was given
 and returns a ``Transition`` that lists what else must be written (history
 items, an ended turn) and what must happen once the commit is durable (Steps to
-dispatch, attempts to cancel, turn waiters to wake). The caller owns the state:
-if its commit fails it throws this state away and reloads it from storage.
+dispatch, timers to arm, attempts to cancel, turn waiters to wake). The caller
+owns the state: if its commit fails it throws this state away and reloads it
+from storage.
 
 No I/O, no clock: ``now`` is an argument.
+
+How a turn moves: user message -> [CompactContext] -> RunModel -> for each tool
+call [AwaitToolApproval] -> CallTool | CallSingleAttemptTool | (start, then
+PollToolTask) [-> AwaitQuestionAnswer | AwaitTimer -> the tool again] -> when every
+call of that response has settled [-> CheckToolCall for an outcome_unknown with a
+check] -> RunModel -> ... -> an answer without tool calls ends the turn.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,12 +34,15 @@ from dex.server.engine.state import (
     ToolCall,
     Turn,
     TurnStatus,
+    Wait,
     attempt_id,
 )
 from dex.wire import (
+    ITEM,
     SINGLE_ATTEMPT,
     TOOL_CALL_NOT_RUN_ERROR_PREFIX,
     AgentSpec,
+    Approval,
     AssistantItem,
     AttemptOutcome,
     AttemptProgress,
@@ -41,6 +52,8 @@ from dex.wire import (
     RecoveryError,
     StepStatus,
     StepType,
+    Summary,
+    SummaryItem,
     ToolCallStatus,
     ToolKind,
     ToolOutcome,
@@ -54,6 +67,8 @@ class Transition:
     history: list[Item] = field(default_factory=list)
     ready: list[Step] = field(default_factory=list)
     """Steps that became queued and may be handed to a Worker."""
+    timers: list[Step] = field(default_factory=list)
+    """AwaitTimer Steps to arm."""
     ended_turn: Turn | None = None
     cancel: list[str] = field(default_factory=list)
     """Attempt ids whose Worker should stop."""
@@ -68,7 +83,13 @@ def tool_queue(agent: str, tool: str) -> str:
     return f"tool:{agent}/{tool}"
 
 
-# --- inputs from clients -------------------------------------------------------
+def arguments_hash(arguments: dict[str, Any]) -> str:
+    """What an approval is bound to: a hash of the call's exact arguments."""
+    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- inputs from clients ----------------------------------------------------------
 
 
 def receive_message(
@@ -87,7 +108,121 @@ def receive_message(
     return t, number
 
 
-# --- inputs from the dispatcher and Workers -------------------------------------
+def record_input(state: SessionState, entry: dict[str, Any], now: float) -> None:
+    """Record a resolution (approve, deny, answer, timer) in the inbox, to be applied by
+    ``apply_input`` in a later commit. Refuses what cannot apply, changing nothing."""
+    kind = entry["kind"]
+    call = _call(state, entry["call_id"])
+    wait_type = {
+        "approve": StepType.AWAIT_TOOL_APPROVAL,
+        "deny": StepType.AWAIT_TOOL_APPROVAL,
+        "answer": StepType.AWAIT_QUESTION_ANSWER,
+        "timer": StepType.AWAIT_TIMER,
+    }[kind]
+    step = _step(state, call.step_id or "")
+    if step.type != wait_type or step.status != StepStatus.WAITING:
+        raise Conflict(f"tool call {call.id} is not waiting for {wait_type.value}")
+    if any(e["call_id"] == call.id for e in state.inbox):
+        raise Conflict(f"tool call {call.id}'s wait is already resolved")
+    if kind == "approve":
+        expected = entry.get("arguments_hash")
+        if expected is not None and expected != call.arguments_hash:
+            raise Conflict(
+                "the approval is for other arguments than this call's",
+                arguments_hash=call.arguments_hash,
+            )
+        entry["arguments_hash"] = call.arguments_hash
+    if kind == "answer":
+        choices = step.wait.choices if step.wait else None
+        if choices and entry["answer"] not in choices:
+            raise Conflict(f"the answer must be one of {choices}")
+    entry["step_id"] = step.id
+    entry["recorded_at"] = now
+    state.inbox.append(entry)
+
+
+def apply_input(state: SessionState, spec: AgentSpec, now: float) -> Transition:
+    """Apply the oldest recorded input. Running it again after a crash is harmless: the
+    input stays in the inbox until this handler's commit."""
+    t = Transition()
+    if not state.inbox:
+        return t
+    entry = state.inbox.pop(0)
+    turn = state.turn
+    step = turn.step(entry["step_id"]) if turn else None
+    if step is None or step.status != StepStatus.WAITING or turn is None:
+        return t  # the turn ended meanwhile (cancelled): nothing to move on
+    call = _call(state, entry["call_id"])
+    resolution = {k: v for k, v in entry.items() if k not in ("call_id", "step_id")}
+    _end_wait(step, now, resolution)
+    kind = entry["kind"]
+    if kind == "approve":
+        call.approval = {"approved": True, **resolution}
+        _queue_tool(state, spec, call, now, t)
+    elif kind == "deny":
+        call.approval = {"approved": False, **resolution}
+        call.status = ToolCallStatus.DENIED
+        call.error = f"denied: {entry.get('reason') or 'no reason given'}"
+        _after_tool_call(state, spec, now, t)
+    elif kind == "answer":
+        call.answers.append(entry["answer"])
+        _queue_tool(state, spec, call, now, t)
+    else:  # timer
+        call.sleeps_done += 1
+        _queue_tool(state, spec, call, now, t)
+    return t
+
+
+def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -> Transition:
+    """Queued Steps fail as NOT_STARTED, running attempts are cancelled, waits end."""
+    turn = _turn(state)
+    t = Transition()
+    error = RecoveryError(message=f"the turn was cancelled: {reason}", retryable=False)
+    for step in turn.steps:
+        if step.status in (StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.CANCELLED):
+            continue
+        if step.current is not None:
+            t.cancel.append(attempt_id(state.id, step.id, step.current.number))
+            _end_attempt(step, AttemptOutcome.CANCELLED, now, error)
+        step.status = StepStatus.CANCELLED
+        step.ended_at = now
+        if step.wait is not None:
+            _end_wait(step, now, {"kind": "cancelled", "reason": reason})
+        call = _call_of(state, step)
+        if call is not None and not call.settled:
+            call.checking = False
+            if not call.status.terminal:
+                _settle_failed_call(call, error)
+    state.inbox = []
+    _end_turn(state, spec, TurnStatus.CANCELLED, now, t, error=f"cancelled: {reason}")
+    return t
+
+
+def reconcile(
+    call: ToolCall, status: str, result: Any, error: str | None, by: str | None, now: float
+) -> NoteItem:
+    """Record what really happened to an ``outcome_unknown`` call; the model is told."""
+    if call.status != ToolCallStatus.OUTCOME_UNKNOWN or call.checking:
+        raise Conflict(f"tool call {call.id} is {call.status.value}, not outcome_unknown")
+    if status not in ("succeeded", "failed"):
+        raise Conflict("a reconciled call either succeeded or failed")
+    call.reconciled = {"status": status, "by": by, "at": now, "was": call.error}
+    call.status = ToolCallStatus(status)
+    if status == "succeeded":
+        call.result = result
+        call.error = None
+        outcome = f"it succeeded with result {json.dumps(result)}"
+    else:
+        call.error = error or "it failed"
+        outcome = f"it failed: {call.error}"
+    who = f" by {by}" if by else ""
+    return NoteItem(
+        text=f"The outcome of tool call {call.name}({json.dumps(call.arguments, sort_keys=True)})"
+        f" (call {call.model_call_id}) was unknown; it was reconciled{who}: {outcome}."
+    )
+
+
+# --- inputs from the dispatcher and Workers ------------------------------------------
 
 
 def assign(state: SessionState, step_id: str, worker_id: str, now: float) -> Attempt:
@@ -100,8 +235,9 @@ def assign(state: SessionState, step_id: str, worker_id: str, now: float) -> Att
     step.status = StepStatus.RUNNING
     step.not_before = None
     call = _call_of(state, step)
-    if call is not None:
+    if call is not None and step.type != StepType.CHECK_TOOL_CALL:
         call.status = ToolCallStatus.RUNNING
+        call.started = True
     return attempt
 
 
@@ -119,8 +255,7 @@ def complete_model(
     _end_attempt(step, AttemptOutcome.SUCCEEDED, now)
     step.status = StepStatus.SUCCEEDED
     step.usage = response.usage.model_dump()
-    assistant = AssistantItem(text=response.text, tool_calls=response.tool_calls)
-    t.history.append(assistant)
+    append_history(state, t, AssistantItem(text=response.text, tool_calls=response.tool_calls))
     if not response.tool_calls:
         _end_turn(state, spec, TurnStatus.COMPLETED, now, t, text=response.text)
         return t
@@ -135,6 +270,7 @@ def complete_model(
             arguments=model_call.arguments,
             kind=tool.kind if tool else None,
             idempotency_key=f"{state.id}/{call_id}",
+            arguments_hash=arguments_hash(model_call.arguments),
         )
         turn.tool_calls.append(call)
         turn.batch.append(call.id)
@@ -142,19 +278,31 @@ def complete_model(
             known = ", ".join(sorted(s.name for s in spec.tools)) or "none"
             call.status = ToolCallStatus.FAILED
             call.error = f"unknown tool {model_call.name!r}; the tools are: {known}"
-            continue
-        single = tool.kind == ToolKind.WRITE
-        tool_step = _new_step(
-            turn,
-            StepType.CALL_SINGLE_ATTEMPT_TOOL if single else StepType.CALL_TOOL,
-            tool_queue(spec.name, tool.name),
-            SINGLE_ATTEMPT if single else tool.retry,
-            now,
-        )
-        tool_step.tool_call_id = call.id
-        call.step_id = tool_step.id
-        t.ready.append(tool_step)
+        elif tool.approval == Approval.ALWAYS or (
+            tool.approval == Approval.PREDICATE and model_call.id in response.approval_required
+        ):
+            _wait(turn, call, StepType.AWAIT_TOOL_APPROVAL, now, Wait(since=now))
+        else:
+            _queue_tool(state, spec, call, now, t)
     _after_tool_call(state, spec, now, t)
+    return t
+
+
+def complete_summary(
+    state: SessionState, spec: AgentSpec, step_id: str, number: int, summary: Summary, now: float
+) -> Transition:
+    step = _running(state, step_id, number, StepType.COMPACT_CONTEXT)
+    t = Transition()
+    _end_attempt(step, AttemptOutcome.SUCCEEDED, now)
+    step.status = StepStatus.SUCCEEDED
+    step.usage = summary.usage.model_dump()
+    start = state.history_length + len(t.history)
+    append_history(state, t, SummaryItem(text=summary.text))
+    state.context_start = start
+    state.context_chars = len(summary.text)
+    t.ready.append(
+        _new_step(_turn(state), StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
+    )
     return t
 
 
@@ -166,18 +314,85 @@ def complete_tool(
     outcome: ToolOutcome,
     now: float,
 ) -> Transition:
-    step = _running(state, step_id, number, StepType.CALL_TOOL, StepType.CALL_SINGLE_ATTEMPT_TOOL)
+    step = _running(
+        state,
+        step_id,
+        number,
+        StepType.CALL_TOOL,
+        StepType.CALL_SINGLE_ATTEMPT_TOOL,
+        StepType.POLL_TOOL_TASK,
+        StepType.CHECK_TOOL_CALL,
+    )
     call = _call_of(state, step)
     assert call is not None
+    turn = _turn(state)
+    tool = spec.tool(call.name)
     t = Transition()
     _end_attempt(step, AttemptOutcome.SUCCEEDED, now)
     step.status = StepStatus.SUCCEEDED
-    if outcome.status == "succeeded":
+    status = outcome.status
+    if step.type == StepType.CHECK_TOOL_CALL:
+        call.checking = False
+        if status == "checked" and outcome.happened is True:
+            call.status = ToolCallStatus.SUCCEEDED
+            call.result = outcome.result
+            call.reconciled = {"status": "succeeded", "by": "check", "at": now, "was": call.error}
+            call.error = None
+        elif status == "checked" and outcome.happened is False:
+            call.status = ToolCallStatus.FAILED
+            call.reconciled = {"status": "failed", "by": "check", "at": now, "was": call.error}
+            call.error = f"{TOOL_CALL_NOT_RUN_ERROR_PREFIX}: its check found no effect"
+    elif status == "succeeded" and call.kind == ToolKind.TASK and step.type == StepType.CALL_TOOL:
+        call.task_handle = outcome.result  # the task started: poll it
+        call.status = ToolCallStatus.RUNNING
+        interval = tool.poll_interval_seconds if tool else 1.0
+        poll = _new_step(turn, StepType.POLL_TOOL_TASK, step.queue, step.retry, now)
+        poll.tool_call_id = call.id
+        poll.not_before = now + interval
+        call.step_id = poll.id
+        t.ready.append(poll)
+        return t
+    elif status == "pending":
+        if step.type != StepType.POLL_TOOL_TASK:
+            raise Conflict("only a PollToolTask Step may report its task pending")
+        # the same Step polls again after the interval; attempts count per poll
+        step.polls += 1
+        step.attempts = []
+        step.status = StepStatus.QUEUED
+        step.not_before = now + (tool.poll_interval_seconds if tool else 1.0)
+        call.status = ToolCallStatus.RUNNING
+        t.ready.append(step)
+        return t
+    elif status == "asked":
+        call.questions.append({"question": outcome.question, "choices": outcome.choices})
+        call.status = ToolCallStatus.PENDING
+        _wait(
+            turn,
+            call,
+            StepType.AWAIT_QUESTION_ANSWER,
+            now,
+            Wait(since=now, question=outcome.question, choices=outcome.choices),
+        )
+        return t
+    elif status == "sleep":
+        call.status = ToolCallStatus.PENDING
+        timer = _wait(
+            turn,
+            call,
+            StepType.AWAIT_TIMER,
+            now,
+            Wait(since=now, deadline=now + (outcome.sleep_seconds or 0.0)),
+        )
+        t.timers.append(timer)
+        return t
+    elif status == "succeeded":
         call.status = ToolCallStatus.SUCCEEDED
         call.result = outcome.result
-    else:
+    elif status == "failed":
         call.status = ToolCallStatus.FAILED
         call.error = outcome.error or "the tool failed"
+    else:
+        raise Conflict(f"a {step.type.value} Step cannot end as {status!r}")
     _after_tool_call(state, spec, now, t)
     return t
 
@@ -205,7 +420,7 @@ def fail_attempt(
         step.status = StepStatus.QUEUED
         step.not_before = now + delay if delay > 0 else None
         call = _call_of(state, step)
-        if call is not None:
+        if call is not None and step.type != StepType.CHECK_TOOL_CALL:
             call.status = ToolCallStatus.PENDING
         t.ready.append(step)
         return t
@@ -220,8 +435,17 @@ def hand_back(state: SessionState, step_id: str, number: int) -> Transition:
     step.handed_back += 1
     step.status = StepStatus.QUEUED
     call = _call_of(state, step)
-    if call is not None:
+    if call is not None and step.type != StepType.CHECK_TOOL_CALL:
         call.status = ToolCallStatus.PENDING
+        call.started = (
+            bool(call.questions)
+            or call.sleeps_done > 0
+            or any(
+                s.attempts
+                for s in _turn(state).steps
+                if s.tool_call_id == call.id and s.type != StepType.CHECK_TOOL_CALL
+            )
+        )
     return Transition(ready=[step])
 
 
@@ -233,12 +457,11 @@ def recover(state: SessionState, spec: AgentSpec, now: float, reason: str) -> Tr
         if step.status != StepStatus.RUNNING or attempt is None:
             continue  # an earlier failure in this loop ended the turn
         error = RecoveryError(message=reason, attempt_progress=AttemptProgress.NOT_COMPLETED)
-        sub = fail_attempt(state, spec, step.id, attempt.number, error, now)
-        _merge(t, sub)
+        _merge(t, fail_attempt(state, spec, step.id, attempt.number, error, now))
     return t
 
 
-# --- the turn ---------------------------------------------------------------------
+# --- the turn --------------------------------------------------------------------------
 
 
 def _start_turn(
@@ -247,34 +470,86 @@ def _start_turn(
     turn = Turn(number=message.number, message_id=message.message_id, started_at=now)
     state.turn = turn
     state.status = SessionStatus.RUNNING
-    t.history.append(UserItem(text=message.text))
+    append_history(state, t, UserItem(text=message.text))
     t.events.append({"type": "turn.started", "turn": turn.number})
-    t.ready.append(
-        _new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
+    _call_model(state, spec, now, t)
+
+
+def _call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition) -> None:
+    """The next model call: compact the history first if it grew past the threshold."""
+    turn = _turn(state)
+    threshold = spec.compact_threshold_chars
+    if threshold is not None and state.context_chars > threshold:
+        step = _new_step(
+            turn, StepType.COMPACT_CONTEXT, model_queue(spec.name), spec.model_retry, now
+        )
+    else:
+        step = _new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
+    t.ready.append(step)
+
+
+def _queue_tool(
+    state: SessionState, spec: AgentSpec, call: ToolCall, now: float, t: Transition
+) -> None:
+    """A Step that runs the call's tool (again, after an approval, answer or timer)."""
+    tool = spec.tool(call.name)
+    assert tool is not None
+    single = tool.kind == ToolKind.WRITE
+    step = _new_step(
+        _turn(state),
+        StepType.CALL_SINGLE_ATTEMPT_TOOL if single else StepType.CALL_TOOL,
+        tool_queue(spec.name, tool.name),
+        SINGLE_ATTEMPT if single else tool.retry,
+        now,
     )
+    step.tool_call_id = call.id
+    call.step_id = step.id
+    call.status = ToolCallStatus.PENDING
+    t.ready.append(step)
 
 
 def _after_tool_call(state: SessionState, spec: AgentSpec, now: float, t: Transition) -> None:
-    """When every call of the latest model response has a result, the model runs again."""
+    """When every call of the latest model response has settled, the model runs again."""
     turn = _turn(state)
     calls = [turn.tool_call(call_id) for call_id in turn.batch]
-    if not all(c is not None and c.status.terminal for c in calls):
+    for call in calls:
+        if call is not None and call.status == ToolCallStatus.OUTCOME_UNKNOWN:
+            _maybe_check(state, spec, call, now, t)
+    if not all(c is not None and c.settled for c in calls):
         return
     for call in calls:
         assert call is not None
-        t.history.append(
+        append_history(
+            state,
+            t,
             ToolResultItem(
                 call_id=call.model_call_id,
                 name=call.name,
                 status=call.status,
                 result=call.result,
                 error=call.error,
-            )
+            ),
         )
     turn.batch = []
-    t.ready.append(
-        _new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
+    _call_model(state, spec, now, t)
+
+
+def _maybe_check(
+    state: SessionState, spec: AgentSpec, call: ToolCall, now: float, t: Transition
+) -> None:
+    """An outcome_unknown call whose tool has a check: run the check (a read) first."""
+    tool = spec.tool(call.name)
+    turn = _turn(state)
+    if tool is None or not tool.has_check or call.checking:
+        return
+    if any(s.type == StepType.CHECK_TOOL_CALL and s.tool_call_id == call.id for s in turn.steps):
+        return  # checked once already
+    call.checking = True
+    step = _new_step(
+        turn, StepType.CHECK_TOOL_CALL, tool_queue(spec.name, tool.name), tool.retry, now
     )
+    step.tool_call_id = call.id
+    t.ready.append(step)
 
 
 def _fail_step(
@@ -287,13 +562,25 @@ def _fail_step(
 ) -> None:
     step.status = StepStatus.FAILED
     step.ended_at = now
-    progress = step.progress
-    step.error = error.model_copy(update={"attempt_progress": progress})
     call = _call_of(state, step)
-    if call is None:  # RunModel
-        _end_turn(state, spec, TurnStatus.FAILED, now, t, error=f"RunModel failed: {error.message}")
+    started = bool(step.attempts) or (call is not None and call.started)
+    progress = AttemptProgress.NOT_COMPLETED if started else AttemptProgress.NOT_STARTED
+    step.error = error.model_copy(update={"attempt_progress": progress})
+    if call is None:  # RunModel or CompactContext
+        what = "compacting the context" if step.type == StepType.COMPACT_CONTEXT else "RunModel"
+        _end_turn(state, spec, TurnStatus.FAILED, now, t, error=f"{what} failed: {error.message}")
         return
-    if progress == AttemptProgress.NOT_STARTED:
+    if step.type == StepType.CHECK_TOOL_CALL:
+        call.checking = False  # the outcome stays unknown
+    else:
+        _settle_failed_call(call, step.error)
+    _after_tool_call(state, spec, now, t)
+
+
+def _settle_failed_call(call: ToolCall, error: RecoveryError) -> None:
+    """The failure route: reads ``attempt_progress`` (a call that ran before is never
+    NOT_STARTED)."""
+    if not call.started and error.attempt_progress != AttemptProgress.NOT_COMPLETED:
         call.status = ToolCallStatus.FAILED
         call.error = f"{TOOL_CALL_NOT_RUN_ERROR_PREFIX}: {error.message}"
     elif call.kind == ToolKind.READ:
@@ -305,7 +592,6 @@ def _fail_step(
             f"the outcome is unknown: the tool may have run ({error.message}); "
             "it will not run again"
         )
-    _after_tool_call(state, spec, now, t)
 
 
 def _end_turn(
@@ -324,7 +610,7 @@ def _end_turn(
     turn.text = text
     turn.error = error
     for step in turn.steps:
-        if step.status in (StepStatus.QUEUED, StepStatus.RUNNING):
+        if step.status in (StepStatus.QUEUED, StepStatus.RUNNING, StepStatus.WAITING):
             if step.current is not None:
                 t.cancel.append(attempt_id(state.id, step.id, step.current.number))
                 _end_attempt(step, AttemptOutcome.CANCELLED, now)
@@ -333,7 +619,7 @@ def _end_turn(
     if status != TurnStatus.COMPLETED:
         ran = [c for c in turn.tool_calls if _ran(c)]
         if ran:
-            t.history.append(NoteItem(text=_failed_turn_note(ran)))
+            append_history(state, t, NoteItem(text=_failed_turn_note(ran)))
     t.ended_turn = turn
     t.events.append({"type": f"turn.{status.value}", "turn": turn.number})
     state.turn = None
@@ -343,14 +629,8 @@ def _end_turn(
 
 
 def _ran(call: ToolCall) -> bool:
-    """Whether the call's tool may have run: it had a Step, and that Step reached a Worker."""
-    if call.step_id is None:  # an unknown tool: no Step, nothing ran
-        return False
-    if call.status in (ToolCallStatus.SUCCEEDED, ToolCallStatus.OUTCOME_UNKNOWN):
-        return True
-    return call.status == ToolCallStatus.FAILED and not (call.error or "").startswith(
-        TOOL_CALL_NOT_RUN_ERROR_PREFIX
-    )
+    """Whether the call's tool may have run: one of its attempts reached a Worker."""
+    return call.started and call.status != ToolCallStatus.DENIED
 
 
 def _failed_turn_note(calls: list[ToolCall]) -> str:
@@ -365,7 +645,12 @@ def _failed_turn_note(calls: list[ToolCall]) -> str:
     return "\n".join(lines)
 
 
-# --- helpers -------------------------------------------------------------------------
+# --- helpers ----------------------------------------------------------------------------
+
+
+def append_history(state: SessionState, t: Transition, item: Item) -> None:
+    t.history.append(item)
+    state.context_chars += len(ITEM.dump_json(item))
 
 
 def _new_step(turn: Turn, type_: StepType, queue: str, retry: Any, now: float) -> Step:
@@ -380,6 +665,24 @@ def _new_step(turn: Turn, type_: StepType, queue: str, retry: Any, now: float) -
     return step
 
 
+def _wait(turn: Turn, call: ToolCall, type_: StepType, now: float, wait: Wait) -> Step:
+    step = _new_step(turn, type_, "", SINGLE_ATTEMPT, now)
+    step.status = StepStatus.WAITING
+    step.tool_call_id = call.id
+    step.wait = wait
+    call.step_id = step.id
+    return step
+
+
+def _end_wait(step: Step, now: float, resolution: dict[str, Any]) -> None:
+    assert step.wait is not None
+    step.wait.resolved_at = now
+    step.wait.resolution = resolution
+    if step.status == StepStatus.WAITING:
+        step.status = StepStatus.SUCCEEDED
+        step.ended_at = now
+
+
 def _turn(state: SessionState) -> Turn:
     if state.turn is None:
         raise Conflict(f"session {state.id} has no running turn")
@@ -391,6 +694,13 @@ def _step(state: SessionState, step_id: str) -> Step:
     if step is None:
         raise NotFound(f"session {state.id} has no current step {step_id}")
     return step
+
+
+def _call(state: SessionState, call_id: str) -> ToolCall:
+    call = state.turn.tool_call(call_id) if state.turn else None
+    if call is None:
+        raise NotFound(f"session {state.id} has no tool call {call_id} in its current turn")
+    return call
 
 
 def _running(state: SessionState, step_id: str, number: int, *types: StepType) -> Step:
@@ -421,6 +731,7 @@ def _end_attempt(
 def _merge(into: Transition, other: Transition) -> None:
     into.history.extend(other.history)
     into.ready.extend(other.ready)
+    into.timers.extend(other.timers)
     into.cancel.extend(other.cancel)
     into.events.extend(other.events)
     if other.ended_turn is not None:

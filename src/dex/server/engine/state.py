@@ -14,7 +14,6 @@ from pydantic import Field
 
 from dex.wire import (
     AttemptOutcome,
-    AttemptProgress,
     RecoveryError,
     RetryPolicy,
     StepStatus,
@@ -34,11 +33,23 @@ class Attempt(Wire):
     error: RecoveryError | None = None
 
 
+class Wait(Wire):
+    """What a server-side wait waits for, and how it ended."""
+
+    since: float
+    deadline: float | None = None
+    """For a timer: when it fires."""
+    question: str | None = None
+    choices: list[str] | None = None
+    resolved_at: float | None = None
+    resolution: dict[str, Any] | None = None
+
+
 class Step(Wire):
     id: str
     type: StepType
     status: StepStatus = StepStatus.QUEUED
-    queue: str
+    queue: str = ""
     retry: RetryPolicy
     created_at: float
     not_before: float | None = None
@@ -48,17 +59,15 @@ class Step(Wire):
     ended_at: float | None = None
     error: RecoveryError | None = None
     usage: dict[str, int] | None = None
+    wait: Wait | None = None
+    polls: int = 0
+    """For PollToolTask: how many polls found the task still running."""
 
     @property
     def current(self) -> Attempt | None:
         if self.attempts and self.attempts[-1].outcome == AttemptOutcome.RUNNING:
             return self.attempts[-1]
         return None
-
-    @property
-    def progress(self) -> AttemptProgress:
-        """How far the Step got over all its attempts."""
-        return AttemptProgress.NOT_COMPLETED if self.attempts else AttemptProgress.NOT_STARTED
 
 
 class ToolCall(Wire):
@@ -72,6 +81,23 @@ class ToolCall(Wire):
     result: Any = None
     error: str | None = None
     step_id: str | None = None
+    """The latest Step that runs or waits for this call."""
+    arguments_hash: str = ""
+    started: bool = False
+    """An attempt of this call reached a Worker: from now on its tool may have run."""
+    approval: dict[str, Any] | None = None
+    questions: list[dict[str, Any]] = Field(default_factory=list)
+    answers: list[str] = Field(default_factory=list)
+    sleeps_done: int = 0
+    task_handle: Any = None
+    checking: bool = False
+    """A check probe is settling this call's outcome_unknown."""
+    reconciled: dict[str, Any] | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Terminal, and no check is still running for it."""
+        return self.status.terminal and not self.checking
 
 
 class TurnStatus(StrEnum):
@@ -127,6 +153,12 @@ class SessionState(Wire):
     queued: list[QueuedMessage] = Field(default_factory=list)
     messages_received: int = 0
     history_length: int = 0
+    context_start: int = 0
+    """Index of the latest summary in the history: RunModel sees the history from here."""
+    context_chars: int = 0
+    """Estimated size of the history from ``context_start``, for compaction."""
+    inbox: list[dict[str, Any]] = Field(default_factory=list)
+    """Recorded inputs (an approval, an answer, a fired timer) whose handler has not run."""
 
     def running_steps(self) -> list[Step]:
         if self.turn is None:
@@ -137,6 +169,11 @@ class SessionState(Wire):
         if self.turn is None:
             return []
         return [s for s in self.turn.steps if s.status == StepStatus.QUEUED]
+
+    def waiting_steps(self) -> list[Step]:
+        if self.turn is None:
+            return []
+        return [s for s in self.turn.steps if s.status == StepStatus.WAITING]
 
 
 def attempt_id(session_id: str, step_id: str, number: int) -> str:

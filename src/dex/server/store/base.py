@@ -26,6 +26,8 @@ class Write:
     history_start: int = 0
     """The sequence number of ``history[0]``."""
     ended_turn: Turn | None = None
+    updated_turn: Turn | None = None
+    """An archived turn whose record changed (a reconciled tool call)."""
     message: tuple[str, int] | None = None
     """(client message id, message number) to remember for idempotent sends."""
     agents: list[AgentSpec] = field(default_factory=list)

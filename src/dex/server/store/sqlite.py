@@ -31,9 +31,7 @@ Op = Callable[[sqlite3.Connection], Any]
 class SqliteStore(Store):
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._queue: queue.SimpleQueue[tuple[Op, asyncio.Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[tuple[Op, asyncio.Future[Any]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.commits = 0
@@ -47,8 +45,9 @@ class SqliteStore(Store):
         self._loop = asyncio.get_running_loop()
         self._queue = queue.SimpleQueue()  # nothing left over from an earlier open
         ready: asyncio.Future[None] = self._loop.create_future()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="dex-sqlite",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="dex-sqlite", daemon=True
+        )
         self._thread.start()
         try:
             await ready
@@ -79,7 +78,9 @@ class SqliteStore(Store):
         try:
             conn = self._connect()
         except sqlite3.Error as e:
-            loop.call_soon_threadsafe(ready.set_exception, StorageError(f"cannot open {self.path}: {e}"))
+            loop.call_soon_threadsafe(
+                ready.set_exception, StorageError(f"cannot open {self.path}: {e}")
+            )
             return
         loop.call_soon_threadsafe(ready.set_result, None)
         stop = False
@@ -244,14 +245,16 @@ def _write(conn: sqlite3.Connection, w: Write) -> None:
     for spec in w.agents:
         conn.execute(
             "INSERT INTO agents (name, spec, updated_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at",
+            "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, "
+            "updated_at = excluded.updated_at",
             (spec.name, spec.model_dump_json(), now),
         )
     s = w.session
     if s is not None:
         if w.create:
             conn.execute(
-                "INSERT INTO sessions (id, agent, created_at, status, state) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO sessions (id, agent, created_at, status, state) "
+                "VALUES (?, ?, ?, ?, ?)",
                 (s.id, s.agent, s.created_at, s.status.value, s.model_dump_json()),
             )
         else:
@@ -267,11 +270,28 @@ def _write(conn: sqlite3.Connection, w: Write) -> None:
         if w.history:
             conn.executemany(
                 "INSERT INTO history (session_id, seq, item) VALUES (?, ?, ?)",
-                [(s.id, w.history_start + i, ITEM.dump_json(item).decode()) for i, item in enumerate(w.history)],
+                [
+                    (s.id, w.history_start + i, ITEM.dump_json(item).decode())
+                    for i, item in enumerate(w.history)
+                ],
             )
         if w.ended_turn is not None:
             conn.execute(
                 "INSERT INTO turns (session_id, number, status, turn) VALUES (?, ?, ?, ?)",
-                (s.id, w.ended_turn.number, w.ended_turn.status.value,
-                 w.ended_turn.model_dump_json()),
+                (
+                    s.id,
+                    w.ended_turn.number,
+                    w.ended_turn.status.value,
+                    w.ended_turn.model_dump_json(),
+                ),
+            )
+        if w.updated_turn is not None:
+            conn.execute(
+                "UPDATE turns SET status = ?, turn = ? WHERE session_id = ? AND number = ?",
+                (
+                    w.updated_turn.status.value,
+                    w.updated_turn.model_dump_json(),
+                    s.id,
+                    w.updated_turn.number,
+                ),
             )
