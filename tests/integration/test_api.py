@@ -6,11 +6,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
+import orjson
 import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from dex.server.api.errors import BodyLimit
 from dex.wire import ModelResponse, ModelToolCall, RecoveryError, ToolOutcome
 from tests.integration.conftest import (
     MAX_BODY,
@@ -681,3 +684,50 @@ def test_a_write_tool_whose_heartbeats_stop_is_outcome_unknown(short_heartbeat: 
     (call,) = turn["tool_calls"]
     assert call["status"] == "outcome_unknown" and call["result"] is None
     assert not [m for m in worker.inbox if m.get("t") == "step" and m.get("tool") == "charge"]
+
+
+# --- the body limit, chunk by chunk --------------------------------------------------------------
+#
+# TestClient hands a chunked body to the app in one piece; these drive the limit with a
+# request body that really arrives in several ASGI messages, as uvicorn delivers it.
+
+
+def _run_body_limit(chunks: list[bytes], limit: int) -> tuple[list[dict[str, Any]], list[bytes]]:
+    seen_by_app: list[bytes] = []
+    sent: list[dict[str, Any]] = []
+    incoming = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            seen_by_app.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
+    anyio.run(BodyLimit(app, limit), scope, receive, send)
+    return sent, seen_by_app
+
+
+def test_body_limit_refuses_a_body_that_grows_past_it_in_chunks() -> None:
+    sent, seen_by_app = _run_body_limit([b"x" * 4, b"x" * 4, b"x" * 4], limit=10)
+    assert seen_by_app == []  # the app never ran
+    assert sent[0]["status"] == 413
+    assert orjson.loads(sent[1]["body"])["error"]["code"] == "body_too_large"
+
+
+def test_body_limit_replays_every_chunk_of_a_body_within_it() -> None:
+    sent, seen_by_app = _run_body_limit([b"ab", b"cd", b"ef"], limit=6)
+    assert seen_by_app == [b"ab", b"cd", b"ef"]
+    assert sent[0]["status"] == 200
