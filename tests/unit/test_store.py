@@ -228,6 +228,18 @@ async def test_ended_turns_are_archived_and_loaded_by_number(store: Store) -> No
     assert (await store.load_turn("s1", 2)).text == "hi 2"  # type: ignore[union-attr]
     assert await store.load_turn("s1", 3) is None
     assert await store.load_turn("other", 1) is None
+    assert await store.load_turns("s1") == ended  # all of them, oldest first
+    assert await store.load_turns("other") == []
+
+
+async def test_an_updated_turn_replaces_its_archived_record(store: Store) -> None:
+    state = idle("s1")
+    await create(store, state)
+    turn = Turn(number=1, started_at=T0, ended_at=T0 + 1, text="first")
+    await store.write(Write(session=state, ended_turn=turn))
+    changed = turn.model_copy(update={"text": "reconciled"})
+    await store.write(Write(session=state, updated_turn=changed))
+    assert await store.load_turn("s1", 1) == changed
 
 
 async def test_archiving_the_same_turn_twice_is_a_conflict(store: Store) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -117,6 +117,46 @@ class Client:
         agents: list[dict[str, Any]] = result["agents"]
         return agents
 
+    async def stream_events(
+        self, session_id: str, *, last_event_id: int | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The session's events as they happen (Server-Sent Events): ``history.item``,
+        ``turn.started`` / ``turn.completed`` / ``turn.failed`` / ``turn.cancelled``,
+        ``wait.started``, ``message.queued`` and live ``model.delta`` text. Each is
+        ``{"id", "type", "data"}``; pass the last ``id`` you saw to resume."""
+        http = self._session()
+        headers = {"accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["last-event-id"] = str(last_event_id)
+        url = self.addresses[self._current % len(self.addresses)] + (
+            f"/v1/sessions/{session_id}/events"
+        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
+        try:
+            async with http.get(url, headers=headers, timeout=timeout) as response:
+                if response.status >= 400:
+                    payload = await response.read()
+                    raise _error(response.status, orjson.loads(payload) if payload else None)
+                event: dict[str, Any] = {}
+                async for raw in response.content:
+                    line = raw.decode().rstrip("\r\n")
+                    if not line:
+                        if "data" in event:
+                            yield event
+                        event = {}
+                    elif line.startswith(":"):
+                        continue
+                    else:
+                        name, _, value = line.partition(": ")
+                        if name == "id":
+                            event["id"] = int(value)
+                        elif name == "event":
+                            event["type"] = value
+                        elif name == "data":
+                            event["data"] = orjson.loads(value)
+        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            raise Unavailable(f"the event stream of {session_id} broke: {e}", retryable=True) from e
+
     # --- waits, cancel, reconcile ---------------------------------------------------------
 
     async def list_approvals(self, session_id: str) -> list[dict[str, Any]]:
@@ -186,6 +226,14 @@ class Client:
 
     # --- transport ----------------------------------------------------------------------
 
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._connections),
+                json_serialize=lambda o: orjson.dumps(o).decode(),
+            )
+        return self._http
+
     async def _request(
         self,
         method: str,
@@ -195,18 +243,14 @@ class Client:
         params: dict[str, Any] | None = None,
         read_timeout: float | None = None,
     ) -> dict[str, Any]:
-        if self._http is None:
-            self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._connections),
-                json_serialize=lambda o: orjson.dumps(o).decode(),
-            )
+        http = self._session()
         data = orjson.dumps(body) if body is not None else None
         timeout = aiohttp.ClientTimeout(total=read_timeout or self.timeout)
         last: Exception | None = None
         for _ in range(len(self.addresses)):
             base = self.addresses[self._current % len(self.addresses)]
             try:
-                async with self._http.request(
+                async with http.request(
                     method,
                     base + path,
                     data=data,

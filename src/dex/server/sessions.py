@@ -35,6 +35,7 @@ from dex.server.engine.state import (
     parse_attempt_id,
 )
 from dex.server.store.base import SessionRow, Store, Write
+from dex.server.streams import MemoryStreams
 from dex.wire import (
     AgentSpec,
     AttemptProgress,
@@ -63,9 +64,12 @@ class Actor:
 
 
 class Sessions:
-    def __init__(self, store: Store, dispatcher: Dispatcher) -> None:
+    def __init__(
+        self, store: Store, dispatcher: Dispatcher, streams: MemoryStreams | None = None
+    ) -> None:
         self.store = store
         self.dispatcher = dispatcher
+        self.streams = streams or MemoryStreams()
         self.agents: dict[str, AgentSpec] = {}
         self._actors: dict[str, Actor] = {}
         self._loading: dict[str, asyncio.Future[Actor]] = {}
@@ -241,6 +245,11 @@ class Sessions:
                 if held.session_id == session_id
             ],
             "history": [item.model_dump(mode="json") for item in actor.history],
+            "tool_calls": [
+                {"turn": turn.number, **call.model_dump(mode="json")}
+                for turn in [*await self.store.load_turns(session_id), *filter(None, [state.turn])]
+                for call in turn.tool_calls
+            ],
         }
 
     # --- waits: approvals, answers, timers, cancel, reconcile ------------------------------
@@ -501,6 +510,13 @@ class Sessions:
         self, actor: Actor, t: Transition, handed: list[tuple[Step, WorkerConn]]
     ) -> None:
         sid = actor.state.id
+        start = actor.state.history_length - len(t.history)
+        for i, item in enumerate(t.history):
+            self.streams.publish(
+                sid, "history.item", {"index": start + i, "item": item.model_dump(mode="json")}
+            )
+        for change in t.events:
+            self.streams.publish(sid, change["type"], change)
         for aid in t.cancel:
             held = self.dispatcher.unhold(aid)
             if held is not None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from dex.server.api.responses import ORJSONResponse
@@ -111,31 +113,9 @@ async def list_sessions(
 
 @router.get("/sessions/{session_id}")
 async def get_agent_snapshot(session_id: str, request: Request) -> ORJSONResponse:
-    sessions = _sessions(request)
-    snapshot = await sessions.snapshot(session_id)
-    snapshot["tool_calls"] = await _every_tool_call(sessions, snapshot)
-    return ORJSONResponse(snapshot)
-
-
-async def _every_tool_call(sessions: Sessions, snapshot: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every tool call of the session, oldest first, each with its turn number: those of
-    the ended turns (from the turn archive) and then those of the current turn."""
-    session = snapshot["session"]
-    current = snapshot["current_turn"]
-    not_ended = {m["number"] for m in session["queued_messages"]}
-    if current is not None:
-        not_ended.add(current["number"])
-    numbers = [n for n in range(1, session["messages_received"] + 1) if n not in not_ended]
-    ended = await asyncio.gather(*(sessions.wait_turn(session["id"], n, 0) for n in numbers))
-    calls: list[dict[str, Any]] = []
-    for turn in ended:
-        if turn is not None:
-            calls.extend(
-                {"turn": turn.number, **c.model_dump(mode="json")} for c in turn.tool_calls
-            )
-    if current is not None:
-        calls.extend({"turn": current["number"], **c} for c in current["tool_calls"])
-    return calls
+    """History, state, the current turn with its Steps and attempts, waits, and every tool
+    call of the session with its status."""
+    return ORJSONResponse(await _sessions(request).snapshot(session_id))
 
 
 @router.post("/sessions/{session_id}/messages")
@@ -218,3 +198,28 @@ async def reconcile(
         session_id, call_id, body.status, body.result, body.error, body.by
     )
     return ORJSONResponse(call.model_dump(mode="json"))
+
+
+@router.get("/sessions/{session_id}/events", tags=["sessions"])
+async def stream_events(session_id: str, request: Request) -> StreamingResponse:
+    """Server-Sent Events: the session's new history items, turn and wait lifecycle
+    events, and live model output (``model.delta``). Resume with ``Last-Event-ID``.
+
+    Live events are this node's: after a restart or takeover the numbering starts again,
+    and the durable history (the snapshot) has everything but the lost partial output."""
+    sessions = _sessions(request)
+    await sessions.snapshot(session_id)  # 404 for an unknown session, before streaming
+    header = request.headers.get("last-event-id", "")
+    after = int(header) if header.isdigit() else None
+
+    async def body() -> AsyncIterator[bytes]:
+        async for event in sessions.streams.subscribe(session_id, after):
+            if event is None:
+                yield b": keep-alive\n\n"
+                continue
+            data = orjson.dumps(event.data)
+            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (event.id, event.type.encode(), data)
+
+    return StreamingResponse(
+        body(), media_type="text/event-stream", headers={"cache-control": "no-store"}
+    )

@@ -144,7 +144,13 @@ def _handle(
         held = dispatcher.held.get(message["attempt_id"])
         if held is not None:
             dispatcher.heartbeat(message["attempt_id"])
-            held.output += len(message.get("text", ""))
+            text = str(message.get("text", ""))
+            held.output += len(text)
+            sessions.streams.publish(
+                held.session_id,
+                "model.delta",
+                {"attempt_id": message["attempt_id"], "step_id": held.step_id, "text": text},
+            )
         return None
     if kind == "drain":
         worker.draining = True

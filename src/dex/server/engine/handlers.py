@@ -281,7 +281,7 @@ def complete_model(
         elif tool.approval == Approval.ALWAYS or (
             tool.approval == Approval.PREDICATE and model_call.id in response.approval_required
         ):
-            _wait(turn, call, StepType.AWAIT_TOOL_APPROVAL, now, Wait(since=now))
+            _wait(turn, call, StepType.AWAIT_TOOL_APPROVAL, now, Wait(since=now), t)
         else:
             _queue_tool(state, spec, call, now, t)
     _after_tool_call(state, spec, now, t)
@@ -372,6 +372,7 @@ def complete_tool(
             StepType.AWAIT_QUESTION_ANSWER,
             now,
             Wait(since=now, question=outcome.question, choices=outcome.choices),
+            t,
         )
         return t
     elif status == "sleep":
@@ -382,6 +383,7 @@ def complete_tool(
             StepType.AWAIT_TIMER,
             now,
             Wait(since=now, deadline=now + (outcome.sleep_seconds or 0.0)),
+            t,
         )
         t.timers.append(timer)
         return t
@@ -665,12 +667,27 @@ def _new_step(turn: Turn, type_: StepType, queue: str, retry: Any, now: float) -
     return step
 
 
-def _wait(turn: Turn, call: ToolCall, type_: StepType, now: float, wait: Wait) -> Step:
+def _wait(
+    turn: Turn, call: ToolCall, type_: StepType, now: float, wait: Wait, t: Transition
+) -> Step:
     step = _new_step(turn, type_, "", SINGLE_ATTEMPT, now)
     step.status = StepStatus.WAITING
     step.tool_call_id = call.id
     step.wait = wait
     call.step_id = step.id
+    t.events.append(
+        {
+            "type": "wait.started",
+            "turn": turn.number,
+            "wait": type_.value,
+            "call_id": call.id,
+            "tool": call.name,
+            "arguments": call.arguments,
+            "question": wait.question,
+            "choices": wait.choices,
+            "deadline": wait.deadline,
+        }
+    )
     return step
 
 

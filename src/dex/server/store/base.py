@@ -77,6 +77,10 @@ class Store(ABC):
     async def load_turn(self, session_id: str, number: int) -> Turn | None: ...
 
     @abstractmethod
+    async def load_turns(self, session_id: str) -> list[Turn]:
+        """Every ended turn of the session, oldest first."""
+
+    @abstractmethod
     async def find_message(self, session_id: str, message_id: str) -> int | None: ...
 
     @abstractmethod

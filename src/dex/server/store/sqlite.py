@@ -180,6 +180,15 @@ class SqliteStore(Store):
 
         return await self._call(op)
 
+    async def load_turns(self, session_id: str) -> list[Turn]:
+        def op(conn: sqlite3.Connection) -> list[Turn]:
+            rows = conn.execute(
+                "SELECT turn FROM turns WHERE session_id = ? ORDER BY number", (session_id,)
+            ).fetchall()
+            return [Turn.model_validate_json(r[0]) for r in rows]
+
+        return await self._call(op)
+
     async def find_message(self, session_id: str, message_id: str) -> int | None:
         def op(conn: sqlite3.Connection) -> int | None:
             row = conn.execute(

@@ -1,0 +1,75 @@
+"""The default stream backend: each session's recent events, in this node's memory.
+
+Events are numbered per session from 1; a subscriber that gives the last id it saw
+(``Last-Event-ID``) gets what followed, as long as it is still in the buffer. The
+buffer is this node's: after a restart numbering starts again and the lost partial
+output is gone, while the durable history (read with the snapshot) is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(eq=False)
+class _Stream:
+    events: deque[Event]
+    next_id: int = 1
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    subscribers: int = 0
+
+
+class MemoryStreams:
+    def __init__(self, keep: int = 1000) -> None:
+        self.keep = keep
+        self._streams: dict[str, _Stream] = {}
+
+    def _stream(self, session_id: str) -> _Stream:
+        stream = self._streams.get(session_id)
+        if stream is None:
+            stream = self._streams[session_id] = _Stream(deque(maxlen=self.keep))
+        return stream
+
+    def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:
+        stream = self._streams.get(session_id)
+        if stream is None:
+            if type_ == "model.delta":
+                return  # nobody listens, and deltas are not worth keeping for later
+            stream = self._stream(session_id)
+        stream.events.append(Event(stream.next_id, type_, data))
+        stream.next_id += 1
+        stream.changed.set()
+        stream.changed = asyncio.Event()
+
+    async def subscribe(
+        self, session_id: str, after: int | None = None
+    ) -> AsyncIterator[Event | None]:
+        """Events after id ``after`` (all buffered ones if None), then live ones. Yields
+        None when nothing happened for a while, so the caller can send a keep-alive."""
+        stream = self._stream(session_id)
+        stream.subscribers += 1
+        last = after if after is not None and after < stream.next_id else 0
+        try:
+            while True:
+                fresh = [e for e in stream.events if e.id > last]
+                for event in fresh:
+                    last = event.id
+                    yield event
+                waiter = stream.changed
+                try:
+                    await asyncio.wait_for(waiter.wait(), 15.0)
+                except TimeoutError:
+                    yield None
+        finally:
+            stream.subscribers -= 1
