@@ -277,6 +277,11 @@ def _cut(request: web.Request) -> None:
         request.transport.abort()
 
 
+def _typed(kind: str, content: bool = False, **fields: Any) -> _Event:
+    """An SSE event named ``kind`` whose data carries ``"type": kind`` (Anthropic, Responses)."""
+    return _sse(kind, {"type": kind, **fields}), content
+
+
 def _sse(event: str | None, data: Any) -> bytes:
     payload = data if isinstance(data, str) else json.dumps(data)
     head = f"event: {event}\n" if event else ""
@@ -346,23 +351,8 @@ class FakeAnthropic(FakeProvider):
         if isinstance(entry, Fail):
             kind = entry.error_type or _ANTHROPIC_ERRORS.get(entry.status, "api_error")
             events = [
-                (
-                    _sse(
-                        "message_start",
-                        {
-                            "type": "message_start",
-                            "message": self._message(Reply(), model, start=True),
-                        },
-                    ),
-                    False,
-                ),
-                (
-                    _sse(
-                        "error",
-                        {"type": "error", "error": {"type": kind, "message": entry.message}},
-                    ),
-                    False,
-                ),
+                _typed("message_start", message=self._message(Reply(), model, start=True)),
+                _typed("error", error={"type": kind, "message": entry.message}),
             ]
             return await self._play(request, Reply(), iter(events))
         return await self._play(request, entry, self._events(entry, model))
@@ -403,75 +393,33 @@ class FakeAnthropic(FakeProvider):
 
     def _events(self, reply: Reply, model: str) -> Iterator[_Event]:
         start = self._message(reply, model, start=True)
-        yield _sse("message_start", {"type": "message_start", "message": start}), False
-        yield _sse("ping", {"type": "ping"}), False
+        yield _typed("message_start", message=start)
+        yield _typed("ping")
         index = 0
         if reply.text:
-            yield (
-                _sse(
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "text", "text": ""},
-                    },
-                ),
-                False,
-            )
+            text_block = {"type": "text", "text": ""}
+            yield _typed("content_block_start", index=index, content_block=text_block)
             for piece in reply.text_chunks():
-                yield (
-                    _sse(
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": index,
-                            "delta": {"type": "text_delta", "text": piece},
-                        },
-                    ),
-                    True,
-                )
-            yield _sse("content_block_stop", {"type": "content_block_stop", "index": index}), False
+                delta = {"type": "text_delta", "text": piece}
+                yield _typed("content_block_delta", True, index=index, delta=delta)
+            yield _typed("content_block_stop", index=index)
             index += 1
         for i, call in enumerate(reply.tool_calls):
-            block = {
+            block: dict[str, Any] = {
                 "type": "tool_use",
                 "id": call.id or f"toolu_fake_{start['id']}_{i}",
                 "name": call.name,
                 "input": {},
             }
-            yield (
-                _sse(
-                    "content_block_start",
-                    {"type": "content_block_start", "index": index, "content_block": block},
-                ),
-                False,
-            )
+            yield _typed("content_block_start", index=index, content_block=block)
             for piece in reply.argument_chunks(call) or [""]:
-                yield (
-                    _sse(
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": index,
-                            "delta": {"type": "input_json_delta", "partial_json": piece},
-                        },
-                    ),
-                    bool(piece),
-                )
-            yield _sse("content_block_stop", {"type": "content_block_stop", "index": index}), False
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                yield _typed("content_block_delta", bool(piece), index=index, delta=delta)
+            yield _typed("content_block_stop", index=index)
             index += 1
-        yield (
-            _sse(
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reply.stop, "stop_sequence": None},
-                    "usage": {"output_tokens": reply.output_tokens},
-                },
-            ),
-            False,
-        )
-        yield _sse("message_stop", {"type": "message_stop"}), False
+        stop = {"stop_reason": reply.stop, "stop_sequence": None}
+        yield _typed("message_delta", delta=stop, usage={"output_tokens": reply.output_tokens})
+        yield _typed("message_stop")
 
 
 def _check_anthropic(body: dict[str, Any]) -> None:
@@ -648,20 +596,19 @@ class FakeOpenAI(FakeProvider):
     ) -> Iterator[_Event]:
         created = int(time.time())
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        def chunk(delta: dict[str, Any] | None, finish: str | None = None, **extra: Any) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             data: dict[str, Any] = {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": model,
                 "system_fingerprint": None,
-                "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-                ],
+                "choices": [] if delta is None else [choice],
             }
             if usage:
                 data["usage"] = None
-            return _sse(None, data)
+            return _sse(None, {**data, **extra})
 
         yield chunk({"role": "assistant", "content": ""}), False
         for piece in reply.text_chunks():
@@ -677,21 +624,8 @@ class FakeOpenAI(FakeProvider):
             for piece in reply.argument_chunks(call):
                 yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}), True
         yield chunk({}, _CHAT_FINISH.get(reply.stop, reply.stop)), False
-        if usage:
-            yield (
-                _sse(
-                    None,
-                    {
-                        "id": completion_id,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": _chat_usage(reply),
-                    },
-                ),
-                False,
-            )
+        if usage:  # the last chunk has the usage and no choices
+            yield chunk(None, usage=_chat_usage(reply)), False
         yield _sse(None, "[DONE]"), False
 
     # --- Responses ---
@@ -711,27 +645,10 @@ class FakeOpenAI(FakeProvider):
         if isinstance(entry, Fail):
             failed = self._response(Reply(), body, response_id, [], status="failed")
             failed["error"] = {"code": entry.error_type or "server_error", "message": entry.message}
+            started = self._response(Reply(), body, response_id, [], status="in_progress")
             events = [
-                (
-                    _sse(
-                        "response.created",
-                        {
-                            "type": "response.created",
-                            "sequence_number": 0,
-                            "response": self._response(
-                                Reply(), body, response_id, [], status="in_progress"
-                            ),
-                        },
-                    ),
-                    False,
-                ),
-                (
-                    _sse(
-                        "response.failed",
-                        {"type": "response.failed", "sequence_number": 1, "response": failed},
-                    ),
-                    False,
-                ),
+                _typed("response.created", sequence_number=0, response=started),
+                _typed("response.failed", sequence_number=1, response=failed),
             ]
             return await self._play(request, Reply(), iter(events))
         return await self._play(request, entry, self._stream(entry, body, response_id))
