@@ -31,9 +31,11 @@ class Rig:
 
     # --- processes ---------------------------------------------------------------
 
-    def start_worker(self, failpoints: str = "") -> WorkerProcess:
+    def start_worker(
+        self, failpoints: str = "", *, module: str = AGENTS, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         worker = WorkerProcess(
-            AGENTS,
+            module,
             self.server.address,
             self.tmp / f"worker-{len(self.workers) + 1}.log",
             env={
@@ -41,6 +43,7 @@ class Rig:
                 "DEX_TEST_GATES": str(self.gates),
                 "DEX_FAILPOINTS": failpoints,
                 "DEX_FAILPOINT_DIR": str(self.failpoints),
+                **(env or {}),
             },
         )
         self.workers.append(worker.start())

@@ -36,6 +36,17 @@ class Model(ABC):
     def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
         """Yield text deltas as they arrive, then exactly one ``ModelResponse``."""
 
+    def warm_up(self) -> None:
+        """Pay one-time costs (lazy imports, schema building) before any Step runs. The
+        Worker calls it before it connects: a first call that blocks the event loop would
+        starve the heartbeats of every attempt the Worker holds."""
+        return None
+
+    async def aclose(self) -> None:
+        """Release what the model holds (an SDK client's connections). The Worker calls it
+        when it stops."""
+        return None
+
     async def summarize(self, request: ModelRequest) -> Summary:
         """Summarize ``request.history`` for a CompactContext Step: by default, the same
         model asked for a summary, without tools."""

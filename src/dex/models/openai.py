@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import json
 import secrets
+import typing
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 try:
     import openai
+    from openai._models import construct_type  # how the SDK builds its stream events
+    from openai.types.chat import ChatCompletionChunk
+    from openai.types.responses import ResponseStreamEvent
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError("dex.models.OpenAI needs the SDK: pip install openai") from e
+from pydantic import BaseModel
 
 from dex.models import _translate as tr
 from dex.models._sdk import SDKModel
@@ -100,6 +105,15 @@ class OpenAI(SDKModel[openai.AsyncOpenAI]):
         self.temperature = temperature
         self.store = store
         self.stream_usage = stream_usage
+
+    def warm_up(self) -> None:
+        """The SDK builds the pydantic schemas of its stream events on first use: over a
+        second for the Responses API, all of it blocking the event loop. Build them now."""
+        events: Any = ResponseStreamEvent if self.api == "responses" else ChatCompletionChunk
+        for variant in _variants(events):
+            kind = variant.model_fields.get("type")
+            literal = typing.get_args(kind.annotation)[0] if kind is not None else None
+            construct_type(type_=events, value={"type": literal} if literal else {})
 
     def settings(self) -> dict[str, Any]:
         settings: dict[str, Any] = {"api": self.api}
@@ -305,3 +319,14 @@ def _field(body: object, name: str) -> str | None:
 
 def _message(body: object) -> str | None:
     return _field(body, "message")
+
+
+def _variants(union: Any) -> list[type[BaseModel]]:
+    """The model classes inside a (possibly annotated, nested) union type."""
+    found: list[type[BaseModel]] = []
+    for arg in typing.get_args(union) or (union,):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            found.append(arg)
+        elif typing.get_args(arg):
+            found.extend(_variants(arg))
+    return found

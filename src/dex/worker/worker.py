@@ -26,7 +26,7 @@ from dex import _failpoints as failpoints
 from dex._address import addresses
 from dex.agent import Agent
 from dex.errors import ToolError
-from dex.models.base import ModelRequest
+from dex.models.base import Model, ModelRequest
 from dex.tools import PENDING, Interrupt, ToolContext
 from dex.wire import (
     AttemptProgress,
@@ -114,10 +114,20 @@ class Worker:
             return
         self._running = True
         try:
+            for model in self._models():
+                model.warm_up()
             async with aiohttp.ClientSession() as http:
                 await self._connect_loop(http)
         finally:
+            for model in self._models():
+                try:
+                    await model.aclose()
+                except Exception:
+                    log.exception("closing a model failed", extra={"action": "worker.close_model"})
             self._stopped.set()
+
+    def _models(self) -> list[Model]:
+        return list({id(a.model): a.model for a in self.agents.values()}.values())
 
     def run_forever(self) -> None:
         """Run in this thread until SIGINT or SIGTERM, then drain and exit."""

@@ -255,6 +255,7 @@ def complete_model(
     _end_attempt(step, AttemptOutcome.SUCCEEDED, now)
     step.status = StepStatus.SUCCEEDED
     step.usage = response.usage.model_dump()
+    step.stop_reason = response.stop_reason
     append_history(state, t, AssistantItem(text=response.text, tool_calls=response.tool_calls))
     if not response.tool_calls:
         _end_turn(state, spec, TurnStatus.COMPLETED, now, t, text=response.text)
@@ -296,10 +297,15 @@ def complete_summary(
     _end_attempt(step, AttemptOutcome.SUCCEEDED, now)
     step.status = StepStatus.SUCCEEDED
     step.usage = summary.usage.model_dump()
+    turn = _turn(state)
     start = state.history_length + len(t.history)
     append_history(state, t, SummaryItem(text=summary.text))
-    state.context_start = start
-    state.context_chars = len(summary.text)
+    if turn.history_start is None:  # a turn stored before it recorded where it began
+        state.context_start, state.summary_at = start, None
+        state.context_chars = len(summary.text)
+    else:  # the summary replaces what came before the turn; the turn's items stay
+        state.context_start, state.summary_at = turn.history_start, start
+        state.context_chars = len(summary.text) + turn.history_chars
     t.ready.append(
         _new_step(_turn(state), StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
     )
@@ -469,7 +475,12 @@ def recover(state: SessionState, spec: AgentSpec, now: float, reason: str) -> Tr
 def _start_turn(
     state: SessionState, spec: AgentSpec, message: QueuedMessage, now: float, t: Transition
 ) -> None:
-    turn = Turn(number=message.number, message_id=message.message_id, started_at=now)
+    turn = Turn(
+        number=message.number,
+        message_id=message.message_id,
+        started_at=now,
+        history_start=state.history_length + len(t.history),
+    )
     state.turn = turn
     state.status = SessionStatus.RUNNING
     append_history(state, t, UserItem(text=message.text))
@@ -478,10 +489,15 @@ def _start_turn(
 
 
 def _call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition) -> None:
-    """The next model call: compact the history first if it grew past the threshold."""
+    """The next model call: compact the history first if it grew past the threshold and
+    there is something before the current turn to compact (the turn's items stay)."""
     turn = _turn(state)
     threshold = spec.compact_threshold_chars
-    if threshold is not None and state.context_chars > threshold:
+    if (
+        threshold is not None
+        and state.context_chars > threshold
+        and (turn.history_start is None or turn.history_start > state.context_start)
+    ):
         step = _new_step(
             turn, StepType.COMPACT_CONTEXT, model_queue(spec.name), spec.model_retry, now
         )
@@ -652,7 +668,10 @@ def _failed_turn_note(calls: list[ToolCall]) -> str:
 
 def append_history(state: SessionState, t: Transition, item: Item) -> None:
     t.history.append(item)
-    state.context_chars += len(ITEM.dump_json(item))
+    chars = len(ITEM.dump_json(item))
+    state.context_chars += chars
+    if state.turn is not None:
+        state.turn.history_chars += chars
 
 
 def _new_step(turn: Turn, type_: StepType, queue: str, retry: Any, now: float) -> Step:

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from dex.wire import (
     AttemptOutcome,
+    Item,
     RecoveryError,
     RetryPolicy,
     StepStatus,
@@ -59,6 +60,8 @@ class Step(Wire):
     ended_at: float | None = None
     error: RecoveryError | None = None
     usage: dict[str, int] | None = None
+    stop_reason: str | None = None
+    """Why the model stopped (RunModel): end_turn, tool_use, max_tokens, ..."""
     wait: Wait | None = None
     polls: int = 0
     """For PollToolTask: how many polls found the task still running."""
@@ -110,6 +113,12 @@ class TurnStatus(StrEnum):
 class Turn(Wire):
     number: int
     message_id: str | None = None
+    history_start: int | None = None
+    """Index of the turn's user message in the history: a compaction summarizes what came
+    before it and keeps the turn's own items as they are. None for a turn stored before
+    this was recorded."""
+    history_chars: int = 0
+    """Estimated size of the history items this turn appended."""
     status: TurnStatus = TurnStatus.RUNNING
     started_at: float
     ended_at: float | None = None
@@ -154,11 +163,28 @@ class SessionState(Wire):
     messages_received: int = 0
     history_length: int = 0
     context_start: int = 0
-    """Index of the latest summary in the history: RunModel sees the history from here."""
+    """The model sees the history from this index on (after the latest summary, if any)."""
+    summary_at: int | None = None
+    """Index of the latest summary, which the model sees first. None: no summary yet, or
+    the summary is at ``context_start`` (how compaction was stored before)."""
     context_chars: int = 0
-    """Estimated size of the history from ``context_start``, for compaction."""
+    """Estimated size of what the model sees, for compaction."""
     inbox: list[dict[str, Any]] = Field(default_factory=list)
     """Recorded inputs (an approval, an answer, a fired timer) whose handler has not run."""
+
+    def context(self, history: list[Item], end: int | None = None) -> list[Item]:
+        """What the model sees: the latest summary, then the history from ``context_start``
+        on (up to ``end``)."""
+        items = [
+            item
+            for i, item in enumerate(history[self.context_start : end], self.context_start)
+            if i != self.summary_at
+        ]
+        return ([history[self.summary_at]] if self.summary_at is not None else []) + items
+
+    def to_compact(self, history: list[Item]) -> list[Item]:
+        """What a compaction summarizes: what the model sees, up to the current turn."""
+        return self.context(history, self.turn.history_start if self.turn else None)
 
     def running_steps(self) -> list[Step]:
         if self.turn is None:
