@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ def test_demo_books_once_and_deduplicates_the_invoice() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = " ".join(done.stdout.split())
+    assert "the scripted model (no ANTHROPIC_API_KEY or OPENAI_API_KEY is set)" in out
     assert "outcome_unknown" in out
     assert "Tables booked: 1" in out
     assert "invoices the billing system kept: 1" in out

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dex.client import SyncClient
+from dex.demo.agents import choose_model
 from dex.testing import Ledger, ServerProcess, WorkerProcess, wait_until
 
 AGENTS = str(Path(__file__).with_name("agents.py"))
@@ -36,6 +37,7 @@ def run(data_dir: Path | None, port: int) -> int:
         return w
 
     try:
+        _say(f"The agent's model: {choose_model()[1]}.")
         _say(f"Starting a Dex Server on {server.address} (SQLite in {data}) ...")
         server.start()
         worker = start_worker()

@@ -92,13 +92,26 @@ def concierge(history: list[Item]) -> ModelResponse:
     return say("I can check the weather, book a table, or send an invoice.")
 
 
-def _model() -> dex.models.Model:
-    return Scripted(concierge, chunk_chars=8, delay_per_chunk=0.01)
+def choose_model() -> tuple[dex.models.Model, str]:
+    """A real model when an API key is in the environment, else the scripted stand-in."""
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        name = os.environ.get("DEX_DEMO_MODEL", "claude-sonnet-4-5")
+        return dex.models.Anthropic(model=name), f"Anthropic {name} (ANTHROPIC_API_KEY is set)"
+    if os.environ.get("OPENAI_API_KEY"):
+        name = os.environ.get("DEX_DEMO_MODEL", "gpt-4.1-mini")
+        return dex.models.OpenAI(model=name), f"OpenAI {name} (OPENAI_API_KEY is set)"
+    scripted = Scripted(concierge, chunk_chars=8, delay_per_chunk=0.01)
+    return scripted, "the scripted model (no ANTHROPIC_API_KEY or OPENAI_API_KEY is set)"
 
 
 agent = dex.Agent(
     name="concierge",
-    model=_model(),
-    instructions="You are a concierge. Never repeat a booking whose outcome is unknown.",
+    model=choose_model()[0],
+    instructions=(
+        "You are a concierge. Use get_weather for weather, book_table to book (Chez Dex, "
+        "for the number of people and time the user gives), send_invoice to invoice (ACME, "
+        "120). Call each tool at most once per request. Never repeat a call whose outcome "
+        "is unknown: tell the user to check first."
+    ),
     tools=[get_weather, book_table, send_invoice],
 )
