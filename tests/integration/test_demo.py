@@ -10,11 +10,13 @@ from dex.testing import free_port
 
 
 def test_demo_books_once_and_deduplicates_the_invoice() -> None:
+    without_keys = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     done = subprocess.run(
         [sys.executable, "-m", "dex", "demo", "--port", str(free_port())],
         capture_output=True,
         text=True,
         timeout=120,
+        env=without_keys,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     out = " ".join(done.stdout.split())
