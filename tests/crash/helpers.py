@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
-from dex.testing import WorkerProcess
+from dex.testing import WorkerProcess, wait_until
 from tests.support.rig import Rig
 
 WORKER_KILL = "Worker kill"
@@ -32,4 +34,28 @@ def interrupt(rig: Rig, column: str, worker: WorkerProcess) -> WorkerProcess:
         worker.kill()
         return rig.start_worker()
     rig.restart_server()
+    return worker
+
+
+def workers_connected(rig: Rig) -> int:
+    """How many Workers the server holds a connection with (its ``/metrics``)."""
+    with urllib.request.urlopen(rig.server.address + "/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("dex_workers_connected "):
+                return int(line.split()[1])
+    raise AssertionError("the server reports no dex_workers_connected")
+
+
+def interrupt_and_reconnect(rig: Rig, column: str, worker: WorkerProcess) -> WorkerProcess:
+    """``interrupt``, and return once the server serves through one live Worker again: the
+    killed Worker's connection is gone before the new one starts, and the new Worker (or,
+    after a restart, the old one) is connected. From then on anything that was to run
+    again has been handed out."""
+    if column == WORKER_KILL:
+        worker.kill()
+        wait_until(lambda: workers_connected(rig) == 0, 10, what="the killed Worker's link closed")
+        worker = rig.start_worker()
+    else:
+        rig.restart_server()
+    wait_until(lambda: workers_connected(rig) == 1, 20, what="a Worker connected")
     return worker

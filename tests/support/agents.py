@@ -21,6 +21,7 @@ from typing import Any
 
 import dex
 from dex.models import Scripted, say
+from dex.models.base import ModelRequest
 from dex.testing import Ledger
 from dex.wire import (
     AssistantItem,
@@ -28,6 +29,7 @@ from dex.wire import (
     ModelResponse,
     ModelToolCall,
     NoteItem,
+    Summary,
     ToolResultItem,
     UserItem,
 )
@@ -225,10 +227,36 @@ async def pay_check(ctx: dex.ToolContext, amount: int, gate: str | None = None) 
     return dex.Checked(happened=bool(found), result=f"paid {amount} (found by check)")
 
 
+@dex.tool(kind="idempotent_write", retry=_FAST, approval=True)
+async def publish(post: str, ctx: dex.ToolContext) -> str:
+    """Needs approval; a keyed write, so it may run again after a crash."""
+    LEDGER.record("publish", post=post, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
+    return f"published {post}"
+
+
+@dex.tool(kind="task", retry=_FAST, poll_interval=1.0)
+async def export(report: str, ctx: dex.ToolContext) -> str:
+    """Starts an export job polled once a second (a wide gap between two polls); the handle
+    is the idempotency key."""
+    LEDGER.record(
+        "export.start", report=report, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt
+    )
+    return ctx.idempotency_key
+
+
+@export.poll
+async def export_poll(ctx: dex.ToolContext, handle: str) -> object:
+    """Done once ``<handle with / replaced by _>.done`` exists."""
+    LEDGER.record("export.poll", handle=handle, attempt=ctx.attempt)
+    if (GATES / f"{handle.replace('/', '_')}.done").exists():
+        return f"exported {handle}"
+    return dex.PENDING
+
+
 waiter = dex.Agent(
     name="waiter",
     model=Scripted(script),
-    tools=[delete_all, transfer, order, remind, render, pay, lookup, charge],
+    tools=[delete_all, transfer, order, remind, render, pay, lookup, charge, publish, export],
     model_retry=_FAST,
 )
 
@@ -243,6 +271,26 @@ compactor = dex.Agent(
 broken_summaries = dex.Agent(
     name="broken_summaries",
     model=Scripted(script, fail_summaries=True),
+    tools=[lookup],
+    model_retry=_FAST,
+    compact_threshold_chars=400,
+)
+
+
+class GatedSummaries(Scripted):
+    """A scripted model whose summary call records ``summary`` in the ledger and then
+    waits behind the gate ``summary`` (``summary.<attempt>.entered``, ``summary.open``),
+    so a test can interrupt a CompactContext while its summary call runs."""
+
+    async def summarize(self, request: ModelRequest) -> Summary:
+        LEDGER.record("summary", attempt=request.attempt)
+        await _gate("summary", request.attempt)
+        return await super().summarize(request)
+
+
+slow_summaries = dex.Agent(
+    name="slow_summaries",
+    model=GatedSummaries(script),
     tools=[lookup],
     model_retry=_FAST,
     compact_threshold_chars=400,

@@ -27,6 +27,7 @@ from dex.wire import (
     AssistantItem,
     AttemptOutcome,
     AttemptProgress,
+    Item,
     ModelResponse,
     ModelToolCall,
     NoteItem,
@@ -34,6 +35,8 @@ from dex.wire import (
     RetryPolicy,
     StepStatus,
     StepType,
+    Summary,
+    SummaryItem,
     ToolCallStatus,
     ToolKind,
     ToolOutcome,
@@ -803,3 +806,71 @@ def test_a_result_for_a_turn_that_already_ended_is_refused_and_changes_nothing()
         handlers.complete_model(state, spec, first.id, 1, answer("late"), T0 + 3)
 
     assert state.model_dump() == before
+
+
+# --- compaction --------------------------------------------------------------------------------
+
+
+def commit(state: SessionState, history: list[Item], t: Transition) -> Transition:
+    """What the shell does with a transition's history: append it and count it."""
+    history += t.history
+    state.history_length += len(t.history)
+    return t
+
+
+def compact(state: SessionState, spec: AgentSpec, history: list[Item], text: str) -> Transition:
+    """Hand the queued CompactContext Step out (its handout would carry
+    ``state.to_compact(history)``) and complete it with the summary ``text``."""
+    assert state.turn is not None
+    [step] = [s for s in state.turn.steps if s.type == StepType.COMPACT_CONTEXT]
+    attempt = handlers.assign(state, step.id, "w-model", T0)
+    summary = Summary(text=text)
+    return commit(
+        state,
+        history,
+        handlers.complete_summary(state, spec, step.id, attempt.number, summary, T0),
+    )
+
+
+def test_a_compaction_summarizes_what_came_before_the_turn_and_the_model_sees_the_turn() -> None:
+    state, spec = new_state(), make_spec()
+    spec.compact_threshold_chars = 100
+    history: list[Item] = []
+    commit(state, history, send(state, spec, "first " + "x" * 100))
+    assert state.turn is not None
+    assert [s.type for s in state.turn.steps] == [StepType.RUN_MODEL]  # nothing to compact yet
+    commit(state, history, run_model(state, spec, answer("one")))
+    commit(state, history, send(state, spec, "second"))
+    assert state.turn is not None
+    assert [s.type for s in state.turn.steps] == [StepType.COMPACT_CONTEXT]
+    assert state.to_compact(history) == history[:2]  # not the message the model must answer
+
+    compact(state, spec, history, "they said first")
+
+    summary = SummaryItem(text="they said first")
+    assert history[3] == summary  # stored once, in the order it was made
+    assert state.context(history) == [summary, UserItem(text="second")]
+    assert [s.type for s in state.turn.steps] == [StepType.COMPACT_CONTEXT, StepType.RUN_MODEL]
+    commit(state, history, run_model(state, spec, answer("two")))
+    commit(state, history, send(state, spec, "third"))
+    # the next compaction summarizes the summary and the turn after it
+    assert state.to_compact(history) == [summary, UserItem(text="second"), history[4]]
+    assert state.context(history)[-1] == UserItem(text="third")
+
+
+def test_a_compaction_within_a_turn_keeps_its_tool_calls_and_results() -> None:
+    state, spec = new_state(), make_spec()
+    spec.compact_threshold_chars = 100
+    history: list[Item] = []
+    commit(state, history, send(state, spec, "first " + "x" * 100))
+    commit(state, history, run_model(state, spec, answer("one")))
+    commit(state, history, send(state, spec, "look it up"))
+    compact(state, spec, history, "s1")
+    commit(state, history, run_model(state, spec, asks(("c-a", "lookup", {"key": "k" * 80}))))
+    commit(state, history, complete(state, spec, "c-a", ok("v" * 80)))
+
+    # past the threshold again, but only the turn's own items are left: no compaction
+    assert state.context_chars > 100
+    assert state.turn is not None and state.turn.steps[-1].type == StepType.RUN_MODEL
+    assert state.context(history) == [SummaryItem(text="s1"), history[2], *history[4:]]
+    assert isinstance(history[-1], ToolResultItem)

@@ -569,8 +569,10 @@ class Sessions:
             attempt=attempt.number,
             agent=state.agent,
         )
-        if step.type in (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT):
-            handout.history = actor.history[state.context_start :]
+        if step.type == StepType.RUN_MODEL:
+            handout.history = state.context(actor.history)
+        elif step.type == StepType.COMPACT_CONTEXT:
+            handout.history = state.to_compact(actor.history)
         else:
             assert state.turn is not None and step.tool_call_id is not None
             call = state.turn.tool_call(step.tool_call_id)
