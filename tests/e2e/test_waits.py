@@ -201,6 +201,8 @@ def test_compaction_stores_one_summary_and_the_model_sees_it(rig: Rig) -> None:
     summaries = [i for i, item in enumerate(history) if item["type"] == "summary"]
     assert summaries, "the history passed the threshold but was never compacted"
     turns = [rig.client.wait_turn(sid, n) for n in range(1, 7)]
+    # the model answered every message, also those after a compaction
+    assert [t["text"] for t in turns] == [f"echo: message number {i} " + "x" * 60 for i in range(6)]
     compactions = [s for t in turns for s in t["steps"] if s["type"] == "CompactContext"]
     assert len(compactions) == len(summaries)  # one summary per compaction
     assert all(s["status"] == "succeeded" for s in compactions)
