@@ -113,6 +113,7 @@ class Tool:
         self.check_fn: Callable[..., Any] | None = None
         self._context_param: str | None = None
         self._arguments = self._model(fn)
+        self._spec: ToolSpec | None = None
 
     def poll(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate the poll of a ``task`` tool: ``async def poll(ctx, handle)`` returns the
@@ -120,6 +121,7 @@ class Tool:
         if self.kind != ToolKind.TASK:
             raise TypeError(f"tool {self.name} is not a task: only tasks have a poll")
         self.poll_fn = fn
+        self._spec = None
         return fn
 
     def check(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -127,6 +129,7 @@ class Tool:
         ``dex.Checked(...)``, True, False or None. Dex runs it (as a read) to settle an
         ``outcome_unknown`` of this tool by itself."""
         self.check_fn = fn
+        self._spec = None
         return fn
 
     def needs_approval(self, arguments: dict[str, Any]) -> bool:
@@ -155,6 +158,12 @@ class Tool:
         return model
 
     def spec(self) -> ToolSpec:
+        """What the server and the model are told about this tool (built once)."""
+        if self._spec is None:
+            self._spec = self._build_spec()
+        return self._spec
+
+    def _build_spec(self) -> ToolSpec:
         schema = self._arguments.model_json_schema()
         schema.pop("title", None)
         if self.kind == ToolKind.TASK and self.poll_fn is None:

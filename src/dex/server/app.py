@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -11,6 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from dex import _loop
 from dex.server.api import errors, ops, sessions, workers
 from dex.server.api.responses import ORJSONResponse
 from dex.server.config import ServerConfig
@@ -63,6 +64,12 @@ def asgi(config: ServerConfig) -> ASGIApp:
     return errors.BodyLimit(create_app(config), config.max_body_bytes)
 
 
+SWITCH_INTERVAL = 0.0005
+"""Seconds a thread may hold the GIL while another waits (Python's default is 5 ms). The
+SQLite writer thread needs the GIL briefly for each statement; with the default, a busy
+event loop made every group commit wait milliseconds for it."""
+
+
 def serve(config: ServerConfig) -> None:
     """Run one node until SIGINT or SIGTERM."""
     server = uvicorn.Server(
@@ -77,4 +84,5 @@ def serve(config: ServerConfig) -> None:
             timeout_graceful_shutdown=5,
         )
     )
-    asyncio.run(server.serve())
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    _loop.run(server.serve())

@@ -39,7 +39,6 @@ from dex.server.streams import MemoryStreams
 from dex.wire import (
     AgentSpec,
     AttemptProgress,
-    Handout,
     Item,
     ModelResponse,
     RecoveryError,
@@ -51,6 +50,7 @@ from dex.wire import (
 
 log = logging.getLogger("dex.sessions")
 
+RECENT_TURNS = 4
 ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 T = TypeVar("T")
 
@@ -59,8 +59,12 @@ T = TypeVar("T")
 class Actor:
     state: SessionState
     history: list[Item]
+    history_json: list[dict[str, Any]] = field(default_factory=list)
+    """Each history item's JSON form, made once: a RunModel hand-out carries the history."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     turn_waiters: dict[int, asyncio.Event] = field(default_factory=dict)
+    ended: dict[int, Turn] = field(default_factory=dict)
+    """The latest ended turns, as committed: a waiter gets its turn without a read."""
 
 
 class Sessions:
@@ -196,7 +200,7 @@ class Sessions:
             return None
         if any(m.number == number for m in actor.state.queued):
             return None
-        return await self.store.load_turn(actor.state.id, number)
+        return actor.ended.get(number) or await self.store.load_turn(actor.state.id, number)
 
     async def snapshot(self, session_id: str) -> dict[str, Any]:
         actor = await self._actor(session_id)
@@ -244,7 +248,7 @@ class Sessions:
                 for aid, held in self.dispatcher.held.items()
                 if held.session_id == session_id
             ],
-            "history": [item.model_dump(mode="json") for item in actor.history],
+            "history": list(actor.history_json),
             "tool_calls": [
                 {"turn": turn.number, **call.model_dump(mode="json")}
                 for turn in [*await self.store.load_turns(session_id), *filter(None, [state.turn])]
@@ -323,7 +327,8 @@ class Sessions:
                     number = int(call_id.split(".", 1)[0])
                 except ValueError:
                     raise NotFound(f"unknown tool call {call_id!r}") from None
-                updated = await self.store.load_turn(session_id, number)
+                # the cached copy, if any, is the one waiters read: change that one
+                updated = actor.ended.get(number) or await self.store.load_turn(session_id, number)
                 if updated is None or updated.tool_call(call_id) is None:
                     raise NotFound(f"session {session_id} has no tool call {call_id!r}")
                 turn = updated
@@ -446,7 +451,11 @@ class Sessions:
             loaded = await self.store.load_session(session_id)
             if loaded is None:
                 raise NotFound(f"unknown session {session_id!r}", session_id=session_id)
-            actor = Actor(state=loaded[0], history=loaded[1])
+            actor = Actor(
+                state=loaded[0],
+                history=loaded[1],
+                history_json=[item.model_dump(mode="json") for item in loaded[1]],
+            )
             self._actors[session_id] = actor
             fut.set_result(actor)
             return actor
@@ -504,6 +513,7 @@ class Sessions:
                 self.dispatcher.release(worker)
             raise
         actor.history.extend(t.history)
+        actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
         self._after_commit(actor, t, handed)
 
     def _after_commit(
@@ -533,10 +543,13 @@ class Sessions:
             assert step.wait is not None and step.wait.deadline is not None
             self.dispatcher.arm_timer(sid, step.id, step.wait.deadline)
         if t.ended_turn is not None:
+            actor.ended[t.ended_turn.number] = t.ended_turn
+            while len(actor.ended) > RECENT_TURNS:
+                del actor.ended[min(actor.ended)]
             event = actor.turn_waiters.pop(t.ended_turn.number, None)
             if event is not None:
                 event.set()
-            log.info(
+            log.debug(
                 "turn ended",
                 extra={
                     "action": "turn.ended",
@@ -561,32 +574,35 @@ class Sessions:
                 deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
             ),
         )
-        handout = Handout(
-            attempt_id=aid,
-            session_id=state.id,
-            step_id=step.id,
-            step_type=step.type,
-            attempt=attempt.number,
-            agent=state.agent,
-        )
+        # Built as plain JSON (the Worker validates it as a ``Handout``): the history's
+        # items were serialized once, when they were appended.
+        message: dict[str, Any] = {
+            "t": "step",
+            "attempt_id": aid,
+            "session_id": state.id,
+            "step_id": step.id,
+            "step_type": step.type.value,
+            "attempt": attempt.number,
+            "agent": state.agent,
+        }
         if step.type == StepType.RUN_MODEL:
-            handout.history = state.context(actor.history)
+            message["history"] = state.context(actor.history_json)
         elif step.type == StepType.COMPACT_CONTEXT:
-            handout.history = state.to_compact(actor.history)
+            message["history"] = state.to_compact(actor.history_json)
         else:
             assert state.turn is not None and step.tool_call_id is not None
             call = state.turn.tool_call(step.tool_call_id)
             assert call is not None
-            handout.tool = call.name
-            handout.call_id = call.id
-            handout.arguments = call.arguments
-            handout.idempotency_key = call.idempotency_key
-            handout.needs_start_ack = step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL
-            handout.answers = call.answers
-            handout.sleeps_done = call.sleeps_done
-            handout.task_handle = call.task_handle
-        message = handout.model_dump(mode="json")
-        message["t"] = "step"
+            message.update(
+                tool=call.name,
+                call_id=call.id,
+                arguments=call.arguments,
+                idempotency_key=call.idempotency_key,
+                needs_start_ack=step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL,
+                answers=call.answers,
+                sleeps_done=call.sleeps_done,
+                task_handle=call.task_handle,
+            )
         return message
 
 

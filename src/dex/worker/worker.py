@@ -23,6 +23,7 @@ import aiohttp
 import orjson
 
 from dex import _failpoints as failpoints
+from dex import _loop
 from dex._address import addresses
 from dex.agent import Agent
 from dex.errors import ToolError
@@ -138,7 +139,7 @@ class Worker:
                 loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.shutdown()))
             await self.run()
 
-        asyncio.run(main())
+        _loop.run(main())
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop taking Steps, let running ones finish (up to the drain timeout), hand back

@@ -38,7 +38,6 @@ from dex.server.engine.state import (
     attempt_id,
 )
 from dex.wire import (
-    ITEM,
     SINGLE_ATTEMPT,
     TOOL_CALL_NOT_RUN_ERROR_PREFIX,
     AgentSpec,
@@ -666,9 +665,19 @@ def _failed_turn_note(calls: list[ToolCall]) -> str:
 # --- helpers ----------------------------------------------------------------------------
 
 
+def _size(item: Item) -> int:
+    """About how many characters the item adds to what the model reads (for compaction):
+    cheap, as it runs for every item."""
+    if isinstance(item, AssistantItem):
+        return len(item.text) + sum(len(c.name) + len(str(c.arguments)) for c in item.tool_calls)
+    if isinstance(item, ToolResultItem):
+        return len(item.name) + len(str(item.result)) + len(item.error or "")
+    return len(item.text)
+
+
 def append_history(state: SessionState, t: Transition, item: Item) -> None:
     t.history.append(item)
-    chars = len(ITEM.dump_json(item))
+    chars = _size(item)
     state.context_chars += chars
     if state.turn is not None:
         state.turn.history_chars += chars

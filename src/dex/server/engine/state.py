@@ -7,14 +7,14 @@ records any transition. Ended turns move to the turn archive.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field
 
 from dex.wire import (
     AttemptOutcome,
-    Item,
     RecoveryError,
     RetryPolicy,
     StepStatus,
@@ -23,6 +23,9 @@ from dex.wire import (
     ToolKind,
     Wire,
 )
+
+T = TypeVar("T")
+"""A history item, or its JSON form: ``context`` selects from either."""
 
 
 class Attempt(Wire):
@@ -172,7 +175,7 @@ class SessionState(Wire):
     inbox: list[dict[str, Any]] = Field(default_factory=list)
     """Recorded inputs (an approval, an answer, a fired timer) whose handler has not run."""
 
-    def context(self, history: list[Item], end: int | None = None) -> list[Item]:
+    def context(self, history: Sequence[T], end: int | None = None) -> list[T]:
         """What the model sees: the latest summary, then the history from ``context_start``
         on (up to ``end``)."""
         items = [
@@ -182,7 +185,7 @@ class SessionState(Wire):
         ]
         return ([history[self.summary_at]] if self.summary_at is not None else []) + items
 
-    def to_compact(self, history: list[Item]) -> list[Item]:
+    def to_compact(self, history: Sequence[T]) -> list[T]:
         """What a compaction summarizes: what the model sees, up to the current turn."""
         return self.context(history, self.turn.history_start if self.turn else None)
 
