@@ -16,7 +16,7 @@ from dex.errors import (
     ToolError,
     Unavailable,
 )
-from dex.tools import PENDING, Checked, Tool, ToolContext, tool
+from dex.tools import PENDING, Checked, Tool, ToolContext, timer_tool, tool
 from dex.wire import TOOL_CALL_NOT_RUN_ERROR_PREFIX, RetryPolicy, ToolKind
 from dex.worker import Worker, WorkerConfig
 
@@ -41,5 +41,6 @@ __all__ = [
     "Unavailable",
     "Worker",
     "WorkerConfig",
+    "timer_tool",
     "tool",
 ]

@@ -274,4 +274,33 @@ def tool(
     return wrap(fn) if fn is not None else wrap
 
 
-__all__ = ["PENDING", "Checked", "Interrupt", "Tool", "ToolContext", "ToolError", "tool"]
+__all__ = [
+    "PENDING",
+    "Checked",
+    "Interrupt",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "timer_tool",
+    "tool",
+]
+
+
+def timer_tool(name: str = "set_timer", max_seconds: float = 7 * 24 * 3600) -> Tool:
+    """A tool with which the model sets a durable timer for itself (``AwaitTimer``): the
+    turn waits in the server, using no Worker, and goes on when the timer fires, once,
+    even across crashes and restarts."""
+
+    async def set_timer(seconds: float, ctx: ToolContext) -> str:
+        if not 0 <= seconds <= max_seconds:
+            raise ToolError(f"seconds must be between 0 and {max_seconds:g}")
+        await ctx.sleep(seconds)
+        return f"the {seconds:g} s timer fired"
+
+    return Tool(
+        set_timer,
+        kind=ToolKind.READ,
+        name=name,
+        description="Wait the given number of seconds, then continue. The wait survives "
+        "crashes and restarts.",
+    )

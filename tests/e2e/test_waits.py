@@ -224,3 +224,16 @@ def test_when_every_summary_attempt_fails_the_turn_fails_and_the_next_compacts_a
     (compact,) = [s for s in last["steps"] if s["type"] == "CompactContext"]
     assert [a["outcome"] for a in compact["attempts"]] == ["failed"] * 3
     assert all(i["type"] != "summary" for i in rig.client.get_agent_snapshot(sid)["history"])
+
+
+def test_the_model_sets_itself_a_timer_with_the_ready_made_timer_tool(rig: Rig) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("waiter")
+    turn = rig.call(sid, ("set_timer", {"seconds": 0.3}))
+    wait_until(lambda: waits(rig, sid), 10, what="the timer waits")
+    assert waits(rig, sid)[0]["type"] == "AwaitTimer"
+    t = rig.wait_turn(sid, turn)
+    assert results(t)[0]["result"] == "the 0.3 s timer fired"
+    bad = rig.wait_turn(sid, rig.call(sid, ("set_timer", {"seconds": -1})))
+    assert "between 0 and" in results(bad)[0]["error"]

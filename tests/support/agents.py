@@ -256,7 +256,19 @@ async def export_poll(ctx: dex.ToolContext, handle: str) -> object:
 waiter = dex.Agent(
     name="waiter",
     model=Scripted(script),
-    tools=[delete_all, transfer, order, remind, render, pay, lookup, charge, publish, export],
+    tools=[
+        delete_all,
+        transfer,
+        order,
+        remind,
+        render,
+        pay,
+        lookup,
+        charge,
+        publish,
+        export,
+        dex.timer_tool(),
+    ],
     model_retry=_FAST,
 )
 
