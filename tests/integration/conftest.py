@@ -25,6 +25,7 @@ from starlette.testclient import TestClient, WebSocketTestSession
 
 import dex
 from dex.models import Scripted, call, say
+from dex.server.api.errors import BodyLimit
 from dex.server.app import asgi
 from dex.server.config import ServerConfig
 from dex.server.sessions import Sessions
@@ -110,12 +111,15 @@ class Api:
         return rows
 
 
-def make_api_app(data_dir: Path, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> Any:
-    return asgi(
+def make_api_app(data_dir: Path, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> BodyLimit:
+    """The node's ASGI app: the FastAPI app, as ``.app``, behind the body limit."""
+    app = asgi(
         ServerConfig(
             data_dir=data_dir, heartbeat_timeout=heartbeat_timeout, max_body_bytes=MAX_BODY
         )
     )
+    assert isinstance(app, BodyLimit)
+    return app
 
 
 @pytest.fixture
@@ -123,7 +127,7 @@ def api(tmp_path: Path) -> Iterator[Api]:
     """The app with its lifespan running; no agent registered yet."""
     asgi_app = make_api_app(tmp_path / "data")
     with TestClient(asgi_app) as client:
-        yield Api(client, asgi_app.app)  # type: ignore[attr-defined]
+        yield Api(client, asgi_app.app)
 
 
 @pytest.fixture

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
-import httpx
 import orjson
 import pytest
 from starlette.testclient import TestClient
+from starlette.types import Message, Scope
 from starlette.websockets import WebSocketDisconnect
 
 from dex.server.api.errors import BodyLimit
@@ -26,7 +26,20 @@ from tests.integration.conftest import (
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+class Response(Protocol):
+    """What ``assert_error`` reads of a TestClient response: an ``httpx2.Response`` with the
+    Starlette we run, an ``httpx.Response`` with older ones, so it names neither."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    def json(self) -> Any: ...
+
+
+def assert_error(response: Response, status: int, code: str | None = None) -> dict[str, Any]:
     """The response is our JSON error shape: {"error": {"code", "message", "details"?}}."""
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
@@ -641,7 +654,7 @@ def short_heartbeat(tmp_path: Path) -> Iterator[Api]:
     """An app whose attempts fail after 1 s without a heartbeat."""
     asgi_app = make_api_app(tmp_path / "data", heartbeat_timeout=1.0)
     with TestClient(asgi_app) as client:
-        yield Api(client, asgi_app.app)  # type: ignore[attr-defined]
+        yield Api(client, asgi_app.app)
 
 
 def test_an_attempt_without_heartbeats_fails_and_is_retried(short_heartbeat: Api) -> None:
@@ -692,10 +705,10 @@ def test_a_write_tool_whose_heartbeats_stop_is_outcome_unknown(short_heartbeat: 
 # request body that really arrives in several ASGI messages, as uvicorn delivers it.
 
 
-def _run_body_limit(chunks: list[bytes], limit: int) -> tuple[list[dict[str, Any]], list[bytes]]:
+def _run_body_limit(chunks: list[bytes], limit: int) -> tuple[list[Message], list[bytes]]:
     seen_by_app: list[bytes] = []
-    sent: list[dict[str, Any]] = []
-    incoming = [
+    sent: list[Message] = []
+    incoming: list[Message] = [
         {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
         for i, c in enumerate(chunks)
     ]
@@ -709,13 +722,13 @@ def _run_body_limit(chunks: list[bytes], limit: int) -> tuple[list[dict[str, Any
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         return incoming.pop(0) if incoming else {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
+    scope: Scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
     anyio.run(BodyLimit(app, limit), scope, receive, send)
     return sent, seen_by_app
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -431,6 +432,7 @@ def test_a_fake_server_in_a_thread_holds_a_stream_open_for_a_crash_test() -> Non
         async def first_delta_then_vanish() -> str:
             stream = model.stream(model_request())
             delta = await anext(stream)
+            assert isinstance(stream, AsyncGenerator)  # Model.stream promises only an AsyncIterator
             await stream.aclose()  # the "Worker" goes away with the stream open
             await model.aclose()
             return delta  # type: ignore[return-value]

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import dex
 from dex.models import Anthropic, Model, OpenAI
@@ -20,7 +21,7 @@ def _model() -> Model:
     key = os.environ.get("DEX_TEST_PROVIDER_KEY", "test-key")
     if provider == "anthropic":
         return Anthropic(model="claude-test", base_url=url, api_key=key, timeout=30)
-    api = "chat" if provider == "openai-chat" else "responses"
+    api: Literal["responses", "chat"] = "chat" if provider == "openai-chat" else "responses"
     return OpenAI(model="gpt-test", api=api, base_url=url, api_key=key, timeout=30)
 
 
