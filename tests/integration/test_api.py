@@ -14,7 +14,14 @@ from starlette.types import Message, Scope
 from starlette.websockets import WebSocketDisconnect
 
 from dex.server.api.errors import BodyLimit
-from dex.wire import ModelResponse, ModelToolCall, RecoveryError, ToolOutcome
+from dex.wire import (
+    Handout,
+    ModelResponse,
+    ModelToolCall,
+    RecoveryError,
+    ToolOutcome,
+    UserItem,
+)
 from tests.integration.conftest import (
     MAX_BODY,
     Api,
@@ -418,7 +425,10 @@ def test_a_model_step_runs_to_a_completed_turn(api: Api, worker: FakeWorker) -> 
     assert step["attempt"] == 1
     assert step["agent"] == "echo"
     assert step["history"] == [{"type": "user", "text": "hello"}]
-    assert step["needs_start_ack"] is False
+    # the message is a Handout: the Worker reads it through that schema and its defaults
+    handout = Handout.model_validate({k: v for k, v in step.items() if k != "t"})
+    assert handout.needs_start_ack is False
+    assert handout.history == [UserItem(text="hello")]
     attempt = step["attempt_id"]
 
     assert worker.heartbeat(attempt) == {attempt: "ok"}
