@@ -203,6 +203,28 @@ class FakeProvider:
     def routes(self, app: web.Application) -> None:
         raise NotImplementedError
 
+    def _error(
+        self,
+        status: int,
+        message: str,
+        error_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> web.Response:
+        """An error response in the provider's own format."""
+        raise NotImplementedError
+
+    def _take(self, body: dict[str, Any]) -> Entry | web.Response:
+        """The script's next entry for this request, or the error response it calls for:
+        a ``Fail`` answers at once unless it is meant to break a stream part way."""
+        entry = self.next_entry(body)
+        if entry is None:
+            return self._error(
+                400, f"fake server: the script has no entry for request {len(self.requests)}"
+            )
+        if isinstance(entry, Fail) and not (entry.in_stream and body.get("stream")):
+            return self._error(entry.status, entry.message, entry.error_type, entry.headers)
+        return entry
+
     # --- shared machinery ------------------------------------------------------------
 
     def next_entry(self, body: dict[str, Any]) -> Entry | None:
@@ -337,13 +359,9 @@ class FakeAnthropic(FakeProvider):
             _check_anthropic(body)
         except _Rejected as e:
             return self._error(400, str(e))
-        entry = self.next_entry(body)
-        if entry is None:
-            return self._error(
-                400, f"fake server: the script has no entry for request {len(self.requests)}"
-            )
-        if isinstance(entry, Fail) and not (entry.in_stream and body.get("stream")):
-            return self._error(entry.status, entry.message, entry.error_type, entry.headers)
+        entry = self._take(body)
+        if isinstance(entry, web.Response):
+            return entry
         model = body["model"]
         if not body.get("stream"):
             assert isinstance(entry, Reply)
@@ -533,13 +551,9 @@ class FakeOpenAI(FakeProvider):
             check(body)
         except _Rejected as e:
             return self._error(400, str(e))
-        entry = self.next_entry(body)
-        if entry is None:
-            return self._error(
-                400, f"fake server: the script has no entry for request {len(self.requests)}"
-            )
-        if isinstance(entry, Fail) and not (entry.in_stream and body.get("stream")):
-            return self._error(entry.status, entry.message, entry.error_type, entry.headers)
+        entry = self._take(body)
+        if isinstance(entry, web.Response):
+            return entry
         return body, entry
 
     # --- Chat Completions ---
