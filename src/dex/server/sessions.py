@@ -16,6 +16,7 @@ import logging
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
     SessionState,
+    SessionStatus,
     Step,
     ToolCall,
     Turn,
@@ -69,13 +71,20 @@ class Actor:
 
 class Sessions:
     def __init__(
-        self, store: Store, dispatcher: Dispatcher, streams: MemoryStreams | None = None
+        self,
+        store: Store,
+        dispatcher: Dispatcher,
+        streams: MemoryStreams | None = None,
+        *,
+        max_cached: int = 10_000,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
         self.streams = streams or MemoryStreams()
+        self.max_cached = max_cached
+        """How many idle sessions stay in memory; older idle ones reload from storage."""
         self.agents: dict[str, AgentSpec] = {}
-        self._actors: dict[str, Actor] = {}
+        self._actors: OrderedDict[str, Actor] = OrderedDict()
         self._loading: dict[str, asyncio.Future[Actor]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -441,6 +450,7 @@ class Sessions:
     async def _actor(self, session_id: str) -> Actor:
         actor = self._actors.get(session_id)
         if actor is not None:
+            self._actors.move_to_end(session_id)
             return actor
         pending = self._loading.get(session_id)
         if pending is not None:
@@ -457,6 +467,7 @@ class Sessions:
                 history_json=[item.model_dump(mode="json") for item in loaded[1]],
             )
             self._actors[session_id] = actor
+            self._evict()
             fut.set_result(actor)
             return actor
         except BaseException as e:
@@ -465,6 +476,20 @@ class Sessions:
             raise
         finally:
             del self._loading[session_id]
+
+    def _evict(self) -> None:
+        """Forget the least recently used idle sessions beyond ``max_cached``. A session in a
+        turn, or one somebody waits on or works on, stays."""
+        excess = len(self._actors) - self.max_cached
+        if excess <= 0:
+            return
+        for session_id, actor in list(self._actors.items()):
+            if excess <= 0:
+                break
+            busy = actor.lock.locked() or actor.turn_waiters or actor.state.inbox
+            if actor.state.status == SessionStatus.IDLE and not busy:
+                del self._actors[session_id]
+                excess -= 1
 
     async def _apply(
         self, actor: Actor, handle: Callable[[SessionState, float], Transition]

@@ -9,7 +9,7 @@ output is gone, while the durable history (read with the snapshot) is complete.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,22 +31,36 @@ class _Stream:
 
 
 class MemoryStreams:
-    def __init__(self, keep: int = 1000) -> None:
+    def __init__(self, keep: int = 1000, max_sessions: int = 10_000) -> None:
         self.keep = keep
-        self._streams: dict[str, _Stream] = {}
+        """Events kept per session for subscribers that resume."""
+        self.max_sessions = max_sessions
+        """Sessions whose recent events are kept; the least recently active ones without a
+        subscriber are forgotten beyond that."""
+        self._streams: OrderedDict[str, _Stream] = OrderedDict()
 
     def _stream(self, session_id: str) -> _Stream:
         stream = self._streams.get(session_id)
         if stream is None:
             stream = self._streams[session_id] = _Stream(deque(maxlen=self.keep))
+            self._evict()
+        else:
+            self._streams.move_to_end(session_id)
         return stream
 
+    def _evict(self) -> None:
+        excess = len(self._streams) - self.max_sessions
+        for session_id, stream in list(self._streams.items()):
+            if excess <= 0:
+                break
+            if stream.subscribers == 0:
+                del self._streams[session_id]
+                excess -= 1
+
     def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:
-        stream = self._streams.get(session_id)
-        if stream is None:
-            if type_ == "model.delta":
-                return  # nobody listens, and deltas are not worth keeping for later
-            stream = self._stream(session_id)
+        if session_id not in self._streams and type_ == "model.delta":
+            return  # nobody listens, and deltas are not worth keeping for later
+        stream = self._stream(session_id)
         stream.events.append(Event(stream.next_id, type_, data))
         stream.next_id += 1
         stream.changed.set()
@@ -62,11 +76,13 @@ class MemoryStreams:
         last = after if after is not None and after < stream.next_id else 0
         try:
             while True:
+                waiter = stream.changed  # before looking: a publish from now on wakes it
                 fresh = [e for e in stream.events if e.id > last]
                 for event in fresh:
                     last = event.id
                     yield event
-                waiter = stream.changed
+                if fresh:
+                    continue  # more may have come while the caller handled these
                 try:
                     await asyncio.wait_for(waiter.wait(), 15.0)
                 except TimeoutError:
