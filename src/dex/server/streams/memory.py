@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +68,7 @@ class MemoryStreams:
 
     async def subscribe(
         self, session_id: str, after: int | None = None
-    ) -> AsyncIterator[Event | None]:
+    ) -> AsyncGenerator[Event | None, None]:
         """Events after id ``after`` (all buffered ones if None), then live ones. Yields
         None when nothing happened for a while, so the caller can send a keep-alive."""
         stream = self._stream(session_id)
