@@ -7,6 +7,7 @@ import importlib.util
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,6 +15,8 @@ import typer
 
 from dex._address import DEFAULT_ADDRESS
 from dex.agent import Agent
+from dex.client import SyncClient
+from dex.errors import DexError
 
 app = typer.Typer(
     help="Dex: a durable runtime for AI agents.", no_args_is_help=True, add_completion=False
@@ -96,30 +99,110 @@ def demo(
     raise typer.Exit(run(data_dir, port))
 
 
-@app.command()
-def snapshot(
-    session_id: str,
-    address: Annotated[str, typer.Option(envvar="DEX_ADDRESS")] = DEFAULT_ADDRESS,
-) -> None:
-    """Print a session's agent snapshot as JSON."""
+Address = Annotated[str, typer.Option(envvar="DEX_ADDRESS", help="Server address(es).")]
+By = Annotated[str | None, typer.Option(help="Who does it (recorded).")]
+
+
+def _call(address: str, action: Callable[[SyncClient], Any]) -> None:
+    """Run one client call and print its JSON; a Dex error is a message, not a traceback."""
     from dex.client import SyncClient
 
     with SyncClient(address) as client:
-        _print(client.get_agent_snapshot(session_id))
+        try:
+            _print(action(client))
+        except DexError as e:
+            typer.echo(f"error: {e.message}", err=True)
+            raise typer.Exit(1) from None
+
+
+@app.command()
+def new(agent: str, address: Address = DEFAULT_ADDRESS) -> None:
+    """Create a session with AGENT and print it."""
+    _call(address, lambda c: c.create_session(agent))
+
+
+@app.command()
+def snapshot(session_id: str, address: Address = DEFAULT_ADDRESS) -> None:
+    """Print a session's agent snapshot as JSON."""
+    _call(address, lambda c: c.get_agent_snapshot(session_id))
 
 
 @app.command()
 def send(
     session_id: str,
     text: str,
-    address: Annotated[str, typer.Option(envvar="DEX_ADDRESS")] = DEFAULT_ADDRESS,
+    address: Address = DEFAULT_ADDRESS,
     wait: Annotated[float, typer.Option(help="Seconds to wait for the turn to end.")] = 60.0,
 ) -> None:
     """Send a message to a session and print its turn."""
-    from dex.client import SyncClient
+    _call(address, lambda c: c.send_message(session_id, text, wait=wait > 0, timeout=wait))
 
-    with SyncClient(address) as client:
-        _print(client.send_message(session_id, text, wait=wait > 0, timeout=wait))
+
+@app.command()
+def approvals(session_id: str, address: Address = DEFAULT_ADDRESS) -> None:
+    """List the tool calls that wait for approval."""
+    _call(address, lambda c: c.list_approvals(session_id))
+
+
+@app.command()
+def approve(
+    session_id: str,
+    call_id: str,
+    address: Address = DEFAULT_ADDRESS,
+    by: By = None,
+    arguments_hash: Annotated[
+        str | None, typer.Option(help="The arguments_hash you reviewed: refuse any other.")
+    ] = None,
+) -> None:
+    """Approve a tool call: it runs once."""
+    _call(address, lambda c: c.approve(session_id, call_id, by=by, arguments_hash=arguments_hash))
+
+
+@app.command()
+def deny(
+    session_id: str, call_id: str, reason: str, address: Address = DEFAULT_ADDRESS, by: By = None
+) -> None:
+    """Deny a tool call: the model sees REASON."""
+    _call(address, lambda c: c.deny(session_id, call_id, reason, by=by))
+
+
+@app.command()
+def answer(
+    session_id: str, call_id: str, text: str, address: Address = DEFAULT_ADDRESS, by: By = None
+) -> None:
+    """Answer the question a tool asked."""
+    _call(address, lambda c: c.answer(session_id, call_id, text, by=by))
+
+
+@app.command()
+def cancel(
+    session_id: str,
+    address: Address = DEFAULT_ADDRESS,
+    reason: Annotated[str, typer.Option()] = "cancelled from the command line",
+) -> None:
+    """Cancel the running turn of a session."""
+    _call(address, lambda c: c.cancel_turn(session_id, reason))
+
+
+@app.command()
+def reconcile(
+    session_id: str,
+    call_id: str,
+    status: Annotated[str, typer.Option(help="What really happened: succeeded or failed.")],
+    address: Address = DEFAULT_ADDRESS,
+    result: Annotated[str | None, typer.Option(help="The result, as JSON.")] = None,
+    error: Annotated[str | None, typer.Option(help="What went wrong, if it failed.")] = None,
+    by: By = None,
+) -> None:
+    """Record what really happened to an outcome_unknown tool call."""
+    try:
+        value = json.loads(result) if result is not None else None
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"--result is not JSON: {e}") from None
+    _call(
+        address,
+        lambda c: c.reconcile(session_id, call_id, status=status, result=value, error=error, by=by),
+    )
 
 
 def load_agents(module: str) -> list[Agent]:

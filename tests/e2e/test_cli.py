@@ -1,0 +1,54 @@
+"""The dex command against a real server: approve a waiting tool call, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from dex.testing import wait_until
+from tests.support.rig import Rig
+
+
+def dex(rig: Rig, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dex", *args, "--address", rig.server.address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_person_approves_from_the_command_line(rig: Rig) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("waiter")  # waits until the Worker registered the agent
+    created = dex(rig, "new", "waiter")
+    assert created.returncode == 0, created.stderr
+    sid = json.loads(created.stdout)["id"]
+    turn = rig.call(sid, ("delete_all", {}))
+    wait_until(lambda: rig.client.list_approvals(sid), 10, what="an approval is pending")
+
+    listed = dex(rig, "approvals", sid)
+    (pending,) = json.loads(listed.stdout)
+    approved = dex(
+        rig,
+        "approve",
+        sid,
+        pending["call_id"],
+        "--by",
+        "ops",
+        "--arguments-hash",
+        pending["arguments_hash"],
+    )
+    assert approved.returncode == 0, approved.stderr
+    t = rig.wait_turn(sid, turn)
+    assert t["tool_calls"][0]["status"] == "succeeded"
+    assert t["tool_calls"][0]["approval"]["by"] == "ops"
+    assert len(rig.ledger.entries("delete_all")) == 1
+
+    again = dex(rig, "approve", sid, pending["call_id"])
+    assert again.returncode == 1
+    assert again.stderr.startswith("error: ") and "Traceback" not in again.stderr
+    missing = dex(rig, "snapshot", "no-such-session")
+    assert missing.returncode == 1 and "unknown session" in missing.stderr
