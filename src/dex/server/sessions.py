@@ -6,6 +6,11 @@ in one durable commit. Only then does anything outside learn of it: the caller
 gets its answer, Workers get their Steps, waiters wake. A commit that fails
 leaves the in-memory state behind: the actor is dropped and reloaded from
 storage on next use.
+
+A hot-path input is recorded and handled in that one commit. A wait's resolution
+(an approval, a denial, an answer, a fired timer) takes two: the first records it
+in the session's inbox (the caller's acknowledgement), the second runs the handler
+that moves the turn on. A node that dies between them runs the handler on start.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dex import _failpoints as failpoints
-from dex.errors import Conflict, DexError, InvalidInput, NotFound
+from dex.errors import Conflict, InvalidInput, NotFound
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
@@ -32,7 +37,6 @@ from dex.server.engine.state import (
     Step,
     ToolCall,
     Turn,
-    TurnStatus,
     attempt_id,
     parse_attempt_id,
 )
@@ -640,6 +644,3 @@ def _parse(attempt: str) -> tuple[str, str, int]:
         return parse_attempt_id(attempt)
     except ValueError:
         raise NotFound(f"unknown attempt {attempt!r}") from None
-
-
-__all__ = ["DexError", "Sessions", "TurnStatus"]
