@@ -7,6 +7,7 @@ effect is never silently run twice.
 from dex.agent import Agent
 from dex.client import Client, SyncClient
 from dex.errors import (
+    AuthError,
     Conflict,
     DexError,
     InvalidInput,
@@ -24,6 +25,7 @@ __all__ = [
     "PENDING",
     "TOOL_CALL_NOT_RUN_ERROR_PREFIX",
     "Agent",
+    "AuthError",
     "Checked",
     "Client",
     "Conflict",

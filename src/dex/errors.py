@@ -5,6 +5,7 @@
     ├── NotFound             an unknown session, agent, tool, turn or attempt (HTTP 404)
     ├── Conflict             a state change that the current state refuses (HTTP 409)
     ├── InvalidInput         input that is well-formed JSON but makes no sense (HTTP 422)
+    ├── AuthError            no valid token (HTTP 401), or one of the wrong role (HTTP 403)
     ├── StorageError         the store could not commit; nothing was acknowledged
     │   └── LeaseLost        this node may no longer write (fenced)
     └── ServerError          the server answered with an error the client cannot map
@@ -52,6 +53,11 @@ class Conflict(DexError):
 class InvalidInput(DexError):
     code = "invalid_input"
     status = 422
+
+
+class AuthError(DexError):
+    code = "unauthorized"
+    status = 401
 
 
 class StorageError(DexError):

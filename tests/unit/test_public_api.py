@@ -12,6 +12,7 @@ def test_the_public_names_are_exactly_these() -> None:
             "PENDING",
             "TOOL_CALL_NOT_RUN_ERROR_PREFIX",
             "Agent",
+            "AuthError",
             "Checked",
             "Client",
             "Conflict",

@@ -46,6 +46,17 @@ def server(
         ),
     ] = 10.0,
     max_body_bytes: Annotated[int, typer.Option(envvar="DEX_MAX_BODY_BYTES")] = 1 << 20,
+    client_token: Annotated[
+        str | None,
+        typer.Option(envvar="DEX_CLIENT_TOKEN", help="Turn auth on: the token clients must send."),
+    ] = None,
+    worker_token: Annotated[
+        str | None, typer.Option(envvar="DEX_WORKER_TOKEN", help="The token Workers must send.")
+    ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(envvar="DEX_ADMIN_TOKEN", help="A token that opens everything, /metrics too."),
+    ] = None,
 ) -> None:
     """Run a Dex Server node on SQLite in DATA_DIR."""
     from dex.server.app import serve
@@ -60,6 +71,9 @@ def server(
             port=port,
             heartbeat_timeout=heartbeat_timeout,
             max_body_bytes=max_body_bytes,
+            client_token=client_token,
+            worker_token=worker_token,
+            admin_token=admin_token,
         )
     )
 
@@ -74,6 +88,12 @@ def worker(
     ] = DEFAULT_ADDRESS,
     capacity: Annotated[int, typer.Option(envvar="DEX_WORKER_CAPACITY")] = 16,
     drain_timeout: Annotated[float, typer.Option(envvar="DEX_DRAIN_TIMEOUT")] = 30.0,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DEX_WORKER_TOKEN", help="The worker token, when the server has auth on."
+        ),
+    ] = None,
 ) -> None:
     """Serve the agents that MODULE defines."""
     from dex.worker import Worker, WorkerConfig
@@ -81,7 +101,7 @@ def worker(
     agents = load_agents(module)
     _logging()
     Worker(
-        agents, address, WorkerConfig(capacity=capacity, drain_timeout=drain_timeout)
+        agents, address, WorkerConfig(capacity=capacity, drain_timeout=drain_timeout, token=token)
     ).run_forever()
 
 
@@ -100,6 +120,7 @@ def demo(
 
 
 Address = Annotated[str, typer.Option(envvar="DEX_ADDRESS", help="Server address(es).")]
+# Client commands send DEX_CLIENT_TOKEN when the server has auth on (dex.Client reads it).
 By = Annotated[str | None, typer.Option(help="Who does it (recorded).")]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -10,9 +11,23 @@ import aiohttp
 import orjson
 
 from dex._address import addresses
-from dex.errors import Conflict, DexError, InvalidInput, NotFound, ServerError, Unavailable
+from dex.errors import (
+    AuthError,
+    Conflict,
+    DexError,
+    InvalidInput,
+    NotFound,
+    ServerError,
+    Unavailable,
+)
 
-_ERRORS: dict[int, type[DexError]] = {404: NotFound, 409: Conflict, 422: InvalidInput}
+_ERRORS: dict[int, type[DexError]] = {
+    401: AuthError,
+    403: AuthError,
+    404: NotFound,
+    409: Conflict,
+    422: InvalidInput,
+}
 
 
 class Client:
@@ -24,8 +39,13 @@ class Client:
         *,
         timeout: float = 30.0,
         connections: int = 100,
+        token: str | None = None,
     ) -> None:
+        """``token``: the client token, when the server has auth on (default:
+        ``DEX_CLIENT_TOKEN`` from the environment)."""
         self.addresses = addresses(address)
+        token = token or os.environ.get("DEX_CLIENT_TOKEN")
+        self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
         self._connections = connections
         self._http: aiohttp.ClientSession | None = None
@@ -125,7 +145,7 @@ class Client:
         ``wait.started``, ``message.queued`` and live ``model.delta`` text. Each is
         ``{"id", "type", "data"}``; pass the last ``id`` you saw to resume."""
         http = self._session()
-        headers = {"accept": "text/event-stream"}
+        headers = {"accept": "text/event-stream", **self._auth}
         if last_event_id is not None:
             headers["last-event-id"] = str(last_event_id)
         url = self.addresses[self._current % len(self.addresses)] + (
@@ -256,7 +276,11 @@ class Client:
                     data=data,
                     params=params,
                     timeout=timeout,
-                    headers={"content-type": "application/json"} if data is not None else None,
+                    headers=(
+                        {"content-type": "application/json", **self._auth}
+                        if data is not None
+                        else self._auth
+                    ),
                 ) as response:
                     payload = await response.read()
                     if response.status == 503:

@@ -13,6 +13,7 @@ from starlette.types import ASGIApp
 
 from dex import _loop
 from dex.server.api import errors, ops, sessions, workers
+from dex.server.api.auth import Auth, Role
 from dex.server.api.responses import ORJSONResponse
 from dex.server.config import ServerConfig
 from dex.server.dispatch.dispatcher import Dispatcher
@@ -61,7 +62,13 @@ def create_app(config: ServerConfig) -> FastAPI:
 
 
 def asgi(config: ServerConfig) -> ASGIApp:
-    return errors.BodyLimit(create_app(config), config.max_body_bytes)
+    app = errors.BodyLimit(create_app(config), config.max_body_bytes)
+    tokens = {
+        Role.CLIENT: config.client_token,
+        Role.WORKER: config.worker_token,
+        Role.ADMIN: config.admin_token,
+    }
+    return Auth(app, {role: token for role, token in tokens.items() if token})
 
 
 SWITCH_INTERVAL = 0.0005

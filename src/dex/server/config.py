@@ -19,6 +19,12 @@ class ServerConfig:
     """Requests with a larger body are refused with 413 (``DEX_MAX_BODY_BYTES``)."""
     max_wait_seconds: float = 60.0
     """The longest a request may wait for a turn to end."""
+    client_token: str | None = None
+    """With any token set, auth is on: clients send this one (``DEX_CLIENT_TOKEN``)."""
+    worker_token: str | None = None
+    """What Workers send (``DEX_WORKER_TOKEN``)."""
+    admin_token: str | None = None
+    """Opens everything, ``/metrics`` included (``DEX_ADMIN_TOKEN``)."""
 
     @property
     def database_path(self) -> Path:

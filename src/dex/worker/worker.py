@@ -51,6 +51,8 @@ class WorkerConfig:
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
     worker_id: str | None = None
+    token: str | None = None
+    """The worker token, when the server has auth on (default: ``DEX_WORKER_TOKEN``)."""
 
 
 @dataclass(eq=False)
@@ -92,6 +94,8 @@ class Worker:
         self.id = self.config.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         )
+        token = self.config.token or os.environ.get("DEX_WORKER_TOKEN")
+        self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self._attempts: dict[str, _Attempt] = {}
         self._link: _Link | None = None
         self._stopping = asyncio.Event()
@@ -185,10 +189,25 @@ class Worker:
             url = base.replace("http://", "ws://").replace("https://", "wss://")
             try:
                 async with http.ws_connect(
-                    url + "/v1/workers/connect", max_msg_size=64 << 20, autoping=True
+                    url + "/v1/workers/connect",
+                    max_msg_size=64 << 20,
+                    autoping=True,
+                    headers=self._auth,
                 ) as ws:
                     delay = self.config.reconnect_initial
                     await self._serve(ws)
+            except aiohttp.WSServerHandshakeError as e:
+                if e.status in (401, 403):
+                    log.error(
+                        "%s refused this Worker's token (HTTP %d): set DEX_WORKER_TOKEN",
+                        base,
+                        e.status,
+                        extra={"action": "worker.unauthorized"},
+                    )
+                else:
+                    log.info(
+                        "cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"}
+                    )
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
             if self._stopping.is_set():
