@@ -68,7 +68,8 @@ def asgi(config: ServerConfig) -> ASGIApp:
         Role.WORKER: config.worker_token,
         Role.ADMIN: config.admin_token,
     }
-    return Auth(app, {role: token for role, token in tokens.items() if token})
+    configured = {role: token for role, token in tokens.items() if token}
+    return Auth(app, configured) if configured else app
 
 
 SWITCH_INTERVAL = 0.0005
