@@ -37,6 +37,7 @@ from dex.wire import (
     StepType,
     ToolOutcome,
 )
+from dex.worker.history import HistoryCache
 
 log = logging.getLogger("dex.worker")
 
@@ -97,6 +98,7 @@ class Worker:
         token = self.config.token or os.environ.get("DEX_WORKER_TOKEN")
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self._attempts: dict[str, _Attempt] = {}
+        self._histories = HistoryCache()
         self._link: _Link | None = None
         self._stopping = asyncio.Event()
         self._draining = False
@@ -287,7 +289,10 @@ class Worker:
             link.heartbeat_interval = min(self.config.heartbeat_interval, timeout / 4)
         elif kind == "step":
             message.pop("t")
+            history = message.pop("history", None)
             handout = Handout.model_validate(message)
+            if history is not None:  # RunModel and CompactContext carry the history
+                handout.history = self._histories.items(handout.session_id, history)
             if handout.attempt_id in self._attempts:
                 return
             attempt = _Attempt(handout)
