@@ -201,9 +201,13 @@ class Tool:
         return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
     async def call(self, ctx: ToolContext, arguments: dict[str, Any]) -> Any:
-        kwargs = self.validate(arguments)
+        """Validate the arguments, then run the body."""
+        return await self.invoke(ctx, self.validate(arguments))
+
+    async def invoke(self, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
+        """Run the body with arguments that ``validate`` returned."""
         if self._context_param is not None:
-            kwargs[self._context_param] = ctx
+            kwargs = {**kwargs, self._context_param: ctx}
         return await _maybe_await(self.fn(**kwargs))
 
     async def call_poll(self, ctx: ToolContext, handle: Any) -> Any:
@@ -211,8 +215,9 @@ class Tool:
         return await _maybe_await(self.poll_fn(ctx, handle))
 
     async def call_check(self, ctx: ToolContext, arguments: dict[str, Any]) -> Checked:
+        """Run the check with validated ``arguments`` (what ``validate`` returned)."""
         assert self.check_fn is not None
-        verdict = await _maybe_await(self.check_fn(ctx, **self.validate(arguments)))
+        verdict = await _maybe_await(self.check_fn(ctx, **arguments))
         if isinstance(verdict, Checked):
             return verdict
         if verdict is None or isinstance(verdict, bool):

@@ -10,6 +10,7 @@ dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -98,6 +99,9 @@ class Worker:
         token = self.config.token or os.environ.get("DEX_WORKER_TOKEN")
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self._attempts: dict[str, _Attempt] = {}
+        self._none_held = asyncio.Event()
+        self._none_held.set()
+        """Set while this Worker holds no attempt: a drain waits on it for the last acks."""
         self._histories = HistoryCache()
         self._link: _Link | None = None
         self._stopping = asyncio.Event()
@@ -176,9 +180,9 @@ class Worker:
             for task in late:
                 task.cancel()
         # wait (briefly) for the server to acknowledge what we sent
-        deadline = asyncio.get_running_loop().time() + min(timeout, 5.0)
-        while self._attempts and asyncio.get_running_loop().time() < deadline and self._link:
-            await asyncio.sleep(0.02)
+        if self._attempts and self._link is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._none_held.wait(), min(timeout, 5.0))
 
     # --- the connection ------------------------------------------------------------------
 
@@ -297,6 +301,7 @@ class Worker:
                 return
             attempt = _Attempt(handout)
             self._attempts[handout.attempt_id] = attempt
+            self._none_held.clear()
             attempt.task = asyncio.create_task(self._run_attempt(attempt))
         elif kind == "hb":
             for attempt_id, status in message["status"].items():
@@ -312,7 +317,7 @@ class Worker:
             if cancelled is not None and cancelled.result is None:
                 self._abandon(cancelled, "cancelled by the server")
         elif kind == "ack":
-            acked = self._attempts.pop(message["attempt_id"], None)
+            acked = self._forget(message["attempt_id"])
             if acked is not None and not message["ok"]:
                 log.info(
                     "result refused: %s",
@@ -320,12 +325,18 @@ class Worker:
                     extra={"action": "worker.result_refused", "attempt_id": message["attempt_id"]},
                 )
 
+    def _forget(self, attempt_id: str) -> _Attempt | None:
+        attempt = self._attempts.pop(attempt_id, None)
+        if not self._attempts:
+            self._none_held.set()
+        return attempt
+
     def _abandon(self, attempt: _Attempt, why: str) -> None:
         log.info(
             why,
             extra={"action": "worker.attempt_abandoned", "attempt_id": attempt.handout.attempt_id},
         )
-        self._attempts.pop(attempt.handout.attempt_id, None)
+        self._forget(attempt.handout.attempt_id)
         if attempt.task is not None:
             attempt.task.cancel()
 
@@ -425,7 +436,6 @@ class Worker:
         if tool is None:
             raise ToolError(f"this Worker's agent {agent.name!r} has no tool {h.tool!r}")
         arguments = tool.validate(h.arguments)  # invalid arguments: the body never runs
-        del arguments
         failpoints.hit("worker.before_first_heartbeat")
         if h.needs_start_ack or self._draining:
             attempt.started = asyncio.get_running_loop().create_future()
@@ -442,7 +452,7 @@ class Worker:
                         "the server no longer runs this attempt: not starting it",
                         extra={"action": "worker.start_refused", "attempt_id": h.attempt_id},
                     )
-                    self._attempts.pop(h.attempt_id, None)
+                    self._forget(h.attempt_id)
                 return None
         ctx = ToolContext(
             session_id=h.session_id,
@@ -460,14 +470,14 @@ class Worker:
             if value is PENDING:
                 return ToolOutcome(status="pending").model_dump(mode="json")
         elif h.step_type == StepType.CHECK_TOOL_CALL:
-            verdict = await tool.call_check(ctx, h.arguments)
+            verdict = await tool.call_check(ctx, arguments)
             outcome = ToolOutcome(
                 status="checked", happened=verdict.happened, result=verdict.result
             )
             return outcome.model_dump(mode="json")
         else:
             failpoints.hit("worker.tool_running")
-            value = await tool.call(ctx, h.arguments)
+            value = await tool.invoke(ctx, arguments)
         return ToolOutcome(status="succeeded", result=value).model_dump(mode="json")
 
     async def _beat(self, attempt_id: str) -> None:
