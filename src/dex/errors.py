@@ -7,7 +7,6 @@
     ├── InvalidInput         input that is well-formed JSON but makes no sense (HTTP 422)
     ├── AuthError            no valid token (HTTP 401), or one of the wrong role (HTTP 403)
     ├── StorageError         the store could not commit; nothing was acknowledged
-    │   └── LeaseLost        this node may no longer write (fenced)
     └── ServerError          the server answered with an error the client cannot map
         └── Unavailable      no node answered, or the node is a standby
 
@@ -63,10 +62,6 @@ class AuthError(DexError):
 class StorageError(DexError):
     code = "storage_error"
     status = 503
-
-
-class LeaseLost(StorageError):
-    code = "lease_lost"
 
 
 class ServerError(DexError):

@@ -76,8 +76,6 @@ class Dispatcher:
         self._fire: Fire | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
-        self.paused = False
-        """A draining node hands out nothing new."""
 
     def start(self, assign: Assign, expire: Expire, fire: Fire) -> None:
         self._assign = assign
@@ -112,7 +110,7 @@ class Dispatcher:
 
     def reserve(self, queue: str) -> WorkerConn | None:
         """Take one credit of a Worker that serves ``queue``, if any is free right now."""
-        if self.paused or self._ready.get(queue):
+        if self._ready.get(queue):
             return None  # keep queue order: earlier Steps go first
         best: WorkerConn | None = None
         for worker in self.workers.values():
@@ -142,9 +140,6 @@ class Dispatcher:
         """Fire an AwaitTimer at ``due`` (wall clock); at once if it came due meanwhile."""
         heapq.heappush(self._timers, (due, next(self._seq), session_id, step_id))
         self._wake.set()
-
-    def queued(self, queue: str) -> int:
-        return len(self._ready.get(queue, ()))
 
     def hold(self, worker: WorkerConn, attempt_id: str, held: Held) -> None:
         worker.reserved -= 1
@@ -177,9 +172,8 @@ class Dispatcher:
             while self._delayed and self._delayed[0][0] <= now_wall:
                 _, _, sid, step_id, queue = heapq.heappop(self._delayed)
                 self._ready.setdefault(queue, deque()).append((sid, step_id))
-            if not self.paused:
-                self._fire_timers(now_wall)
-                self._pump()
+            self._fire_timers(now_wall)
+            self._pump()
             self._expire_heartbeats()
             timeout = 0.25
             for heap in (self._delayed, self._timers):

@@ -299,12 +299,9 @@ def complete_summary(
     turn = _turn(state)
     start = state.history_length + len(t.history)
     append_history(state, t, SummaryItem(text=summary.text))
-    if turn.history_start is None:  # a turn stored before it recorded where it began
-        state.context_start, state.summary_at = start, None
-        state.context_chars = len(summary.text)
-    else:  # the summary replaces what came before the turn; the turn's items stay
-        state.context_start, state.summary_at = turn.history_start, start
-        state.context_chars = len(summary.text) + turn.history_chars
+    # the summary replaces what came before the turn; the turn's own items stay
+    state.context_start, state.summary_at = turn.history_start, start
+    state.context_chars = len(summary.text) + turn.history_chars
     t.ready.append(
         _new_step(_turn(state), StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
     )
@@ -495,7 +492,7 @@ def _call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition)
     if (
         threshold is not None
         and state.context_chars > threshold
-        and (turn.history_start is None or turn.history_start > state.context_start)
+        and turn.history_start > state.context_start
     ):
         step = _new_step(
             turn, StepType.COMPACT_CONTEXT, model_queue(spec.name), spec.model_retry, now

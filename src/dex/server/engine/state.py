@@ -116,10 +116,9 @@ class TurnStatus(StrEnum):
 class Turn(Wire):
     number: int
     message_id: str | None = None
-    history_start: int | None = None
+    history_start: int = 0
     """Index of the turn's user message in the history: a compaction summarizes what came
-    before it and keeps the turn's own items as they are. None for a turn stored before
-    this was recorded."""
+    before it and keeps the turn's own items as they are."""
     history_chars: int = 0
     """Estimated size of the history items this turn appended."""
     status: TurnStatus = TurnStatus.RUNNING
@@ -168,8 +167,7 @@ class SessionState(Wire):
     context_start: int = 0
     """The model sees the history from this index on (after the latest summary, if any)."""
     summary_at: int | None = None
-    """Index of the latest summary, which the model sees first. None: no summary yet, or
-    the summary is at ``context_start`` (how compaction was stored before)."""
+    """Index of the latest summary, which the model sees first; None before the first."""
     context_chars: int = 0
     """Estimated size of what the model sees, for compaction."""
     inbox: list[dict[str, Any]] = Field(default_factory=list)
