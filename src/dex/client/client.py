@@ -137,6 +137,13 @@ class Client:
         agents: list[dict[str, Any]] = result["agents"]
         return agents
 
+    async def list_workers(self) -> list[dict[str, Any]]:
+        """The Workers connected to the server: their agents and tools, capacity, and the
+        attempts they run."""
+        result = await self._request("GET", "/v1/workers")
+        workers: list[dict[str, Any]] = result["workers"]
+        return workers
+
     async def stream_events(
         self, session_id: str, *, last_event_id: int | None = None
     ) -> AsyncIterator[dict[str, Any]]:

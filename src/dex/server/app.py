@@ -28,7 +28,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = SqliteStore(config.database_path)
         await store.open()
-        dispatcher = Dispatcher(config.heartbeat_timeout)
+        dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
         domain = Sessions(store, dispatcher)
         app.state.store = store
         app.state.dispatcher = dispatcher

@@ -27,7 +27,7 @@ from dex import _failpoints as failpoints
 from dex import _loop
 from dex._address import addresses
 from dex.agent import Agent
-from dex.errors import ToolError
+from dex.errors import AuthError, ToolError
 from dex.models.base import Model, ModelRequest
 from dex.tools import PENDING, Interrupt, ToolContext
 from dex.wire import (
@@ -103,6 +103,8 @@ class Worker:
         self._none_held.set()
         """Set while this Worker holds no attempt: a drain waits on it for the last acks."""
         self._histories = HistoryCache()
+        self._resume: str | None = None
+        """The resume token of the last welcome: proves a reconnect is this process."""
         self._link: _Link | None = None
         self._stopping = asyncio.Event()
         self._draining = False
@@ -204,12 +206,15 @@ class Worker:
                     await self._serve(ws)
             except aiohttp.WSServerHandshakeError as e:
                 if e.status in (401, 403):
-                    log.error(
-                        "%s refused this Worker's token (HTTP %d): set DEX_WORKER_TOKEN",
-                        base,
-                        e.status,
-                        extra={"action": "worker.unauthorized"},
+                    why = (
+                        "no worker token" if e.status == 401 else "a token without the worker role"
                     )
+                    message = (
+                        f"{base} refused this Worker (HTTP {e.status}: {why}): set "
+                        "DEX_WORKER_TOKEN (or WorkerConfig(token=...)) to the server's worker token"
+                    )
+                    log.error(message, extra={"action": "worker.unauthorized"})
+                    raise AuthError(message) from None
                 else:
                     log.info(
                         "cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"}
@@ -232,6 +237,9 @@ class Worker:
                 "worker_id": self.id,
                 "agents": [a.spec().model_dump(mode="json") for a in self.agents.values()],
                 "capacity": self.config.capacity,
+                # on a reconnect: re-claim what this process still holds
+                "attempts": list(self._attempts),
+                "resume": self._resume,
             }
         )
         if self._draining:
@@ -291,6 +299,11 @@ class Worker:
             # four beats per timeout: one lost or late beat does not fail an attempt
             timeout = float(message.get("heartbeat_timeout", 0)) or float("inf")
             link.heartbeat_interval = min(self.config.heartbeat_interval, timeout / 4)
+            self._resume = message.get("resume")
+            for attempt_id in message.get("stop", []):
+                stopped = self._attempts.get(attempt_id)
+                if stopped is not None:
+                    self._abandon(stopped, "the server no longer runs this attempt")
         elif kind == "step":
             message.pop("t")
             history = message.pop("history", None)

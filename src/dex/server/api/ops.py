@@ -36,5 +36,9 @@ async def metrics(request: Request) -> PlainTextResponse:
         f"dex_workers_connected {len(dispatcher.workers)}",
         "# TYPE dex_attempts_running gauge",
         f"dex_attempts_running {len(dispatcher.held)}",
+        "# TYPE dex_worker_messages_refused_total counter",
+        f"dex_worker_messages_refused_total {dispatcher.refused}",
+        "# TYPE dex_background_retries_total counter",
+        f"dex_background_retries_total {state.sessions.background_failures}",
     ]
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
