@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+from dex.errors import StorageError
 from dex.testing import wait_until
 from dex.wire import ModelToolCall
 from tests.integration.conftest import AGENT, Api, FakeWorker, connect_fake_worker, make_api_app
@@ -248,3 +249,86 @@ def test_every_frame_is_processed_or_closed_cleanly_and_others_keep_being_served
     # the real Worker is still served
     assert worker.heartbeat() == {}
     assert orjson.loads(api.http.get("/healthz").content) == {"status": "ok"}
+
+
+# --- background work survives storage errors ---------------------------------------------------
+
+
+class FlakyWrites:
+    """Make the store's next ``n`` writes fail with a retryable StorageError."""
+
+    def __init__(self, api: Api) -> None:
+        self.store = api.sessions.store
+        self.real = self.store.write
+        self.left = 0
+        self.failed = 0
+
+    def fail_next(self, n: int) -> None:
+        self.left = n
+
+    async def write(self, write: Any) -> None:
+        if self.left > 0:
+            self.left -= 1
+            self.failed += 1
+            raise StorageError("disk on fire (injected)", retryable=True)
+        await self.real(write)
+
+
+@pytest.fixture
+def flaky(short_heartbeat_api: Api, monkeypatch: pytest.MonkeyPatch) -> FlakyWrites:
+    flaky = FlakyWrites(short_heartbeat_api)
+    monkeypatch.setattr(flaky.store, "write", flaky.write)
+    return flaky
+
+
+@pytest.fixture
+def short_heartbeat_api(tmp_path: Path) -> Iterator[Api]:
+    asgi_app = make_api_app(tmp_path / "data", heartbeat_timeout=0.5, reconnect_grace=0.2)
+    with TestClient(asgi_app) as client:
+        api = Api(client, asgi_app.app)
+        api.register(AGENT)
+        yield api
+
+
+def test_an_expired_attempt_stays_held_until_its_failure_is_committed(
+    short_heartbeat_api: Api, flaky: FlakyWrites
+) -> None:
+    api = short_heartbeat_api
+    api.create("s1")
+    api.send("s1", "hello")
+    with connect_fake_worker(api, "w-1") as silent:
+        step = silent.step(session_id="s1")
+        flaky.fail_next(3)  # the failure of the expired attempt fails to commit, 3 times
+        with connect_fake_worker(api, "w-2") as second:
+            retry = second.step(session_id="s1", attempt=2, timeout=20)
+            assert flaky.failed == 3
+            assert second.done(retry["attempt_id"], model_done("after retries"))["ok"]
+    assert api.turn("s1", 1, wait=10)["text"] == "after retries"
+    assert _metrics(api)["dex_background_retries_total"] >= 3
+    assert step["attempt_id"] not in api.sessions.dispatcher.held
+
+
+def test_a_timer_whose_firing_fails_to_commit_still_fires_once(
+    short_heartbeat_api: Api, flaky: FlakyWrites
+) -> None:
+    api = short_heartbeat_api
+    api.create("s1")
+    api.send("s1", "lookup")
+    with connect_fake_worker(api) as worker:
+        model = worker.step(session_id="s1")
+        calls = [ModelToolCall(id="c1", name="lookup", arguments={})]
+        worker.done(model["attempt_id"], model_done(tool_calls=calls))
+        tool = worker.step(session_id="s1", tool="lookup")
+        sleep = {"status": "sleep", "sleep_seconds": 1.0}
+        assert worker.done(tool["attempt_id"], sleep)["ok"] is True
+        flaky.fail_next(2)  # the timer's firing (and its first retry) fail to commit
+        again = worker.step(session_id="s1", tool="lookup", timeout=20)
+        assert again["sleeps_done"] == 1
+        assert worker.done(again["attempt_id"], tool_done("slept"))["ok"]
+        final = worker.step(session_id="s1", step_type="RunModel")
+        worker.done(final["attempt_id"], model_done("woke up"))
+    turn = api.turn("s1", 1, wait=10)
+    assert turn["text"] == "woke up"
+    timers = [s for s in turn["steps"] if s["type"] == "AwaitTimer"]
+    assert len(timers) == 1 and timers[0]["status"] == "succeeded"
+    assert flaky.failed == 2
