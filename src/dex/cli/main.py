@@ -52,6 +52,13 @@ def server(
             help="Seconds a dropped Worker's attempts wait for it to reconnect before they fail.",
         ),
     ] = 1.0,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="DEX_SERVER_DRAIN_TIMEOUT",
+            help="On SIGTERM, seconds running attempts may take to finish before they fail.",
+        ),
+    ] = 20.0,
     max_body_bytes: Annotated[int, typer.Option(envvar="DEX_MAX_BODY_BYTES")] = 1 << 20,
     client_token: Annotated[
         str | None,
@@ -78,6 +85,7 @@ def server(
             port=port,
             heartbeat_timeout=heartbeat_timeout,
             reconnect_grace=reconnect_grace,
+            drain_timeout=drain_timeout,
             max_body_bytes=max_body_bytes,
             client_token=client_token,
             worker_token=worker_token,

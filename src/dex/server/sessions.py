@@ -168,6 +168,25 @@ class Sessions:
             await self._process_inbox(session_id)
         return failed
 
+    async def fail_held(self, reason: str) -> int:
+        """Fail every attempt a Worker still holds, as a node stopping does (group commit
+        makes it one transaction, or few). Returns how many failed."""
+        by_session: dict[str, list[str]] = {}
+        for aid, held in self.dispatcher.held.items():
+            by_session.setdefault(held.session_id, []).append(aid)
+
+        async def fail_session(session_id: str, held: list[str]) -> int:
+            actor = await self._actor(session_id)
+            running = len(actor.state.running_steps())
+            spec = self._spec(actor.state.agent)
+            await self._apply(actor, functools.partial(_recover, spec=spec, reason=reason))
+            for aid in held:
+                self.dispatcher.unhold(aid)
+            return running
+
+        counts = await asyncio.gather(*(fail_session(s, a) for s, a in by_session.items()))
+        return sum(counts)
+
     # --- agents ------------------------------------------------------------------------
 
     async def register_agents(self, specs: list[AgentSpec]) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import secrets
 import signal
 import socket
@@ -52,6 +53,9 @@ class WorkerConfig:
     """On shutdown, how long running attempts may take to finish."""
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
+    ping_interval: float = 5.0
+    """WebSocket pings: a node that stops answering them (hung, cut off) is left for the
+    next address after half this long without a pong."""
     worker_id: str | None = None
     token: str | None = None
     """The worker token, when the server has auth on (default: ``DEX_WORKER_TOKEN``)."""
@@ -200,6 +204,7 @@ class Worker:
                     url + "/v1/workers/connect",
                     max_msg_size=64 << 20,
                     autoping=True,
+                    heartbeat=self.config.ping_interval,
                     headers=self._auth,
                 ) as ws:
                     delay = self.config.reconnect_initial
@@ -224,7 +229,7 @@ class Worker:
             if self._stopping.is_set():
                 break
             try:
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                await asyncio.wait_for(self._stopping.wait(), delay * random.uniform(0.5, 1.0))
             except TimeoutError:
                 pass
             delay = min(delay * 2, self.config.reconnect_max)

@@ -17,9 +17,11 @@ async def healthz() -> ORJSONResponse:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> ORJSONResponse:
-    if request.app.state.ready:
-        return ORJSONResponse({"status": "ready", "role": "active"})
-    return ORJSONResponse({"status": "starting"}, 503)
+    state = request.app.state
+    role = getattr(state, "role", "starting")
+    if state.ready and role == "active":
+        return ORJSONResponse({"status": "ready", "role": role})
+    return ORJSONResponse({"status": "not ready", "role": role}, 503)
 
 
 @router.get("/metrics")

@@ -128,11 +128,11 @@ async def worker_channel(ws: WebSocket) -> None:
         await _close(ws, CLOSE_ID_IN_USE, f"worker id {hello.worker_id!r} is connected already")
         return
 
-    def superseded() -> None:
+    def close(code: int, reason: str) -> None:
         outbox.closed = True
-        dispatcher.spawn(_close(ws, CLOSE_ID_IN_USE, "superseded by a newer connection"))
+        dispatcher.spawn(_close(ws, code, reason))
 
-    worker.close = superseded
+    worker.close = close
     for held in unreceived:
         dispatcher.spawn(sessions.hand_back_unreceived(held))
     outbox.put(

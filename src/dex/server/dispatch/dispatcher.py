@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dex import _failpoints as failpoints
+from dex.wire.protocol import CLOSE_ID_IN_USE
 
 log = logging.getLogger("dex.dispatch")
 
@@ -46,8 +47,8 @@ class WorkerConn:
     queues: set[str]
     capacity: int
     send: Send
-    close: Callable[[], None] = lambda: None
-    """Close the connection from the server's side (a newer one superseded it)."""
+    close: Callable[[int, str], None] = lambda code, reason: None
+    """Close the connection from the server's side, with a close code and reason."""
     agents: list[str] = field(default_factory=list)
     reserved: int = 0
     attempts: set[str] = field(default_factory=set)
@@ -122,6 +123,10 @@ class Dispatcher:
         self._fire: Fire | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
+        self.paused = False
+        """Draining: hand nothing out and fire no timer (both stay queued in storage)."""
+        self._none_held = asyncio.Event()
+        self._none_held.set()
 
     def start(self, assign: Assign, expire: Expire, fire: Fire) -> None:
         self._assign = assign
@@ -152,7 +157,7 @@ class Dispatcher:
             raise WorkerIdInUse(conn.id)
         if old is not None:
             self.disconnect(old)
-            old.close()
+            old.close(CLOSE_ID_IN_USE, "superseded by a newer connection of this Worker")
         conn.resume = resume if proven and resume else secrets.token_urlsafe(16)
         self._resume[conn.id] = conn.resume
         self.workers[conn.id] = conn
@@ -228,9 +233,27 @@ class Dispatcher:
 
     # --- Steps ------------------------------------------------------------------------
 
+    def pause(self) -> None:
+        """Stop handing out Steps and firing timers (a drain): what is queued stays queued
+        in storage for the next node."""
+        self.paused = True
+
+    async def wait_none_held(self, timeout: float) -> bool:
+        """Wait until no attempt is held, up to ``timeout``; whether none is."""
+        try:
+            await asyncio.wait_for(self._none_held.wait(), timeout)
+        except TimeoutError:
+            return not self.held
+        return True
+
+    def close_all(self, code: int, reason: str) -> None:
+        """Close every Worker connection from the server's side."""
+        for conn in list(self.workers.values()):
+            conn.close(code, reason)
+
     def reserve(self, queue: str) -> WorkerConn | None:
         """Take one credit of a Worker that serves ``queue``, if any is free right now."""
-        if self._ready.get(queue):
+        if self.paused or self._ready.get(queue):
             return None  # keep queue order: earlier Steps go first
         best: WorkerConn | None = None
         for worker in self.workers.values():
@@ -272,6 +295,7 @@ class Dispatcher:
         worker.reserved -= 1
         worker.attempts.add(attempt_id)
         self.held[attempt_id] = held
+        self._none_held.clear()
         if worker.closed:  # it dropped while the hand-out was being recorded
             held.grace_until = time.monotonic() + self.reconnect_grace
         heapq.heappush(self._deadlines, (held.due, next(self._seq), attempt_id))
@@ -282,6 +306,8 @@ class Dispatcher:
         if only is not None and self.held.get(attempt_id) is not only:
             return None
         held = self.held.pop(attempt_id, None)
+        if not self.held:
+            self._none_held.set()
         if held is not None:
             held.conn.attempts.discard(attempt_id)
             if held.conn.closed:
@@ -322,12 +348,14 @@ class Dispatcher:
 
     def _fire_timers(self, now: float) -> None:
         assert self._fire is not None
-        while self._timers and self._timers[0][0] <= now:
+        while not self.paused and self._timers and self._timers[0][0] <= now:
             _, _, session_id, step_id = heapq.heappop(self._timers)
             self.spawn(self._fire(session_id, step_id))
 
     def _pump(self) -> None:
         assert self._assign is not None
+        if self.paused:
+            return
         for worker in list(self.workers.values()):
             while worker.free > 0:
                 queue = next((q for q in worker.queues if self._ready.get(q)), None)
