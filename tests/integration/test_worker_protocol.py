@@ -332,3 +332,35 @@ def test_a_timer_whose_firing_fails_to_commit_still_fires_once(
     timers = [s for s in turn["steps"] if s["type"] == "AwaitTimer"]
     assert len(timers) == 1 and timers[0]["status"] == "succeeded"
     assert flaky.failed == 2
+
+
+# --- hand-outs carry only the history a Worker does not have -----------------------------------
+
+
+def test_run_model_hand_outs_carry_only_new_history_to_a_worker_that_keeps_it(
+    api_with_agent: Api,
+) -> None:
+    api = api_with_agent
+    api.create("s1")
+    with connect_fake_worker(api, history_cache=16) as worker:
+        api.send("s1", "one")
+        first = worker.step(session_id="s1")
+        assert "history_base" not in first  # nothing sent before: the whole view
+        assert [i["text"] for i in first["history"]] == ["one"]
+        worker.done(first["attempt_id"], model_done("reply one"))
+        api.send("s1", "two")
+        second = worker.step(session_id="s1", step_type="RunModel")
+        assert second["history_base"] == 1  # builds on the 1 item it was sent
+        assert [i.get("text") for i in second["history"]] == ["reply one", "two"]
+        # a Worker that lost the session hands it back, and gets the whole view
+        worker.send({"t": "back", "attempt_id": second["attempt_id"], "reason": "history"})
+        assert worker.ack(second["attempt_id"])["ok"] is True
+        again = worker.step(session_id="s1", step_id=second["step_id"])
+        assert again["attempt"] == 1 and "history_base" not in again
+        assert [i.get("text") for i in again["history"]] == ["one", "reply one", "two"]
+    # a Worker that keeps nothing (the default of the protocol) always gets the whole view
+    # (turn 2's RunModel, failed after the first Worker left, runs again here)
+    with connect_fake_worker(api, "w-plain") as plain:
+        retried = plain.step(session_id="s1", step_type="RunModel", timeout=10)
+        assert "history_base" not in retried
+        assert [i.get("text") for i in retried["history"]] == ["one", "reply one", "two"]

@@ -735,7 +735,9 @@ class Sessions:
             "agent": state.agent,
         }
         if step.type == StepType.RUN_MODEL:
-            message["history"] = state.context(actor.history_json)
+            base, message["history"] = _context_for(worker, state, actor.history_json)
+            if base:
+                message["history_base"] = base
         elif step.type == StepType.COMPACT_CONTEXT:
             message["history"] = state.to_compact(actor.history_json)
         else:
@@ -753,6 +755,28 @@ class Sessions:
                 task_handle=call.task_handle,
             )
         return message
+
+
+def _context_for(
+    worker: WorkerConn, state: SessionState, history: list[dict[str, Any]]
+) -> tuple[int, list[dict[str, Any]]]:
+    """What a RunModel hand-out to ``worker`` carries of the model's view of the history:
+    (how many items the Worker has from the last hand-out on this connection, the rest).
+    The cost is the new items, not the conversation's length."""
+    shape = (state.context_start, state.summary_at)
+    length = len(history)
+    sent = worker.history_sent.get(state.id) if worker.history_cache else None
+    if sent is not None and sent[0] == shape and sent[1] <= length:
+        base = sent[2]
+        tail = [history[i] for i in range(sent[1], length) if i != state.summary_at]
+    else:
+        base, tail = 0, state.context(history)
+    if worker.history_cache:
+        worker.history_sent[state.id] = (shape, length, base + len(tail))
+        worker.history_sent.move_to_end(state.id)
+        while len(worker.history_sent) > worker.history_cache:
+            worker.history_sent.popitem(last=False)
+    return base, tail
 
 
 def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:

@@ -58,6 +58,10 @@ class Hello(Wire):
     """On a reconnect: every attempt it holds (running, or with a result not yet acked)."""
     resume: str | None = Field(None, max_length=200)
     """On a reconnect: the ``resume`` token of the last ``welcome``."""
+    history_cache: int = Field(0, ge=0, le=1_000_000)
+    """How many sessions' history this Worker keeps between hand-outs (least recently
+    handed out dropped first). With 0 every RunModel hand-out carries the whole history;
+    otherwise only what this connection has not been sent (``step.history_base``)."""
     protocol: int = PROTOCOL_VERSION
 
 
@@ -98,10 +102,13 @@ class Fail(Wire):
 
 class Back(Wire):
     """The Worker hands back an attempt it never started: the Step queues again and the
-    attempt is not counted. Answered by an ``ack``."""
+    attempt is not counted. Answered by an ``ack``. ``reason: "history"``: the Worker does
+    not have the history the hand-out builds on (``history_base``); the next hand-out of
+    that session to this connection carries the whole history."""
 
     t: Literal["back"]
     attempt_id: AttemptId
+    reason: Literal["history"] | None = None
 
 
 class Drain(Wire):
@@ -136,9 +143,15 @@ class Welcome(Wire):
 
 
 class StepMessage(Handout):
-    """A Step attempt handed to this Worker. It is recorded durably before it is sent."""
+    """A Step attempt handed to this Worker. It is recorded durably before it is sent.
+
+    RunModel and CompactContext carry the model's view of the history: the items from
+    index ``history_base`` on. With ``history_base`` > 0 the Worker prepends the first
+    ``history_base`` items of what it was handed last for this session (on this
+    connection); a Worker that lacks them answers ``back`` with ``reason: "history"``."""
 
     t: Literal["step"]
+    history_base: int = 0
 
 
 class HeartbeatReply(Wire):

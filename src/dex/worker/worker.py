@@ -32,6 +32,7 @@ from dex.errors import AuthError, ToolError
 from dex.models.base import Model, ModelRequest
 from dex.tools import PENDING, Interrupt, ToolContext
 from dex.wire import (
+    ITEMS,
     AttemptProgress,
     Handout,
     ModelResponse,
@@ -245,6 +246,7 @@ class Worker:
                 # on a reconnect: re-claim what this process still holds
                 "attempts": list(self._attempts),
                 "resume": self._resume,
+                "history_cache": self._histories.sessions,
             }
         )
         if self._draining:
@@ -312,14 +314,26 @@ class Worker:
         elif kind == "step":
             message.pop("t")
             history = message.pop("history", None)
+            base = message.pop("history_base", 0)
             handout = Handout.model_validate(message)
-            if history is not None:  # RunModel and CompactContext carry the history
-                handout.history = self._histories.items(handout.session_id, history)
             if handout.attempt_id in self._attempts:
                 return
             attempt = _Attempt(handout)
             self._attempts[handout.attempt_id] = attempt
             self._none_held.clear()
+            if handout.step_type == StepType.RUN_MODEL and history is not None:
+                view = self._histories.view(handout.session_id, base, history)
+                if view is None:  # we lack what it builds on: the server sends it whole
+                    attempt.result = {
+                        "t": "back",
+                        "attempt_id": handout.attempt_id,
+                        "reason": "history",
+                    }
+                    self._send(attempt.result)
+                    return
+                handout.history = view
+            elif history is not None:  # CompactContext: the whole view, every time
+                handout.history = ITEMS.validate_python(history)
             attempt.task = asyncio.create_task(self._run_attempt(attempt))
         elif kind == "hb":
             for attempt_id, status in message["status"].items():

@@ -121,6 +121,7 @@ async def worker_channel(ws: WebSocket) -> None:
         capacity=hello.capacity,
         send=outbox.put,
         agents=[a.name for a in hello.agents],
+        history_cache=hello.history_cache,
     )
     try:
         stop, unreceived = dispatcher.connect(worker, hello.attempts, hello.resume)
@@ -239,6 +240,9 @@ def _handle(
     elif isinstance(message, Fail):
         work = sessions.fail(attempt, message.error)
     else:
+        if message.reason == "history":  # it lacks the prefix: send the whole view next
+            held = dispatcher.held[attempt]
+            worker.history_sent.pop(held.session_id, None)
         work = sessions.hand_back(attempt)
     return asyncio.create_task(_acked(attempt, work, outbox, worker.id))
 

@@ -21,7 +21,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +56,14 @@ class WorkerConn:
     closed: bool = False
     resume: str = ""
     connected_at: float = field(default_factory=time.time)
+    history_cache: int = 0
+    """How many sessions' history the Worker keeps (its hello says)."""
+    history_sent: OrderedDict[str, tuple[tuple[int, int | None], int, int]] = field(
+        default_factory=OrderedDict
+    )
+    """Per session, what the last RunModel hand-out on this connection carried: the
+    context's shape (context_start, summary_at), how many history items it covered, and
+    how long the model's view was. The next hand-out sends only what came after."""
 
     @property
     def free(self) -> int:
