@@ -59,11 +59,11 @@ class ToolContext:
     _loop: asyncio.AbstractEventLoop | None = None
     """The Worker's loop, while a ``def`` function of the tool runs in its thread."""
 
-    async def heartbeat(self) -> None:
-        """Tell Dex the tool is alive now. Optional: the Worker heartbeats every attempt
-        it holds on its own, whatever the tool does."""
+    def heartbeat(self) -> Awaitable[None]:
+        """Tell Dex the tool is alive now: ``await ctx.heartbeat()``. Optional: the Worker
+        heartbeats every attempt it holds on its own, whatever the tool does."""
         self._refuse_in_thread("heartbeat")
-        await self._heartbeat()
+        return self._heartbeat()
 
     def heartbeat_sync(self) -> None:
         """``heartbeat`` for a ``def`` tool, from its thread."""

@@ -184,6 +184,15 @@ async def test_a_def_tool_blocks_its_thread_not_the_loop() -> None:
     assert ticks >= 5  # the loop ran on while the tool slept (30 ticks unloaded)
 
 
+async def test_a_def_tools_error_reaches_the_worker_as_it_was_raised() -> None:
+    @dex.tool
+    def refuse(reason: str) -> str:
+        raise dex.ToolError(reason)
+
+    with pytest.raises(dex.ToolError, match="no such customer"):
+        await refuse.invoke(context(), {"reason": "no such customer"})
+
+
 async def test_an_async_tool_runs_on_the_loop() -> None:
     @dex.tool
     async def where() -> str:
@@ -244,6 +253,13 @@ async def test_a_def_tool_that_calls_the_async_methods_is_told_what_to_call() ->
 
     with pytest.raises(TypeError, match=r"ctx\.sleep_sync"):
         await wrong_sleep.invoke(context("wrong_sleep"), {})
+
+    @dex.tool
+    def wrong_beat(ctx: ToolContext) -> None:
+        ctx.heartbeat()
+
+    with pytest.raises(TypeError, match=r"ctx\.heartbeat_sync"):
+        await wrong_beat.invoke(context("wrong_beat"), {})
 
 
 async def test_a_def_tool_heartbeats_through_the_loop() -> None:
