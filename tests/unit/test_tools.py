@@ -122,6 +122,34 @@ def test_rest_param_fields_describe_parameters() -> None:
     assert send.spec().description == "Send a mail.\n\n:returns: nothing."
 
 
+def test_an_args_section_ends_where_its_indentation_does() -> None:
+    @dex.tool
+    async def move(src: str, dst: str, force: bool = False) -> None:
+        """Move a file.
+
+        Arguments:
+            src: Where from.
+
+            dst (str): Where to. Paths may be
+                relative: to the working directory.
+        Note that nothing is copied.
+
+        Raises:
+            OSError: when the disk is full.
+        """
+
+    properties = move.spec().parameters["properties"]
+    assert properties["src"]["description"] == "Where from."
+    assert properties["dst"]["description"] == (
+        "Where to. Paths may be relative: to the working directory."
+    )
+    assert "description" not in properties["force"]
+    assert move.spec().description == (
+        "Move a file.\n\nNote that nothing is copied.\n\n"
+        "Raises:\n    OSError: when the disk is full."
+    )
+
+
 def test_an_explicit_description_keeps_the_parameter_docs() -> None:
     @dex.tool(description="Told to the model instead.")
     async def ping(host: str) -> str:
