@@ -41,8 +41,8 @@ class ToolContext:
 
     An ``async def`` tool awaits ``heartbeat``, ``ask`` and ``sleep``. A plain ``def``
     tool runs in its own thread and calls ``heartbeat_sync``, ``ask_sync`` and
-    ``sleep_sync`` instead (same meaning); ``ask`` and ``sleep`` there raise a
-    ``TypeError`` that says so. The fields can be read from either."""
+    ``sleep_sync`` instead (same meaning); the async ones there raise a ``TypeError``
+    that says so. The fields can be read from either."""
 
     session_id: str
     call_id: str
@@ -57,7 +57,8 @@ class ToolContext:
     _asked: int = 0
     _slept: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
-    """The Worker's loop, while a ``def`` function of the tool runs in its thread."""
+    """The Worker's loop, set once a ``def`` function of the tool runs with this context
+    in a thread (``heartbeat_sync`` sends through it)."""
 
     def heartbeat(self) -> Awaitable[None]:
         """Tell Dex the tool is alive now: ``await ctx.heartbeat()``. Optional: the Worker
