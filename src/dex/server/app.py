@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
 
@@ -17,37 +18,45 @@ from starlette.types import ASGIApp
 from dex import _loop
 from dex.server.api import errors, ops, sessions, workers
 from dex.server.api.auth import Auth, Role
+from dex.server.api.gate import StandbyGate
 from dex.server.api.responses import ORJSONResponse
 from dex.server.config import ServerConfig
 from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.ha.leadership import Leadership, Solo
+from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.server.store.sqlite import SqliteStore
-from dex.wire.protocol import CLOSE_NOT_READY
 
 log = logging.getLogger("dex.server")
 
 
-def create_app(config: ServerConfig) -> FastAPI:
+def create_app(
+    config: ServerConfig,
+    leadership: Leadership | None = None,
+    on_step_down: Callable[[], None] | None = None,
+) -> FastAPI:
+    """The node's FastAPI app. ``leadership``: the lease it must hold to serve (default:
+    ``Solo``, the embedded node that leads from the start). ``on_step_down``: what to do
+    when the lead is lost (``serve`` exits the process)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = SqliteStore(config.database_path)
         await store.open()
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
         domain = Sessions(store, dispatcher)
+        lead = leadership or Solo()
+        node = Node(store, dispatcher, domain, lead, on_step_down)
         app.state.store = store
         app.state.dispatcher = dispatcher
         app.state.sessions = domain
-        failed = await domain.start()
-        dispatcher.start(domain.assign, domain.expire, domain.fire_timer)
-        app.state.ready = True
-        app.state.role = "active"
-        log.info("node ready", extra={"action": "node.ready", "failed_attempts": failed})
+        app.state.node = node
         try:
+            # a node that leads from the start recovers before it answers anything
+            await node.start(wait=isinstance(lead, Solo))
             yield
         finally:
-            app.state.ready = False
-            await dispatcher.stop()
-            await domain.stop()
+            await node.stop()
             await store.close()
 
     app = FastAPI(
@@ -58,39 +67,13 @@ def create_app(config: ServerConfig) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.config = config
-    app.state.ready = False
+    app.state.node = None
     errors.install(app)
+    app.add_middleware(StandbyGate)
     app.include_router(ops.router)
     app.include_router(sessions.router)
     app.include_router(workers.router)
     return app
-
-
-async def drain(app: FastAPI, timeout: float) -> int:
-    """A graceful stop: hand out no new Step and fire no timer (new work queues, the API
-    keeps answering), let running attempts finish for up to ``timeout`` seconds, then fail
-    what is left, turn ``/readyz`` to 503 and close the Worker connections. Returns how
-    many attempts failed."""
-    state = app.state
-    sessions: Sessions = state.sessions
-    dispatcher = sessions.dispatcher
-    state.role = "draining"
-    dispatcher.pause()
-    log.info(
-        "draining: handing out nothing new, waiting up to %gs for %d running attempts",
-        timeout,
-        len(dispatcher.held),
-        extra={"action": "node.draining", "running": len(dispatcher.held)},
-    )
-    failed = 0
-    if not await dispatcher.wait_none_held(timeout):
-        failed = await sessions.fail_held(
-            f"the node stopped: its drain timeout ({timeout:g}s) passed"
-        )
-    state.ready = False
-    dispatcher.close_all(CLOSE_NOT_READY, "the node is stopping")
-    log.info("drained", extra={"action": "node.drained", "failed_attempts": failed})
-    return failed
 
 
 def asgi(config: ServerConfig) -> ASGIApp:
@@ -99,7 +82,7 @@ def asgi(config: ServerConfig) -> ASGIApp:
 
 def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
     """The layers in front of the routes: the body limit, and auth when it is on."""
-    app = errors.BodyLimit(fastapi_app, config.max_body_bytes)
+    app: ASGIApp = errors.BodyLimit(fastapi_app, config.max_body_bytes)
     tokens = {
         Role.CLIENT: config.client_token,
         Role.WORKER: config.worker_token,
@@ -126,23 +109,33 @@ class _Server(uvicorn.Server):
         self._draining: asyncio.Task[None] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining is not None or not self.app.state.ready:
+        node: Node | None = self.app.state.node
+        if self._draining is not None or node is None or node.role != "active":
             self.should_exit = True
             if sig == signal.SIGINT and self._draining is not None:
                 self.force_exit = True
             return
-        self._draining = asyncio.get_event_loop().create_task(self._drain_then_exit())
+        self._draining = asyncio.get_event_loop().create_task(self._drain_then_exit(node))
 
-    async def _drain_then_exit(self) -> None:
+    async def _drain_then_exit(self, node: Node) -> None:
         try:
-            await drain(self.app, self.drain_timeout)
+            await node.drain(self.drain_timeout)
         finally:
             self.should_exit = True
 
 
-def serve(config: ServerConfig) -> None:
+STEPPED_DOWN = 4
+"""The exit status of a node that lost the lead: restart it, and it comes back a standby."""
+
+
+def _exit_stepped_down() -> None:
+    logging.shutdown()
+    os._exit(STEPPED_DOWN)  # nothing in flight here may be trusted any more: leave now
+
+
+def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
     """Run one node until SIGINT or SIGTERM (then drain, and exit)."""
-    fastapi_app = create_app(config)
+    fastapi_app = create_app(config, leadership, on_step_down=_exit_stepped_down)
     server = _Server(
         uvicorn.Config(
             _wrap(fastapi_app, config),

@@ -72,6 +72,10 @@ class Heartbeat(Wire):
 
     t: Literal["hb"]
     attempts: list[AttemptId] = Field(max_length=MAX_ATTEMPTS_PER_MESSAGE)
+    seq: int | None = None
+    """Echoed in the reply, so a Worker can tell which heartbeat a reply answers (a start
+    acknowledgement counts only as the answer to the heartbeat that asked for it, and
+    only if it came back in time)."""
 
 
 class Delta(Wire):
@@ -155,8 +159,13 @@ class StepMessage(Handout):
 
 
 class HeartbeatReply(Wire):
+    """The answer to ``hb``. A node that cannot be sure it still leads (its lease may have
+    run out) does not answer at all: no ``ok`` comes from a node that may have been
+    replaced."""
+
     t: Literal["hb"]
     status: dict[str, Literal["ok", "stop"]]
+    seq: int | None = None
 
 
 class Ack(Wire):

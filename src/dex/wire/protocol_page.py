@@ -56,8 +56,10 @@ RULES = """\
    `delta` (streamed model text) also counts as a heartbeat.
 3. **Start acknowledgement.** A `step` with `needs_start_ack: true`
    (a `CallSingleAttemptTool`: a write that must never run twice) may start its tool
-   body only after an `hb` naming it was answered `ok`. If the answer is `stop`, do not
-   start it, and forget it.
+   body only after an `hb` naming it (with a `seq` of yours) was answered `ok` with the
+   same `seq` within half the heartbeat timeout; a later answer does not count (send
+   another `hb`). If the answer is `stop`, do not start it, and forget it. A node that is
+   not sure it still leads sends no answer.
 4. **Ownership.** An attempt belongs to the connection it was handed out on. Messages
    about other attempts change nothing (`stop`, or `ack` with `ok: false`).
 5. **Reconnecting.** When the connection drops, reconnect (backoff with jitter) and

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import random
 import secrets
 import signal
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,6 +69,9 @@ class _Attempt:
     handout: Handout
     task: asyncio.Task[None] | None = None
     started: asyncio.Future[bool] | None = None
+    start_seq: int | None = None
+    """The ``seq`` of the heartbeat that asks to start it; only its timely answer counts."""
+    start_sent: float = 0.0
     result: dict[str, Any] | None = None
 
 
@@ -109,6 +114,9 @@ class Worker:
         """Set while this Worker holds no attempt: a drain waits on it for the last acks."""
         self._histories = HistoryCache()
         self._resume: str | None = None
+        self._seq = itertools.count(1)
+        self._start_window = 5.0
+        """How soon a start acknowledgement must answer (half the heartbeat timeout)."""
         """The resume token of the last welcome: proves a reconnect is this process."""
         self._link: _Link | None = None
         self._stopping = asyncio.Event()
@@ -306,6 +314,7 @@ class Worker:
             # four beats per timeout: one lost or late beat does not fail an attempt
             timeout = float(message.get("heartbeat_timeout", 0)) or float("inf")
             link.heartbeat_interval = min(self.config.heartbeat_interval, timeout / 4)
+            self._start_window = min(5.0, timeout / 2)
             self._resume = message.get("resume")
             for attempt_id in message.get("stop", []):
                 stopped = self._attempts.get(attempt_id)
@@ -336,12 +345,20 @@ class Worker:
                 handout.history = ITEMS.validate_python(history)
             attempt.task = asyncio.create_task(self._run_attempt(attempt))
         elif kind == "hb":
+            seq = message.get("seq")
             for attempt_id, status in message["status"].items():
                 held = self._attempts.get(attempt_id)
                 if held is None:
                     continue
                 if held.started is not None and not held.started.done():
-                    held.started.set_result(status == "ok")
+                    if status != "ok":
+                        held.started.set_result(False)
+                    elif (
+                        seq is not None
+                        and seq == held.start_seq
+                        and time.monotonic() - held.start_sent <= self._start_window
+                    ):
+                        held.started.set_result(True)  # a timely answer to our own ask
                 elif status != "ok" and held.result is None:
                     self._abandon(held, "the server no longer runs this attempt")
         elif kind == "cancel":
@@ -473,9 +490,7 @@ class Worker:
             attempt.started = asyncio.get_running_loop().create_future()
             if self._draining:
                 attempt.started.set_result(False)
-            else:
-                self._send({"t": "hb", "attempts": [h.attempt_id]})
-            if not await attempt.started:
+            if not await self._start_acknowledged(attempt):
                 if self._draining:
                     self._send({"t": "back", "attempt_id": h.attempt_id})
                     attempt.result = {"t": "back", "attempt_id": h.attempt_id}
@@ -511,6 +526,22 @@ class Worker:
             failpoints.hit("worker.tool_running")
             value = await tool.invoke(ctx, arguments)
         return ToolOutcome(status="succeeded", result=value).model_dump(mode="json")
+
+    async def _start_acknowledged(self, attempt: _Attempt) -> bool:
+        """Ask the node whether to start (a heartbeat with a ``seq`` of ours) until it
+        answers in time: an ``ok`` that comes back later than ``_start_window`` (a node
+        that paused, and may have lost its lease meanwhile) does not count."""
+        started = attempt.started
+        assert started is not None
+        while not started.done():
+            attempt.start_seq = next(self._seq)
+            attempt.start_sent = time.monotonic()
+            self._send(
+                {"t": "hb", "attempts": [attempt.handout.attempt_id], "seq": attempt.start_seq}
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(started), self._start_window)
+        return started.result()
 
     async def _beat(self, attempt_id: str) -> None:
         self._send({"t": "hb", "attempts": [attempt_id]})

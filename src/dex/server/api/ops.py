@@ -17,10 +17,10 @@ async def healthz() -> ORJSONResponse:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> ORJSONResponse:
-    state = request.app.state
-    role = getattr(state, "role", "starting")
-    if state.ready and role == "active":
-        return ORJSONResponse({"status": "ready", "role": role})
+    node = request.app.state.node
+    role = node.role if node is not None else "starting"
+    if role == "active":
+        return ORJSONResponse({"status": "ready", "role": role, "epoch": node.epoch})
     return ORJSONResponse({"status": "not ready", "role": role}, 503)
 
 

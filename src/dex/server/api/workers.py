@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from dex.errors import DexError
 from dex.server.api.responses import ORJSONResponse
 from dex.server.dispatch.dispatcher import WorkerConn, WorkerIdInUse
+from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.wire.protocol import (
     CLOSE_BAD_FRAME,
@@ -105,8 +106,9 @@ async def worker_channel(ws: WebSocket) -> None:
         await _close(ws, CLOSE_BAD_FRAME, f"bad hello: {e}")
         return
     hello = messages[0]
-    if not app.state.ready:
-        await _close(ws, CLOSE_NOT_READY, "not ready")
+    node: Node | None = app.state.node
+    if node is None or node.role != "active":
+        await _close(ws, CLOSE_NOT_READY, f"not ready: {node.role if node else 'starting'}")
         return
     dispatcher = sessions.dispatcher
     await sessions.register_agents(hello.agents)
@@ -162,7 +164,7 @@ async def worker_channel(ws: WebSocket) -> None:
         rest = messages[1:]
         while True:
             for message in rest:
-                task = _handle(sessions, worker, outbox, message)
+                task = _handle(node, sessions, worker, outbox, message)
                 if task is not None:
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
@@ -198,10 +200,12 @@ async def worker_channel(ws: WebSocket) -> None:
 
 
 def _handle(
-    sessions: Sessions, worker: WorkerConn, outbox: Outbox, message: WorkerMessage
+    node: Node, sessions: Sessions, worker: WorkerConn, outbox: Outbox, message: WorkerMessage
 ) -> asyncio.Task[None] | None:
     dispatcher = sessions.dispatcher
     if isinstance(message, Heartbeat):
+        if not node.lease_valid():
+            return None  # not sure it still leads: no "ok" from a node that may be replaced
         status: dict[str, str] = {}
         for a in message.attempts:
             if dispatcher.heartbeat(worker, a):
@@ -210,7 +214,10 @@ def _handle(
                 status[a] = "stop"
                 if a in dispatcher.held:  # another connection's: never extend it
                     dispatcher.refuse(worker, a, "hb")
-        outbox.put({"t": "hb", "status": status})
+        reply: dict[str, object] = {"t": "hb", "status": status}
+        if message.seq is not None:
+            reply["seq"] = message.seq
+        outbox.put(reply)
         return None
     if isinstance(message, Delta):
         held = dispatcher.owned(worker, message.attempt_id)

@@ -1,0 +1,1 @@
+"""High availability: who leads (the lease), fencing, readiness, drain."""
