@@ -18,9 +18,27 @@ from dex.agent import Agent
 from dex.client import SyncClient
 from dex.errors import DexError
 
-app = typer.Typer(
-    help="Dex: a durable runtime for AI agents.", no_args_is_help=True, add_completion=False
-)
+app = typer.Typer(help="Dex: a durable runtime for AI agents.", no_args_is_help=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        import dex
+
+        typer.echo(f"dex {dex.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Dex: a durable runtime for AI agents."""
 
 
 def _listen(value: str) -> tuple[str, int]:
