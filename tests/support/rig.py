@@ -27,15 +27,18 @@ class Rig:
         self.ledger = Ledger(tmp / "ledger.jsonl")
         self.server = ServerProcess(tmp / "data", heartbeat_timeout=HEARTBEAT_TIMEOUT)
         self.workers: list[WorkerProcess] = []
+        self.worker_module = AGENTS
+        """What ``start_worker`` serves unless told otherwise (a crash helper's new Worker too)."""
+        self.worker_env: dict[str, str] = {}
         self.client = dex.SyncClient(self.server.address, timeout=30)
 
     # --- processes ---------------------------------------------------------------
 
     def start_worker(
-        self, failpoints: str = "", *, module: str = AGENTS, env: dict[str, str] | None = None
+        self, failpoints: str = "", *, module: str | None = None, env: dict[str, str] | None = None
     ) -> WorkerProcess:
         worker = WorkerProcess(
-            module,
+            module or self.worker_module,
             self.server.address,
             self.tmp / f"worker-{len(self.workers) + 1}.log",
             env={
@@ -43,6 +46,7 @@ class Rig:
                 "DEX_TEST_GATES": str(self.gates),
                 "DEX_FAILPOINTS": failpoints,
                 "DEX_FAILPOINT_DIR": str(self.failpoints),
+                **self.worker_env,
                 **(env or {}),
             },
         )
