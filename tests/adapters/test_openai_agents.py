@@ -316,3 +316,22 @@ async def test_a_tool_both_sides_define_is_refused_without_a_model_call() -> Non
                 pass
     assert e.value.retryable is False
     assert server.requests == []
+
+
+async def test_a_summary_asks_the_sdk_agents_model_without_tools() -> None:
+    async with (
+        FakeOpenAI([Reply("They booked a table.")]) as server,
+        sdk_agent(server, "responses", [clock]) as sdk,
+    ):
+        model = OpenAIAgents(sdk, run_config=RUN_CONFIG)
+        request = ModelRequest(
+            "s", "concierge", "", [UserItem(text="book a table")], [book_table.spec()], 1
+        )
+        summary = await model.summarize(request)
+
+    assert summary.text == "They booked a table."
+    assert summary.usage.input_tokens == 21
+    [sent] = server.requests
+    assert not sent.body.get("tools")
+    assert sent.body["instructions"].startswith("You compress conversations.")
+    assert sent.body["input"][-1]["content"] == "Summarize the conversation so far, as instructed."
