@@ -5,6 +5,7 @@ framework's turn, up to the first Dex tool call(s), which Dex then runs as its o
 Steps. Import the adapter you use; its framework is an optional extra:
 
 - ``dex.adapters.openai_agents`` (``pip install 'dex[openai-agents]'``)
+- ``dex.adapters.claude_agent_sdk`` (``pip install 'dex[claude-agent-sdk]'``)
 
 See docs/agent-frameworks.md.
 """
