@@ -128,6 +128,9 @@ async def test_a_deferred_write_tool_runs_once_as_its_own_step(
     )
     assert ran == [("book_table", ("Chez Dex", 2))]
     assert step_types(turn) == ["RunModel", "CallSingleAttemptTool", "RunModel"]
+    # the model was given the Dex tool with its schema (not behind tool search)
+    [offered] = [t for t in server.requests[0].body["tools"] if t["name"] == "mcp__dex__book_table"]
+    assert offered["input_schema"]["required"] == ["restaurant", "people"]
     # the resumed session answered the deferred call with what Dex recorded
     assert seen == [json.dumps("booked 2 at Chez Dex")]
     first = snapshot["history"][1]

@@ -30,9 +30,9 @@ Everything else runs inside the segment and repeats when RunModel runs again: mo
 calls, the CLI's built-in tools (Bash, Write, Edit, Task...), other MCP servers, hosted
 tools. They are at-least-once; see docs/agent-frameworks.md.
 
-The CLI runs with a fresh ``CLAUDE_CONFIG_DIR`` per segment, and with telemetry, update
-checks, error reporting and other non-essential traffic off (the options' ``env`` can
-turn them back on).
+The CLI runs with a fresh ``CLAUDE_CONFIG_DIR`` per segment, and ``DEFAULT_ENV``: telemetry,
+update checks, error reporting and other non-essential traffic off, its own retries off,
+tool search off (the options' ``env`` overrides any of them).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ from dex.wire import (
     UserItem,
 )
 
-__all__ = ["OFFLINE_ENV", "PROVIDER", "SERVER", "STATE_KEY", "ClaudeAgent"]
+__all__ = ["DEFAULT_ENV", "PROVIDER", "SERVER", "STATE_KEY", "ClaudeAgent"]
 
 PROVIDER = "claude-agent-sdk"
 STATE_KEY = "claude_agent_sdk"
@@ -95,16 +95,18 @@ SERVER = "dex"
 """The in-process MCP server's name: the CLI calls a Dex tool ``mcp__dex__<tool>``."""
 PREFIX = f"mcp__{SERVER}__"
 
-OFFLINE_ENV = {
+DEFAULT_ENV = {
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     "DISABLE_TELEMETRY": "1",
     "DISABLE_AUTOUPDATER": "1",
     "DISABLE_ERROR_REPORTING": "1",
     "DISABLE_BUG_COMMAND": "1",
     "CLAUDE_CODE_MAX_RETRIES": "0",
+    "ENABLE_TOOL_SEARCH": "false",
 }
-"""The CLI's environment by default: no traffic but the model calls, and no retries of
-its own (Dex's retry policy of RunModel is the only one)."""
+"""The CLI's environment by default: no traffic but the model calls; no retries of its
+own (Dex's retry policy of RunModel is the only one); every tool's schema in the prompt
+(with tool search on, the CLI lists MCP tools, the Dex tools among them, by name only)."""
 
 ONE_AT_A_TIME = (
     f"{TOOL_CALL_NOT_RUN_ERROR_PREFIX}: Dex runs one call of its tools at a time; call it "
@@ -194,7 +196,7 @@ class ClaudeAgent(Model):
             "mcp_servers": servers,
             "hooks": hooks,
             "allowed_tools": [*base.allowed_tools, *(PREFIX + t.name for t in request.tools)],
-            "env": {**OFFLINE_ENV, **base.env, "CLAUDE_CONFIG_DIR": config},
+            "env": {**DEFAULT_ENV, **base.env, "CLAUDE_CONFIG_DIR": config},
             "session_store": segment.store,
             "session_store_flush": "eager",
         }
