@@ -15,8 +15,10 @@ from claude_agent_sdk import ClaudeAgentOptions
 
 import dex
 from dex.adapters.claude_agent_sdk import STATE_KEY, ClaudeAgent
+from dex.models.base import ModelRequest
 from dex.testing.fake_providers import Entry, Fail, FakeAnthropic, Reply, ScriptedCall
 from dex.testing.wait import wait_until_async
+from dex.wire import UserItem
 
 ran: list[tuple[str, Any]] = []
 """What the Dex tools really did, outside Dex."""
@@ -262,3 +264,28 @@ async def test_a_segment_resumes_on_another_worker(dex_address: str, tmp_path: P
     prompts = [m for r in server.requests for m in r.body["messages"] if m["role"] == "user"]
     assert any("thanks" in json.dumps(m) for m in prompts)
     assert "pay 5" in json.dumps(server.requests[-1].body["messages"])  # the context came along
+
+
+async def test_a_summary_asks_the_model_without_tools(tmp_path: Path) -> None:
+    async with FakeAnthropic([Reply("They booked a table.")]) as server:
+        model = ClaudeAgent(
+            ClaudeAgentOptions(
+                model="claude-sonnet-4-5",
+                cwd=str(tmp_path),
+                allowed_tools=["Bash"],
+                env={
+                    "ANTHROPIC_BASE_URL": server.base_url,
+                    "ANTHROPIC_API_KEY": server.api_key or "",
+                },
+            )
+        )
+        request = ModelRequest(
+            "s", "coder", "", [UserItem(text="book a table for two")], [book_table.spec()], 1
+        )
+        summary = await model.summarize(request)
+
+    assert summary.text == "They booked a table."
+    [sent] = server.requests
+    assert not sent.body.get("tools")
+    assert "You compress conversations." in json.dumps(sent.body["system"])
+    assert "book a table for two" in json.dumps(sent.body["messages"])

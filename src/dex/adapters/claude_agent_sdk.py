@@ -70,7 +70,7 @@ except ImportError as e:  # pragma: no cover - depends on the installation
     ) from e
 
 from dex.models import _translate as tr
-from dex.models.base import Model, ModelError, ModelRequest
+from dex.models.base import SUMMARY_INSTRUCTIONS, SUMMARY_REQUEST, Model, ModelError, ModelRequest
 from dex.wire import (
     TOOL_CALL_NOT_RUN_ERROR_PREFIX,
     AssistantItem,
@@ -78,6 +78,7 @@ from dex.wire import (
     ModelResponse,
     ModelToolCall,
     NoteItem,
+    Summary,
     SummaryItem,
     ToolCallStatus,
     ToolResultItem,
@@ -181,6 +182,43 @@ class ClaudeAgent(Model):
             yield segment.response(result, "".join(text))
         finally:
             await asyncio.to_thread(shutil.rmtree, config, True)
+
+    async def summarize(self, request: ModelRequest) -> Summary:
+        """The CLI's model, with no tools and a session of its own, asked to summarize the
+        history (a CompactContext Step). Dex's summary shortens what a new session would
+        start from; a resumed CLI session keeps its own context and compacts it itself."""
+        config = tempfile.mkdtemp(prefix="dex-claude-")
+        options = replace(
+            self.options,
+            tools=[],
+            allowed_tools=[],
+            mcp_servers={},
+            hooks=None,
+            system_prompt=SUMMARY_INSTRUCTIONS,
+            max_turns=1,
+            env={**DEFAULT_ENV, **self.options.env, "CLAUDE_CONFIG_DIR": config},
+        )
+        conversation = json.dumps(tr.to_anthropic(request.history), ensure_ascii=False)
+        prompt = f"{SUMMARY_REQUEST}\n\nThe conversation (Messages API JSON):\n{conversation}"
+        done = asyncio.Event()
+        result: ResultMessage | None = None
+        try:
+            async for message in query(prompt=_prompt(prompt, done), options=options):
+                if isinstance(message, ResultMessage):
+                    result = message
+                    done.set()
+        except ResultError as e:
+            raise _result_error(e) from e
+        except ClaudeSDKError as e:
+            raise ModelError(
+                f"{PROVIDER}: {e}; retryable", retryable=True, provider=PROVIDER
+            ) from e
+        finally:
+            done.set()
+            await asyncio.to_thread(shutil.rmtree, config, True)
+        if result is None or not result.result:
+            raise ModelError("the model returned no summary", retryable=True, provider=PROVIDER)
+        return Summary(text=result.result, usage=_usage(result))
 
     def _options(self, request: ModelRequest, segment: _Segment, config: str) -> ClaudeAgentOptions:
         base = self.options
@@ -320,10 +358,7 @@ class _Segment:
         return answer
 
     def response(self, result: ResultMessage, text: str) -> ModelResponse:
-        usage = Usage(
-            input_tokens=int((result.usage or {}).get("input_tokens") or 0),
-            output_tokens=int((result.usage or {}).get("output_tokens") or 0),
-        )
+        usage = _usage(result)
         deferred = result.deferred_tool_use
         saved: dict[str, Any] = {
             "session_id": result.session_id,
@@ -348,6 +383,13 @@ class _Segment:
             usage=usage,
             state={STATE_KEY: saved},
         )
+
+
+def _usage(result: ResultMessage) -> Usage:
+    return Usage(
+        input_tokens=int((result.usage or {}).get("input_tokens") or 0),
+        output_tokens=int((result.usage or {}).get("output_tokens") or 0),
+    )
 
 
 def _mcp_tool(spec: ToolSpec, segment: _Segment) -> SdkMcpTool[Any]:
