@@ -30,6 +30,7 @@ calls of earlier turns do not, only the answers they led to.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ from pydantic import BaseModel
 
 from dex.models import _translate as tr
 from dex.models.base import SUMMARY_INSTRUCTIONS, SUMMARY_REQUEST, Model, ModelError, ModelRequest
+from dex.models.openai import OpenAI
 from dex.wire import (
     AssistantItem,
     Item,
@@ -83,6 +85,10 @@ from dex.wire import (
 __all__ = ["PROVIDER", "STATE_KEY", "OpenAIAgents"]
 
 PROVIDER = "openai-agents"
+_LAZY_MODULES = (
+    "openai.resources.responses.responses",
+    "openai.resources.chat.completions.completions",
+)
 STATE_KEY = "openai_agents"
 """The key of this adapter's data in ``AssistantItem.state``."""
 
@@ -115,6 +121,15 @@ class OpenAIAgents(Model):
 
     def __repr__(self) -> str:
         return f"OpenAIAgents(agent={self.agent.name!r})"
+
+    def warm_up(self) -> None:
+        """Import the openai SDK's API modules (loaded lazily on first use) and build its
+        stream event schemas now: over a second on first use, blocking the event loop and
+        so the heartbeats of every attempt the Worker holds."""
+        for module in _LAZY_MODULES:
+            importlib.import_module(module)
+        for api in ("responses", "chat"):
+            OpenAI("warm-up", api=api).warm_up()
 
     def spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {
