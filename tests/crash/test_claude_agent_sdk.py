@@ -144,11 +144,16 @@ def test_a_segment_repeats_with_its_cli_tools_and_not_its_deferred_calls(
 
     assert t["status"] == "completed", t
     assert len(rig.ledger.entries("charge")) == 1  # the deferred call ran once, as a Step
-    assert len(rig.ledger.entries("bash")) == 2  # the CLI tool: at-least-once
+    first, second = attempts(t, "RunModel")
+    assert first[-1][1] == "succeeded"
+    # the interrupted segment ran again (a loaded machine may fail one more attempt by
+    # heartbeat timeout: each failed attempt is one more repeat)
+    assert [outcome for _, outcome in second] == ["failed"] * (len(second) - 1) + ["succeeded"]
+    # the CLI tool ran once per attempt that reached it: at-least-once
+    assert 2 <= len(rig.ledger.entries("bash")) <= len(second)
     charged, slept = outputs(t)
     assert charged == json.dumps("charged 5")
     assert slept.startswith("slept")  # the CLI may append a reminder to a tool's output
-    assert attempts(t, "RunModel") == [[(1, "succeeded")], [(1, "failed"), (2, "succeeded")]]
     assert [c["name"] for c in t["tool_calls"]] == ["charge"]  # Dex never saw Bash
     if column == WORKER_KILL:
         # the killed Worker's CLI outlives it until it finds its parent gone
