@@ -15,6 +15,7 @@ from claude_agent_sdk import ClaudeAgentOptions
 
 import dex
 from dex.adapters.claude_agent_sdk import STATE_KEY, ClaudeAgent
+from dex.models import _translate as tr
 from dex.models.base import ModelRequest
 from dex.testing.fake_providers import Entry, Fail, FakeAnthropic, Reply, ScriptedCall
 from dex.testing.wait import wait_until_async
@@ -289,3 +290,49 @@ async def test_a_summary_asks_the_model_without_tools(tmp_path: Path) -> None:
     assert not sent.body.get("tools")
     assert "You compress conversations." in json.dumps(sent.body["system"])
     assert "book a table for two" in json.dumps(sent.body["messages"])
+
+
+async def test_a_turn_cancelled_at_a_deferred_call_leaves_the_next_turn_sound(
+    dex_address: str, tmp_path: Path
+) -> None:
+    """The next turn resumes a session whose last segment ended at a deferred call: the
+    CLI finishes that call first, with what Dex recorded, and never runs the tool."""
+
+    def script(body: dict[str, Any]) -> Entry:
+        last = json.dumps(body["messages"][-1])
+        if "thanks" in last:
+            return Reply("You're welcome.")
+        if tool_results(body):
+            return Reply("Noted.")
+        return Reply(tool_calls=[ScriptedCall("mcp__dex__send_money", {"amount": 9})])
+
+    async with FakeAnthropic(script) as server, serving(dex_address, server, tmp_path) as client:
+        session = (await client.create_session("coder"))["id"]
+        first = (await client.send_message(session, "pay 9"))["turn"]
+
+        async def waiting() -> list[dict[str, Any]]:
+            return await client.list_approvals(session)
+
+        await wait_until_async(waiting, 30, what="the call waits for approval")
+        await client.cancel_turn(session)
+        cancelled = await client.wait_turn(session, first, timeout=30)
+        turn = await client.send_message(session, "thanks", wait=True, timeout=60)
+        messages = [m for r in server.requests for m in r.body["messages"]]
+
+    assert cancelled["status"] == "cancelled", cancelled
+    assert turn["status"] == "completed", turn
+    assert ran == []  # the cancelled call never ran, and resuming did not run it
+    [call] = cancelled["tool_calls"]
+    # the CLI's model read a result for the call before the new message: as with any Dex
+    # model, a cancelled turn's call without a result in the history reads as unknown
+    results = [
+        (result_text(b), bool(b.get("is_error")))
+        for m in messages
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("type") == "tool_result"
+    ]
+    assert results and set(results) == {(f"outcome_unknown: {tr.MISSING_RESULT}", True)}
+    assert call["status"] == "failed" and call["error"].startswith(
+        dex.TOOL_CALL_NOT_RUN_ERROR_PREFIX
+    )

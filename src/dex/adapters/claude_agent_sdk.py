@@ -273,10 +273,12 @@ class _Start:
             if not isinstance(saved, dict) or "session_id" not in saved:
                 continue
             after = history[index + 1 :]
+            results = {r.call_id: r for r in after if isinstance(r, ToolResultItem)}
             if index > last_user and saved.get("deferred"):  # mid-turn, after a Dex call
-                results = {r.call_id: r for r in after if isinstance(r, ToolResultItem)}
                 return cls(saved, None, results)
-            return cls(saved, _text(after))  # a new turn in the session a segment left
+            # a new turn in the session a segment left (if that turn ended at a deferred
+            # call, a failed or cancelled turn, the CLI resumes that call first)
+            return cls(saved, _text(after), results)
         return cls(None, _text(history))
 
 
