@@ -335,3 +335,21 @@ async def test_a_summary_asks_the_sdk_agents_model_without_tools() -> None:
     assert not sent.body.get("tools")
     assert sent.body["instructions"].startswith("You compress conversations.")
     assert sent.body["input"][-1]["content"] == "Summarize the conversation so far, as instructed."
+
+
+async def test_an_sdk_tool_that_needs_approval_is_refused_not_run() -> None:
+    @function_tool(needs_approval=True)
+    def wire_money(amount: int) -> str:
+        """Not a Dex tool, yet it wants approval."""
+        ran.append(("wire_money", amount))
+        return "wired"
+
+    script = [Reply(tool_calls=[ScriptedCall("wire_money", {"amount": 3})])]
+    async with FakeOpenAI(script) as server, sdk_agent(server, "responses", [wire_money]) as sdk:
+        model = OpenAIAgents(sdk, run_config=RUN_CONFIG)
+        request = ModelRequest("s", "concierge", "", [UserItem(text="wire")], [], 1)
+        with pytest.raises(dex.DexError, match=r"tool 'wire_money' asked for approval") as e:
+            async for _ in model.stream(request):
+                pass
+    assert e.value.retryable is False
+    assert ran == []
