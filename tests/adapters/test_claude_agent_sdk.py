@@ -336,3 +336,16 @@ async def test_a_turn_cancelled_at_a_deferred_call_leaves_the_next_turn_sound(
     assert call["status"] == "failed" and call["error"].startswith(
         dex.TOOL_CALL_NOT_RUN_ERROR_PREFIX
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        (ClaudeAgentOptions(resume="abc"), "resume, continue_conversation and session_store"),
+        (ClaudeAgentOptions(mcp_servers={"dex": {"type": "stdio", "command": "x"}}), "Dex's"),
+        (ClaudeAgentOptions(mcp_servers="servers.json"), "as a dict"),
+    ],
+)
+def test_options_that_would_fight_dex_are_refused(options: Any, problem: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=problem):
+        ClaudeAgent(options)

@@ -128,7 +128,9 @@ class ClaudeAgent(Model):
         options = options or ClaudeAgentOptions()
         if not isinstance(options, ClaudeAgentOptions):
             raise TypeError(f"ClaudeAgent takes ClaudeAgentOptions, not {type(options).__name__}")
-        if isinstance(options.mcp_servers, dict) and SERVER in options.mcp_servers:
+        if not isinstance(options.mcp_servers, dict):
+            raise TypeError("give ClaudeAgent mcp_servers as a dict, not a config file path")
+        if SERVER in options.mcp_servers:
             raise ValueError(f"the MCP server name {SERVER!r} is Dex's: rename yours")
         if options.resume or options.continue_conversation or options.session_store:
             raise ValueError(
@@ -228,7 +230,7 @@ class ClaudeAgent(Model):
             *hooks.get("PreToolUse", []),
         ]
         tools = [_mcp_tool(spec, segment) for spec in request.tools]
-        servers = dict(base.mcp_servers) if isinstance(base.mcp_servers, dict) else {}
+        servers = dict(cast(dict[str, Any], base.mcp_servers))
         servers[SERVER] = create_sdk_mcp_server(SERVER, tools=tools)
         overrides: dict[str, Any] = {
             "mcp_servers": servers,
