@@ -110,6 +110,24 @@ def test_a_session_can_switch_provider(to: Any, back: Any) -> None:
     assert back(to(via_responses)) == HISTORY
 
 
+@pytest.mark.parametrize(
+    "to",
+    [tr.to_anthropic, lambda h: tr.to_chat("", h), tr.to_responses],
+    ids=["anthropic", "chat", "responses"],
+)
+def test_a_framework_adapters_state_never_reaches_a_provider(to: Any) -> None:
+    """``AssistantItem.state`` is an adapter's resume data, not conversation: a session that
+    switches from an adapter to a plain provider sends the same request as without it."""
+    with_state = [
+        i.model_copy(update={"state": {"secret": "run state"}})
+        if isinstance(i, AssistantItem)
+        else i
+        for i in HISTORY
+    ]
+    assert to(with_state) == to(HISTORY)
+    assert "run state" not in json.dumps(to(with_state))
+
+
 def test_tool_results_say_their_status_plainly() -> None:
     messages = tr.to_anthropic(HISTORY)
     results = {

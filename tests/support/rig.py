@@ -35,6 +35,9 @@ class Rig:
         self.server = self.nodes[0]
         """The node that serves (in HA, the active one)."""
         self.workers: list[WorkerProcess] = []
+        self.worker_module = AGENTS
+        """What ``start_worker`` serves unless told otherwise (a crash helper's new Worker too)."""
+        self.worker_env: dict[str, str] = {}
         self.client = dex.SyncClient(self.address, timeout=30)
 
     @property
@@ -49,10 +52,10 @@ class Rig:
     # --- processes ---------------------------------------------------------------
 
     def start_worker(
-        self, failpoints: str = "", *, module: str = AGENTS, env: dict[str, str] | None = None
+        self, failpoints: str = "", *, module: str | None = None, env: dict[str, str] | None = None
     ) -> WorkerProcess:
         worker = WorkerProcess(
-            module,
+            module or self.worker_module,
             self.address,
             self.tmp / f"worker-{len(self.workers) + 1}.log",
             env={
@@ -60,6 +63,7 @@ class Rig:
                 "DEX_TEST_GATES": str(self.gates),
                 "DEX_FAILPOINTS": failpoints,
                 "DEX_FAILPOINT_DIR": str(self.failpoints),
+                **self.worker_env,
                 **(env or {}),
             },
         )

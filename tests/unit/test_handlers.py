@@ -373,6 +373,22 @@ def test_tool_results_reach_the_history_in_the_models_order_once_all_calls_ended
     assert step is model_step(state)
 
 
+def test_a_framework_state_in_the_response_is_stored_on_its_assistant_item() -> None:
+    state, spec = new_state(), make_spec()
+    send(state, spec, "please use your tools")
+    response = asks(("c-a", "lookup", {"n": 1}))
+    response.state = {"run_state": {"schema": "1.0", "items": [1, 2]}}
+
+    t = run_model(state, spec, response)
+
+    [item] = t.history
+    assert isinstance(item, AssistantItem)
+    assert item.state == {"run_state": {"schema": "1.0", "items": [1, 2]}}
+    assert item.model_dump(mode="json")["state"] == response.state
+    # a plain model's item is written as before: no "state" key at all
+    assert "state" not in AssistantItem(text="hi").model_dump(mode="json")
+
+
 @pytest.mark.parametrize("tool", ["lookup", "upsert", "charge"])
 def test_a_tool_error_records_failed_with_no_retry(tool: str) -> None:
     state, spec = new_state(), make_spec()

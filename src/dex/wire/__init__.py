@@ -115,10 +115,18 @@ class UserItem(Wire):
     text: str
 
 
+def _absent(value: Any) -> bool:
+    return value is None
+
+
 class AssistantItem(Wire):
     type: Literal["assistant"] = "assistant"
     text: str = ""
     tool_calls: list[ModelToolCall] = Field(default_factory=list)
+    state: Any = Field(None, exclude_if=_absent)
+    """What a framework adapter needs to resume its turn after these tool calls (e.g. an
+    OpenAI Agents ``RunState``), as its model returned it in ``ModelResponse.state``.
+    Stored with the history, so any Worker can resume; model providers ignore it."""
 
 
 class ToolResultItem(Wire):
@@ -164,6 +172,9 @@ class ModelResponse(Wire):
     approval_required: list[str] = Field(default_factory=list)
     """Set by the Worker, not the model: ids of the tool calls whose approval predicate
     asked for approval."""
+    state: Any = Field(None, exclude_if=_absent)
+    """JSON a framework adapter needs to resume after these tool calls: the server stores
+    it in the history's ``AssistantItem.state``; a plain model leaves it None."""
 
 
 # --- steps, attempts, recovery -------------------------------------------------

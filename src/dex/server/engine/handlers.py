@@ -256,7 +256,11 @@ def complete_model(
     step.ended_at = now
     step.usage = response.usage.model_dump()
     step.stop_reason = response.stop_reason
-    append_history(state, t, AssistantItem(text=response.text, tool_calls=response.tool_calls))
+    append_history(
+        state,
+        t,
+        AssistantItem(text=response.text, tool_calls=response.tool_calls, state=response.state),
+    )
     if not response.tool_calls:
         _end_turn(state, spec, TurnStatus.COMPLETED, now, t, text=response.text)
         return t
