@@ -92,9 +92,11 @@ def test_a_standby_refuses_the_api_and_workers_and_says_its_role(standby: Standb
     assert refused.headers["x-dex-role"] == "standby"
     assert refused.json()["error"]["code"] == "unavailable"
     assert "standby" in refused.json()["error"]["message"]
+    # the upgrade succeeds and the socket closes with 4503 ("try the next address"): a
+    # refusal before the upgrade would reach a Worker as HTTP 403, "your token is refused"
     with (
-        pytest.raises(WebSocketDisconnect) as closed,
         http.websocket_connect("/v1/workers/connect") as ws,
+        pytest.raises(WebSocketDisconnect) as closed,
     ):
         ws.receive_bytes()
     assert closed.value.code == 4503 and closed.value.reason == "standby"
