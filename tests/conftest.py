@@ -30,3 +30,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     target = session.config.getoption("--write-crash-matrix")
     if target:
         Path(target).write_text(render(marks))
+
+
+from tests.support.postgres import postgres_database, postgres_url  # noqa: E402
+
+__all__ = ["postgres_database", "postgres_url"]

@@ -1,9 +1,11 @@
 """Conformance tests for the ``Store`` interface, run against every backend.
 
-The ``store`` fixture is parametrized over ``BACKENDS``; a new backend (PostgreSQL)
-is one more entry there: a factory that builds a fresh, empty store and can build
-a second one over the same data (to test reopening). Tests at the end of the file
-check what only the SQLite backend promises (its pragmas and its group commit).
+The ``store`` fixture is parametrized over ``BACKENDS`` (SQLite, and PostgreSQL on a
+fresh database: skipped only when PostgreSQL cannot be reached): a factory that builds
+a fresh, empty store and can build a second one over the same data (to test reopening).
+The store keeps JSON text; these tests encode and decode it as the domain does
+(``dex.server.records``). Tests at the end of the file check what only the SQLite
+backend promises (its pragmas, its group commit, its lock on the database).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from pathlib import Path
 import pytest
 
 from dex.errors import Conflict, StorageError
+from dex.server import records
 from dex.server.engine import handlers
 from dex.server.engine.state import SessionState, SessionStatus, Turn
-from dex.server.store.base import Store, Write
+from dex.server.records import write
+from dex.server.store.base import Store
+from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore
 from dex.wire import (
     AgentSpec,
@@ -57,14 +62,20 @@ def _sqlite(tmp_path: Path) -> Backend:
     return Backend("sqlite", lambda: SqliteStore(path))
 
 
-# To add PostgreSQL: "postgres": a factory that creates a fresh database (or
-# schema) from a DSN in the environment and skips the test when there is none.
-BACKENDS: dict[str, Callable[[Path], Backend]] = {"sqlite": _sqlite}
+def _postgres(request: pytest.FixtureRequest) -> Backend:
+    url = request.getfixturevalue("postgres_url")  # skips when PostgreSQL is unreachable
+    return Backend("postgres", lambda: PostgresStore(url))
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
+    "sqlite": lambda request: _sqlite(request.getfixturevalue("tmp_path")),
+    "postgres": _postgres,
+}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    return BACKENDS[request.param](tmp_path)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return BACKENDS[request.param](request)
 
 
 @pytest.fixture
@@ -101,8 +112,25 @@ def in_a_turn(session_id: str) -> tuple[SessionState, list[Item]]:
     return state, history
 
 
+async def load(store: Store, session_id: str) -> tuple[SessionState, list[Item]] | None:
+    raw = await store.load_session(session_id)
+    return None if raw is None else records.session(raw)
+
+
+async def load_turn(store: Store, session_id: str, number: int) -> Turn | None:
+    return records.maybe_turn(await store.load_turn(session_id, number))
+
+
+async def load_turns(store: Store, session_id: str) -> list[Turn]:
+    return [records.turn(raw) for raw in await store.load_turns(session_id)]
+
+
+async def load_agents(store: Store) -> list[AgentSpec]:
+    return [records.agent(raw) for raw in await store.load_agents()]
+
+
 async def create(store: Store, state: SessionState, history: list[Item] | None = None) -> None:
-    await store.write(Write(session=state, create=True, history=history or []))
+    await store.write(write(session=state, create=True, history=history or []))
 
 
 def user(n: int) -> UserItem:
@@ -121,14 +149,14 @@ async def test_a_created_session_loads_back_equal(store: Store) -> None:
     ]
 
     await create(store, state, history)
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
 
     assert loaded is not None
     loaded_state, loaded_history = loaded
     assert loaded_state == state
     assert loaded_state.model_dump() == state.model_dump()
     assert loaded_history == history
-    assert await store.load_session("nope") is None
+    assert await load(store, "nope") is None
 
 
 async def test_creating_an_existing_session_is_a_conflict_and_keeps_the_first(
@@ -140,10 +168,10 @@ async def test_creating_an_existing_session_is_a_conflict_and_keeps_the_first(
 
     with pytest.raises(Conflict):
         await store.write(
-            Write(session=second, create=True, history=[user(99)], message=("m-x", 1))
+            write(session=second, create=True, history=[user(99)], message=("m-x", 1))
         )
 
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
     assert loaded is not None
     assert loaded[0] == first
     assert loaded[1] == [user(1)]
@@ -156,9 +184,9 @@ async def test_an_update_replaces_the_state(store: Store) -> None:
     await create(store, idle("s1"))
     state, history = in_a_turn("s1")
 
-    await store.write(Write(session=state, history=history, history_start=0))
+    await store.write(write(session=state, history=history, history_start=0))
 
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
     assert loaded is not None
     assert loaded[0] == state
     assert loaded[0].status == SessionStatus.RUNNING
@@ -172,10 +200,10 @@ async def test_history_appends_in_order_across_writes(store: Store) -> None:
     written = 1
     for size in (3, 1, 12):
         items: list[Item] = [user(written + i) for i in range(size)]
-        await store.write(Write(session=state, history=items, history_start=written))
+        await store.write(write(session=state, history=items, history_start=written))
         written += size
 
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
 
     assert loaded is not None
     assert loaded[1] == [user(n) for n in range(written)]
@@ -186,9 +214,9 @@ async def test_a_write_that_overlaps_stored_history_writes_nothing(store: Store)
     changed, _ = in_a_turn("s1")
 
     with pytest.raises(Conflict):
-        await store.write(Write(session=changed, history=[user(7)], history_start=1))
+        await store.write(write(session=changed, history=[user(7)], history_start=1))
 
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
     assert loaded is not None
     assert loaded[0] == idle("s1")  # the state update was rolled back with the history
     assert loaded[1] == [user(0), user(1)]
@@ -198,7 +226,7 @@ async def test_histories_of_sessions_are_separate(store: Store) -> None:
     await create(store, idle("a"), [user(1)])
     await create(store, idle("b"), [AssistantItem(text="b's")])
 
-    a, b = await store.load_session("a"), await store.load_session("b")
+    a, b = await load(store, "a"), await load(store, "b")
 
     assert a is not None and a[1] == [user(1)]
     assert b is not None and b[1] == [AssistantItem(text="b's")]
@@ -220,47 +248,47 @@ async def test_ended_turns_are_archived_and_loaded_by_number(store: Store) -> No
         )
         assert done.ended_turn is not None
         ended.append(done.ended_turn)
-        await store.write(Write(session=state, ended_turn=done.ended_turn))
+        await store.write(write(session=state, ended_turn=done.ended_turn))
     await create(store, idle("other"))
 
-    assert await store.load_turn("s1", 1) == ended[0]
-    assert await store.load_turn("s1", 2) == ended[1]
-    assert (await store.load_turn("s1", 2)).text == "hi 2"  # type: ignore[union-attr]
-    assert await store.load_turn("s1", 3) is None
-    assert await store.load_turn("other", 1) is None
-    assert await store.load_turns("s1") == ended  # all of them, oldest first
-    assert await store.load_turns("other") == []
+    assert await load_turn(store, "s1", 1) == ended[0]
+    assert await load_turn(store, "s1", 2) == ended[1]
+    assert (await load_turn(store, "s1", 2)).text == "hi 2"  # type: ignore[union-attr]
+    assert await load_turn(store, "s1", 3) is None
+    assert await load_turn(store, "other", 1) is None
+    assert await load_turns(store, "s1") == ended  # all of them, oldest first
+    assert await load_turns(store, "other") == []
 
 
 async def test_an_updated_turn_replaces_its_archived_record(store: Store) -> None:
     state = idle("s1")
     await create(store, state)
     turn = Turn(number=1, started_at=T0, ended_at=T0 + 1, text="first")
-    await store.write(Write(session=state, ended_turn=turn))
+    await store.write(write(session=state, ended_turn=turn))
     changed = turn.model_copy(update={"text": "reconciled"})
-    await store.write(Write(session=state, updated_turn=changed))
-    assert await store.load_turn("s1", 1) == changed
+    await store.write(write(session=state, updated_turn=changed))
+    assert await load_turn(store, "s1", 1) == changed
 
 
 async def test_archiving_the_same_turn_twice_is_a_conflict(store: Store) -> None:
     state = idle("s1")
     await create(store, state)
     turn = Turn(number=1, started_at=T0, ended_at=T0 + 1, text="first")
-    await store.write(Write(session=state, ended_turn=turn))
+    await store.write(write(session=state, ended_turn=turn))
 
     with pytest.raises(Conflict):
         await store.write(
-            Write(session=state, ended_turn=turn.model_copy(update={"text": "second"}))
+            write(session=state, ended_turn=turn.model_copy(update={"text": "second"}))
         )
 
-    assert await store.load_turn("s1", 1) == turn
+    assert await load_turn(store, "s1", 1) == turn
 
 
 async def test_find_message_returns_the_number_of_a_remembered_message(store: Store) -> None:
     await create(store, idle("s1"))
     await create(store, idle("s2"))
-    await store.write(Write(session=idle("s1"), message=("m-1", 1)))
-    await store.write(Write(session=idle("s1"), message=("m-2", 2)))
+    await store.write(write(session=idle("s1"), message=("m-1", 1)))
+    await store.write(write(session=idle("s1"), message=("m-2", 2)))
 
     assert await store.find_message("s1", "m-1") == 1
     assert await store.find_message("s1", "m-2") == 2
@@ -268,7 +296,7 @@ async def test_find_message_returns_the_number_of_a_remembered_message(store: St
     assert await store.find_message("s2", "m-1") is None  # message ids are per session
 
     with pytest.raises(Conflict):
-        await store.write(Write(session=idle("s1"), message=("m-1", 3)))
+        await store.write(write(session=idle("s1"), message=("m-1", 3)))
     assert await store.find_message("s1", "m-1") == 1
 
 
@@ -279,7 +307,7 @@ async def test_running_sessions_lists_only_sessions_in_a_turn(store: Store) -> N
 
     assert sorted(await store.running_sessions()) == ["b", "c"]
 
-    await store.write(Write(session=idle("b")))
+    await store.write(write(session=idle("b")))
 
     assert await store.running_sessions() == ["c"]
 
@@ -304,11 +332,11 @@ async def test_agents_are_upserted_by_name(store: Store) -> None:
     new = AgentSpec(name="helper", instructions="new", tools=[ToolSpec(name="lookup")])
     other = AgentSpec(name="aide")
 
-    await store.write(Write(agents=[old]))
-    assert await store.load_agents() == [old]
+    await store.write(write(agents=[old]))
+    assert await load_agents(store) == [old]
 
-    await store.write(Write(agents=[new, other]))
-    assert await store.load_agents() == [other, new]
+    await store.write(write(agents=[new, other]))
+    assert await load_agents(store) == [other, new]
 
 
 # --- concurrency and durability ------------------------------------------------------------------
@@ -316,8 +344,8 @@ async def test_agents_are_upserted_by_name(store: Store) -> None:
 
 async def test_a_failing_write_among_concurrent_writes_fails_alone(store: Store) -> None:
     await create(store, idle("taken"), [user(0)])
-    writes = [Write(session=idle(f"s{i:02}"), create=True, history=[user(i)]) for i in range(40)]
-    bad = Write(session=SessionState(id="taken", agent="x", created_at=T0), create=True)
+    writes = [write(session=idle(f"s{i:02}"), create=True, history=[user(i)]) for i in range(40)]
+    bad = write(session=SessionState(id="taken", agent="x", created_at=T0), create=True)
     writes.insert(17, bad)
 
     results = await asyncio.gather(*(store.write(w) for w in writes), return_exceptions=True)
@@ -325,9 +353,9 @@ async def test_a_failing_write_among_concurrent_writes_fails_alone(store: Store)
     assert isinstance(results[17], Conflict)
     assert [r for i, r in enumerate(results) if i != 17] == [None] * 40
     for i in range(40):
-        loaded = await store.load_session(f"s{i:02}")
+        loaded = await load(store, f"s{i:02}")
         assert loaded is not None and loaded[1] == [user(i)]
-    taken = await store.load_session("taken")
+    taken = await load(store, "taken")
     assert taken is not None and taken[0] == idle("taken")
 
 
@@ -335,17 +363,17 @@ async def test_data_survives_close_and_reopen(backend: Backend) -> None:
     first = backend.make()
     await first.open()
     state, history = in_a_turn("s1")
-    await first.write(Write(session=state, create=True, history=history, message=("m-1", 1)))
-    await first.write(Write(session=idle("s2"), create=True, agents=[SPEC]))
+    await first.write(write(session=state, create=True, history=history, message=("m-1", 1)))
+    await first.write(write(session=idle("s2"), create=True, agents=[SPEC]))
     await first.close()
 
     second = backend.make()
     await second.open()
     try:
-        loaded = await second.load_session("s1")
+        loaded = await load(second, "s1")
         assert loaded == (state, history)
         assert await second.find_message("s1", "m-1") == 1
-        assert await second.load_agents() == [SPEC]
+        assert await load_agents(second) == [SPEC]
         assert await second.running_sessions() == ["s1"]
     finally:
         await second.close()
@@ -354,11 +382,11 @@ async def test_data_survives_close_and_reopen(backend: Backend) -> None:
 async def test_a_store_that_is_not_open_refuses_calls(backend: Backend) -> None:
     s = backend.make()
     with pytest.raises(StorageError):
-        await s.load_session("s1")
+        await load(s, "s1")
     await s.open()
     await s.close()
     with pytest.raises(StorageError):
-        await s.write(Write(session=idle("s1"), create=True))
+        await s.write(write(session=idle("s1"), create=True))
 
 
 async def test_a_call_racing_close_is_answered_and_committed_or_refused(
@@ -366,17 +394,17 @@ async def test_a_call_racing_close_is_answered_and_committed_or_refused(
 ) -> None:
     s = backend.make()
     await s.open()
-    write = Write(session=idle("s1"), create=True)
+    one = write(session=idle("s1"), create=True)
 
     async with asyncio.timeout(30):  # a guard: without an answer the write would wait forever
-        closed, written = await asyncio.gather(s.close(), s.write(write), return_exceptions=True)
+        closed, written = await asyncio.gather(s.close(), s.write(one), return_exceptions=True)
 
     assert closed is None
     assert written is None or isinstance(written, StorageError)
     again = backend.make()
     await again.open()
     try:
-        loaded = await again.load_session("s1")
+        loaded = await load(again, "s1")
     finally:
         await again.close()
     assert (loaded is not None) == (written is None)  # acknowledged exactly when committed
@@ -431,8 +459,8 @@ async def test_sqlite_a_failing_write_inside_one_group_commit_fails_alone(
     async def let_go() -> None:  # runs after every write below has queued
         release.set()
 
-    writes = [Write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
-    writes.insert(4, Write(session=SessionState(id="taken", agent="x", created_at=T0), create=True))
+    writes = [write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
+    writes.insert(4, write(session=SessionState(id="taken", agent="x", created_at=T0), create=True))
     results = await asyncio.gather(
         *(sqlite_store.write(w) for w in writes), let_go(), return_exceptions=True
     )
@@ -443,9 +471,9 @@ async def test_sqlite_a_failing_write_inside_one_group_commit_fails_alone(
     assert isinstance(results[4], Conflict)
     assert [r for i, r in enumerate(results[:11]) if i != 4] == [None] * 10
     for i in range(10):
-        loaded = await sqlite_store.load_session(f"s{i}")
+        loaded = await load(sqlite_store, f"s{i}")
         assert loaded is not None and loaded[1] == [user(i)]
-    taken = await sqlite_store.load_session("taken")
+    taken = await load(sqlite_store, "taken")
     assert taken is not None and taken[0].agent == "helper"
 
 
@@ -459,11 +487,11 @@ async def test_sqlite_a_store_that_failed_to_open_refuses_calls(tmp_path: Path) 
 
     async with asyncio.timeout(30):  # a guard: a call on a dead writer would wait forever
         with pytest.raises(StorageError):
-            await s.load_session("s1")
+            await load(s, "s1")
 
         path.rmdir()  # the cause is fixed: the same store opens
         await s.open()
         try:
-            assert await s.load_session("s1") is None
+            assert await load(s, "s1") is None
         finally:
             await s.close()

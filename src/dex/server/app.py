@@ -12,13 +12,14 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp
 
 from dex import _loop
+from dex.errors import DexError
 from dex.server.api import errors, ops, sessions, workers
 from dex.server.api.auth import Auth, Role
 from dex.server.api.responses import ORJSONResponse
 from dex.server.config import ServerConfig
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.sessions import Sessions
-from dex.server.store.sqlite import SqliteStore
+from dex.server.store.base import Store
 
 log = logging.getLogger("dex.server")
 
@@ -26,8 +27,12 @@ log = logging.getLogger("dex.server")
 def create_app(config: ServerConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = SqliteStore(config.database_path)
-        await store.open()
+        store = Store.from_url(config.database_url)
+        try:
+            await store.open()
+        except DexError as e:
+            log.error("cannot start: %s", e.message, extra={"action": "node.start_failed"})
+            raise
         dispatcher = Dispatcher(config.heartbeat_timeout)
         domain = Sessions(store, dispatcher)
         app.state.store = store
@@ -72,6 +77,9 @@ def asgi(config: ServerConfig) -> ASGIApp:
     return Auth(app, configured) if configured else app
 
 
+STARTUP_FAILED = 3
+"""The exit status of a node that could not start (its store would not open), as uvicorn's."""
+
 SWITCH_INTERVAL = 0.0005
 """Seconds a thread may hold the GIL while another waits (Python's default is 5 ms). The
 SQLite writer thread needs the GIL briefly for each statement; with the default, a busy
@@ -94,3 +102,5 @@ def serve(config: ServerConfig) -> None:
     )
     sys.setswitchinterval(SWITCH_INTERVAL)
     _loop.run(server.serve())
+    if not server.started:
+        sys.exit(STARTUP_FAILED)
