@@ -11,22 +11,28 @@ backend promises (its pragmas, its group commit, its lock on the database).
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from dex.errors import Conflict, StorageError
+from dex.errors import CommitUnknown, Conflict, StorageError
 from dex.server import records
+from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.engine import handlers
 from dex.server.engine.state import SessionState, SessionStatus, Turn
 from dex.server.records import write
-from dex.server.store.base import Store
+from dex.server.sessions import Sessions
+from dex.server.store.base import SessionRecord, Store, TurnRecord, Write
 from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore
+from dex.testing.wait import wait_until_async
 from dex.wire import (
     AgentSpec,
     AssistantItem,
@@ -495,3 +501,188 @@ async def test_sqlite_a_store_that_failed_to_open_refuses_calls(tmp_path: Path) 
             assert await load(s, "s1") is None
         finally:
             await s.close()
+
+
+# --- PostgreSQL only -------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def pg_store(postgres_url: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(postgres_url)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@asynccontextmanager
+async def row_locked(url: str, session_id: str) -> AsyncIterator[None]:
+    """Another connection holds ``session_id``'s row: the store's writer blocks on it."""
+    async with await psycopg.AsyncConnection.connect(url) as other:
+        await other.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+        yield
+        await other.rollback()
+
+
+async def test_postgres_the_writer_commits_with_synchronous_commit_on(
+    pg_store: PostgresStore,
+) -> None:
+    assert pg_store._conn is not None
+    cur = await pg_store._conn.execute("SHOW synchronous_commit")
+    assert await cur.fetchone() == ("on",)
+
+
+async def test_postgres_a_failing_write_inside_one_group_commit_fails_alone(
+    pg_store: PostgresStore, postgres_url: str
+) -> None:
+    await create(pg_store, idle("taken"))
+    await create(pg_store, idle("blocker"))
+    async with row_locked(postgres_url, "blocker"):
+        held = asyncio.ensure_future(pg_store.write(write(session=in_a_turn("blocker")[0])))
+        await wait_until_async(
+            lambda: asyncio.sleep(0, pg_store._queue.empty()), 10, what="the writer took it"
+        )
+        commits, operations = pg_store.commits, pg_store.operations
+        writes = [write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
+        bad = write(session=SessionState(id="taken", agent="x", created_at=T0), create=True)
+        writes.insert(4, bad)
+        pending = [asyncio.ensure_future(pg_store.write(w)) for w in writes]
+        await wait_until_async(
+            lambda: asyncio.sleep(0, pg_store._queue.qsize() == 11), 10, what="all queued"
+        )
+    await held
+    results = await asyncio.gather(*pending, return_exceptions=True)
+
+    assert pg_store.commits - commits == 2  # the held write, then all 11 at once
+    assert pg_store.operations - operations == 1 + 11
+    assert isinstance(results[4], Conflict)
+    assert [r for i, r in enumerate(results) if i != 4] == [None] * 10
+    for i in range(10):
+        loaded = await load(pg_store, f"s{i}")
+        assert loaded is not None and loaded[1] == [user(i)]
+    taken = await load(pg_store, "taken")
+    assert taken is not None and taken[0].agent == "helper"
+
+
+async def test_postgres_reads_do_not_queue_behind_commits(
+    pg_store: PostgresStore, postgres_url: str
+) -> None:
+    await create(pg_store, idle("blocker"))
+    await create(pg_store, idle("other"), [user(1)])
+    async with row_locked(postgres_url, "blocker"):
+        held = asyncio.ensure_future(pg_store.write(write(session=in_a_turn("blocker")[0])))
+        await wait_until_async(
+            lambda: asyncio.sleep(0, pg_store._queue.empty()), 10, what="the writer took it"
+        )
+
+        async with asyncio.timeout(5):  # the commit waits on the lock; reads go around it
+            loaded = await load(pg_store, "other")
+            rows = await pg_store.list_sessions(10, None)
+
+        assert not held.done()
+    await held
+    assert loaded is not None and loaded[1] == [user(1)]
+    assert [r.id for r in rows] == ["blocker", "other"]
+
+
+async def test_postgres_a_connection_lost_during_a_commit_is_commit_unknown(
+    pg_store: PostgresStore, postgres_url: str
+) -> None:
+    await create(pg_store, idle("blocker"))
+    assert pg_store._conn is not None
+    writer_pid = pg_store._conn.info.backend_pid
+    async with row_locked(postgres_url, "blocker"):
+        held = asyncio.ensure_future(pg_store.write(write(session=in_a_turn("blocker")[0])))
+        await wait_until_async(
+            lambda: asyncio.sleep(0, pg_store._queue.empty()), 10, what="the writer took it"
+        )
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (writer_pid,))
+
+        with pytest.raises(CommitUnknown):
+            await held
+
+    # the store reconnects for the next batch
+    await create(pg_store, idle("after"))
+    assert [r.id for r in await pg_store.list_sessions(10, None)] == ["after", "blocker"]
+
+
+async def test_ids_sort_in_byte_order(store: Store) -> None:
+    ids = ["b", "B", "a-1", "a_1", "a", "Z", "0", "é"]
+    for sid in ids:
+        await create(store, idle(sid))
+
+    rows = await store.list_sessions(100, None)
+    after_b = await store.list_sessions(100, "B")
+
+    assert [r.id for r in rows] == sorted(ids, key=lambda s: s.encode())
+    assert [r.id for r in after_b] == ["Z", "a", "a-1", "a_1", "b", "é"]
+
+
+# --- rolling upgrades: what Dex 0.1 stored, read by this version ---------------------------------
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-format-1.json"
+
+
+def format_1_writes() -> list[Write]:
+    """The rows of tests/fixtures/store-format-1.json (made by Dex 0.1.0's own store, before
+    records carried a format), as writes of raw JSON text."""
+    tables = json.loads(FIXTURE.read_text())["tables"]
+    out = [Write(agents=[(a["name"], a["spec"]) for a in tables["agents"]])]
+    for s in tables["sessions"]:
+        sid = s["id"]
+        out.append(
+            Write(
+                session=SessionRecord(sid, s["agent"], s["created_at"], s["status"], s["state"]),
+                create=True,
+                history=[h["item"] for h in tables["history"] if h["session_id"] == sid],
+            )
+        )
+        for t in (t for t in tables["turns"] if t["session_id"] == sid):
+            out.append(
+                Write(
+                    session=SessionRecord(
+                        sid, s["agent"], s["created_at"], s["status"], s["state"]
+                    ),
+                    ended_turn=TurnRecord(t["number"], t["status"], t["turn"]),
+                )
+            )
+        for m in (m for m in tables["messages"] if m["session_id"] == sid):
+            out.append(
+                Write(
+                    session=SessionRecord(
+                        sid, s["agent"], s["created_at"], s["status"], s["state"]
+                    ),
+                    message=(m["message_id"], m["number"]),
+                )
+            )
+    return out
+
+
+async def test_records_stored_by_dex_0_1_load_and_recover(store: Store) -> None:
+    for w in format_1_writes():
+        await store.write(w)
+
+    assert await load_agents(store) == [SPEC]
+    running = await load(store, "running")
+    assert running is not None
+    assert running[0].status == SessionStatus.RUNNING
+    assert [s.status.value for s in running[0].turn.steps] == ["succeeded", "running"]  # type: ignore[union-attr]
+    assert running[1] == in_a_turn("running")[1]
+    done = await load(store, "done")
+    assert done is not None and done[1] == [UserItem(text="hello"), AssistantItem(text="hi")]
+    turn = await load_turn(store, "done", 1)
+    assert turn is not None and turn.text == "hi"
+    assert await store.find_message("done", "m-9") == 1
+
+    # a node starting on these rows recovers them as a restart does
+    domain = Sessions(store, Dispatcher(10.0))
+    assert await domain.start() == 1  # the attempt that was running fails as NOT_COMPLETED
+    snapshot = await domain.snapshot("running")
+    [call] = snapshot["tool_calls"]
+    # its retry window (30 min from 1970's T0) is long past: the call fails for good
+    assert (call["name"], call["status"]) == ("lookup", "failed")
+    rewritten = await store.load_session("running")
+    assert rewritten is not None and rewritten[0].startswith('{"format":1,')
+    await domain.stop()
