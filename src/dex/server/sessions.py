@@ -534,15 +534,16 @@ class Sessions:
                 if worker is not None:
                     handlers.assign(state, step.id, worker.id, now)
                     handed.append((step, worker))
+        start = state.history_length
+        state.history_length += len(t.history)  # before encoding: the stored state counts them
         write = records.write(
             session=state,
             history=t.history,
-            history_start=state.history_length,
+            history_start=start,
             ended_turn=t.ended_turn,
             updated_turn=updated_turn,
             message=(message_id, state.messages_received) if message_id else None,
         )
-        state.history_length += len(t.history)
         try:
             await self.store.write(write)
         except BaseException:
