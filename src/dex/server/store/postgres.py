@@ -257,13 +257,12 @@ class PostgresStore(SqlStore):
                     [(sql, params)] = queries
                     cur = await conn.execute(pg(sql), params)
                     return [await cur.fetchall()]
-                async with conn.transaction():
-                    await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                    out = []
-                    for sql, params in queries:
-                        cur = await conn.execute(pg(sql), params)
-                        out.append(await cur.fetchall())
-                    return out
+                # one snapshot, one round trip
+                async with conn.pipeline():
+                    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    cursors = [await conn.execute(pg(sql), params) for sql, params in queries]
+                    await conn.execute("COMMIT")
+                return [await cur.fetchall() for cur in cursors]
         except psycopg.Error as e:
             raise StorageError(f"read failed: {e}", retryable=True) from e
 
