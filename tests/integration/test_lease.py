@@ -7,6 +7,9 @@ own connections, which is all PostgreSQL sees of a node.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -221,3 +224,48 @@ async def test_sixteen_writers_across_a_takeover_never_commit_with_the_old_epoch
     assert session_ids(url) == at_takeover  # nothing committed after the takeover
     assert set(acknowledged) == at_takeover  # and every acknowledged write is there
     assert len(at_takeover) >= 200
+
+
+HOLDER = """
+import asyncio, sys
+from dex.server.ha import Lease
+
+async def main() -> None:
+    lease = Lease(sys.argv[1], "paused")
+    print("epoch", await lease.acquire(), flush=True)
+    await lease.lost.wait()
+    print("lost", flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_paused_holder_loses_the_lock_after_its_session_timeout_and_notices(
+    url: str, leases: list[Lease]
+) -> None:
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HOLDER, url, stdout=asyncio.subprocess.PIPE
+    )
+    assert holder.stdout is not None
+    try:
+        line = await asyncio.wait_for(holder.stdout.readline(), 20)
+        assert line == b"epoch 1\n"
+        standby = Lease(url, "standby")
+        leases.append(standby)
+
+        os.kill(holder.pid, signal.SIGSTOP)  # hung: its sockets stay open, it says nothing
+        stopped = time.monotonic()
+        assert await asyncio.wait_for(standby.acquire(), 10) == 2
+        took = time.monotonic() - stopped
+
+        # Not before the paused holder's valid_until ran out (it could not tell), and
+        # within its session timeout plus a ping and a retry.
+        settings = standby.settings
+        assert settings.valid_for < took < settings.session_timeout + 1.5, took
+        os.kill(holder.pid, signal.SIGCONT)
+        line = await asyncio.wait_for(holder.stdout.readline(), 10)
+        assert line == b"lost\n"  # its next ping failed: it knows
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+        await holder.wait()
