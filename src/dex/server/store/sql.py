@@ -7,6 +7,7 @@ queries use ``?`` placeholders; a dialect that wants another style converts them
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import abstractmethod
 from typing import Any
@@ -26,7 +27,10 @@ INSERT_SESSION = (
 )
 UPDATE_SESSION = "UPDATE sessions SET status = ?, state = ? WHERE id = ?"
 INSERT_MESSAGE = "INSERT INTO messages (session_id, message_id, number) VALUES (?, ?, ?)"
-INSERT_HISTORY = "INSERT INTO history (session_id, seq, item) VALUES (?, ?, ?)"
+INSERT_HISTORY = "INSERT INTO history (session_id, seq, item) VALUES "
+"""Followed by one ``(?, ?, ?)`` per item: one statement per write, not one per item."""
+HISTORY_CHUNK = 500
+"""Items per ``INSERT``: well under SQLite's limit on parameters in one statement."""
 INSERT_TURN = "INSERT INTO turns (session_id, number, status, turn) VALUES (?, ?, ?, ?)"
 UPDATE_TURN = "UPDATE turns SET status = ?, turn = ? WHERE session_id = ? AND number = ?"
 
@@ -63,9 +67,11 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
         out.append((UPDATE_SESSION, [(s.status, s.state, s.id)]))
     if w.message is not None:
         out.append((INSERT_MESSAGE, [(s.id, w.message[0], w.message[1])]))
-    if w.history:
-        start = w.history_start
-        out.append((INSERT_HISTORY, [(s.id, start + i, item) for i, item in enumerate(w.history)]))
+    for first in range(0, len(w.history), HISTORY_CHUNK):
+        chunk = w.history[first : first + HISTORY_CHUNK]
+        start = w.history_start + first
+        params = tuple(v for i, item in enumerate(chunk) for v in (s.id, start + i, item))
+        out.append((_rows(INSERT_HISTORY, 3, len(chunk)), [params]))
     if w.ended_turn is not None:
         t = w.ended_turn
         out.append((INSERT_TURN, [(s.id, t.number, t.status, t.turn)]))
@@ -73,6 +79,13 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
         t = w.updated_turn
         out.append((UPDATE_TURN, [(t.status, t.turn, s.id, t.number)]))
     return out
+
+
+@functools.cache
+def _rows(head: str, width: int, count: int) -> str:
+    """``head`` followed by ``count`` groups of ``width`` placeholders."""
+    group = "(" + ", ".join("?" * width) + ")"
+    return head + ", ".join([group] * count)
 
 
 class SqlStore(Store):
