@@ -28,7 +28,7 @@ import psycopg
 from dex.server import records
 from dex.server.engine import handlers
 from dex.server.engine.state import SessionState
-from dex.server.ha import Lease
+from dex.server.ha.lease import Lease
 from dex.server.store.base import Store
 from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore

@@ -18,7 +18,7 @@ import pytest
 
 from dex.errors import Fenced
 from dex.server.engine.state import SessionState
-from dex.server.ha import Lease
+from dex.server.ha.lease import Lease
 from dex.server.records import write
 from dex.server.store.postgres import LEADER_KEY, PostgresStore
 from dex.testing.wait import wait_until_async
@@ -103,12 +103,12 @@ async def test_of_two_contenders_exactly_one_wins(url: str, leases: list[Lease])
     assert won.result() == 1
     assert lease_row(url) == (1, winner.holder)
     assert lock_holders(url) == [winner.backend_pid]
-    assert winner.valid
+    assert winner.valid()
     # the other keeps waiting while the winner holds the lock (a bounded check)
     [waiting] = pending
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(asyncio.shield(waiting), 1.5)
-    assert winner.valid and not winner.lost.is_set()
+    assert winner.valid() and not winner.lost.is_set()
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -131,7 +131,7 @@ async def test_killing_the_holders_session_lets_the_other_win_with_a_higher_epoc
     assert took < 2.0, f"the standby took {took:.2f}s"
     assert lease_row(url) == (2, "standby")
     await asyncio.wait_for(holder.lost.wait(), 2)  # the old holder notices by its ping
-    assert not holder.valid
+    assert not holder.valid()
 
 
 async def test_release_frees_the_lock_at_once(url: str, leases: list[Lease]) -> None:
@@ -143,7 +143,7 @@ async def test_release_frees_the_lock_at_once(url: str, leases: list[Lease]) -> 
     released = time.monotonic()
     await holder.release()
 
-    assert not holder.valid
+    assert not holder.valid()
     assert await asyncio.wait_for(contender, 5) == 2
     assert time.monotonic() - released < 1.0  # one retry interval, not a timeout
     assert not holder.lost.is_set()  # a planned release is not a loss
@@ -163,7 +163,7 @@ async def test_valid_until_is_kept_fresh_by_pings_and_shorter_than_a_takeover(
     await wait_until_async(
         lambda: asyncio.sleep(0, lease.valid_until > first + 0.4), 5, what="pings refresh it"
     )
-    assert lease.valid
+    assert lease.valid()
 
 
 async def test_a_store_with_a_stale_epoch_is_fenced_and_writes_nothing(
@@ -228,7 +228,7 @@ async def test_sixteen_writers_across_a_takeover_never_commit_with_the_old_epoch
 
 HOLDER = """
 import asyncio, sys
-from dex.server.ha import Lease
+from dex.server.ha.lease import Lease
 
 async def main() -> None:
     lease = Lease(sys.argv[1], "paused")

@@ -72,7 +72,8 @@ class LeaseSettings:
 
 
 class Lease:
-    """``await acquire()`` (the new epoch), ``lost`` (an event), ``await release()``."""
+    """The PostgreSQL ``Leadership`` (``dex.server.ha.leadership``): ``await acquire()``
+    (the new epoch), ``lost`` (an event), ``valid()``, ``await release()``."""
 
     def __init__(
         self, url: str, holder: str | None = None, settings: LeaseSettings | None = None
@@ -88,8 +89,8 @@ class Lease:
         self._conn: Conn | None = None
         self._pinger: asyncio.Task[None] | None = None
 
-    @property
     def valid(self) -> bool:
+        """Whether the lock is surely still held now (``Leadership.valid``)."""
         return not self.lost.is_set() and time.monotonic() < self.valid_until
 
     @property
