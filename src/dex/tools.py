@@ -1,15 +1,26 @@
-"""Tools: plain Python functions that an agent may call, and the context they run in."""
+"""Tools: plain Python functions that an agent may call, and the context they run in.
+
+An ``async def`` tool runs on the Worker's event loop; a plain ``def`` tool (and a ``def``
+poll or check) runs in a thread of its own, so blocking code in it (``time.sleep``, a
+blocking HTTP client, CPU work) never stalls the Worker's heartbeats or its other Steps.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import inspect
+import threading
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Annotated, Any, overload
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
+from dex import _docstring
 from dex.errors import ToolError
 from dex.wire import Approval, RetryPolicy, ToolKind, ToolOutcome, ToolSpec
 
@@ -26,7 +37,12 @@ class Interrupt(BaseException):
 @dataclass
 class ToolContext:
     """What a running tool knows about its call. The first parameter typed ``ToolContext``
-    receives it."""
+    receives it.
+
+    An ``async def`` tool awaits ``heartbeat``, ``ask`` and ``sleep``. A plain ``def``
+    tool runs in its own thread and calls ``heartbeat_sync``, ``ask_sync`` and
+    ``sleep_sync`` instead (same meaning); the async ones there raise a ``TypeError``
+    that says so. The fields can be read from either."""
 
     session_id: str
     call_id: str
@@ -40,27 +56,60 @@ class ToolContext:
     sleeps_done: int = 0
     _asked: int = 0
     _slept: int = 0
+    _loop: asyncio.AbstractEventLoop | None = None
+    """The Worker's loop, set once a ``def`` function of the tool runs with this context
+    in a thread (``heartbeat_sync`` sends through it)."""
 
-    async def heartbeat(self) -> None:
-        """Tell Dex the tool is alive now (Workers also heartbeat on their own)."""
-        await self._heartbeat()
+    def heartbeat(self) -> Awaitable[None]:
+        """Tell Dex the tool is alive now: ``await ctx.heartbeat()``. Optional: the Worker
+        heartbeats every attempt it holds on its own, whatever the tool does."""
+        self._refuse_in_thread("heartbeat")
+        return self._heartbeat()
 
-    async def ask(self, question: str, choices: list[str] | None = None) -> str:
-        """Ask the user; the call resumes with the answer.
+    def heartbeat_sync(self) -> None:
+        """``heartbeat`` for a ``def`` tool, from its thread."""
+        loop = self._loop
+        if loop is None:
+            raise TypeError(
+                f"tool {self.tool}: ctx.heartbeat_sync() is for def tools; "
+                "in an async def tool, await ctx.heartbeat()"
+            )
+
+        async def beat() -> None:
+            await self._heartbeat()
+
+        asyncio.run_coroutine_threadsafe(beat(), loop).result()
+
+    def ask(self, question: str, choices: list[str] | None = None) -> Awaitable[str]:
+        """Ask the user; the call resumes with the answer: ``await ctx.ask(...)``.
 
         The first time, this ends the tool's Step with the question, and the session waits
         for an answer (``AwaitQuestionAnswer``). Then the tool is called again from the
         start, and this same ``ask`` returns the answer. So the code before it must be
         harmless to run again."""
+        self._refuse_in_thread("ask")
+        return _ready(self.ask_sync(question, choices))
+
+    def ask_sync(self, question: str, choices: list[str] | None = None) -> str:
+        """``ask`` for a ``def`` tool: returns the answer, or ends the call with the
+        question (by raising ``Interrupt``, which the tool must let through)."""
         index = self._asked
         self._asked += 1
         if index < len(self.answers):
             return self.answers[index]
         raise Interrupt(ToolOutcome(status="asked", question=question, choices=choices))
 
-    async def sleep(self, seconds: float) -> None:
-        """Sleep durably (``AwaitTimer``): the timer lives in the server and fires once, even
-        across crashes; then the tool is called again and this ``sleep`` returns at once."""
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        """Sleep durably (``AwaitTimer``): ``await ctx.sleep(...)``. The timer lives in the
+        server and fires once, even across crashes; then the tool is called again and
+        this ``sleep`` returns at once."""
+        self._refuse_in_thread("sleep")
+        self.sleep_sync(seconds)
+        return _ready(None)
+
+    def sleep_sync(self, seconds: float) -> None:
+        """``sleep`` for a ``def`` tool: returns at once once the timer fired, or ends the
+        call to start it (by raising ``Interrupt``, which the tool must let through)."""
         if seconds < 0:
             raise ValueError("cannot sleep a negative time")
         index = self._slept
@@ -68,6 +117,17 @@ class ToolContext:
         if index < self.sleeps_done:
             return
         raise Interrupt(ToolOutcome(status="sleep", sleep_seconds=seconds))
+
+    def _refuse_in_thread(self, method: str) -> None:
+        if self._loop is not None:
+            raise TypeError(
+                f"tool {self.tool} is a plain function (def), so it runs in a thread: "
+                f"call ctx.{method}_sync(...) instead of ctx.{method}(...)"
+            )
+
+
+async def _ready(value: Any) -> Any:
+    return value
 
 
 class _Pending:
@@ -105,14 +165,15 @@ class Tool:
         self.fn = fn
         self.kind = ToolKind(kind)
         self.name = name or fn.__name__
-        self.description = description or inspect.getdoc(fn) or ""
+        doc = _docstring.parse(inspect.getdoc(fn) or "")
+        self.description = description or doc.description
         self.retry = retry or RetryPolicy()
         self.approval = approval
         self.poll_interval = poll_interval
         self.poll_fn: Callable[..., Any] | None = None
         self.check_fn: Callable[..., Any] | None = None
         self._context_param: str | None = None
-        self._arguments = self._model(fn)
+        self._arguments = self._model(fn, doc.params)
         self._spec: ToolSpec | None = None
 
     def poll(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -141,18 +202,21 @@ class Tool:
         except Exception:
             return True
 
-    def _model(self, fn: Callable[..., Any]) -> type[BaseModel]:
-        hints = typing.get_type_hints(fn)
+    def _model(self, fn: Callable[..., Any], docs: dict[str, str]) -> type[BaseModel]:
+        """The arguments' model: each parameter's type with its ``Annotated`` constraints
+        (``Field(ge=1, ...)``) and its description, which reach both the schema and the
+        validation."""
+        hints = typing.get_type_hints(fn, include_extras=True)
         fields: dict[str, Any] = {}
         for param in inspect.signature(fn).parameters.values():
             annotation = hints.get(param.name, Any)
-            if annotation is ToolContext:
+            if _without_extras(annotation) is ToolContext:
                 self._context_param = param.name
                 continue
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(f"tool {self.name}: *args and **kwargs cannot be described")
             default = ... if param.default is param.empty else param.default
-            fields[param.name] = (annotation, default)
+            fields[param.name] = (_described(annotation, docs.get(param.name)), default)
         config = ConfigDict(extra="forbid")
         model: type[BaseModel] = create_model(f"{self.name}_arguments", __config__=config, **fields)
         return model
@@ -208,16 +272,16 @@ class Tool:
         """Run the body with arguments that ``validate`` returned."""
         if self._context_param is not None:
             kwargs = {**kwargs, self._context_param: ctx}
-        return await _maybe_await(self.fn(**kwargs))
+        return await _run(self.fn, ctx, **kwargs)
 
     async def call_poll(self, ctx: ToolContext, handle: Any) -> Any:
         assert self.poll_fn is not None
-        return await _maybe_await(self.poll_fn(ctx, handle))
+        return await _run(self.poll_fn, ctx, ctx, handle)
 
     async def call_check(self, ctx: ToolContext, arguments: dict[str, Any]) -> Checked:
         """Run the check with validated ``arguments`` (what ``validate`` returned)."""
         assert self.check_fn is not None
-        verdict = await _maybe_await(self.check_fn(ctx, **arguments))
+        verdict = await _run(self.check_fn, ctx, ctx, **arguments)
         if isinstance(verdict, Checked):
             return verdict
         if verdict is None or isinstance(verdict, bool):
@@ -225,8 +289,68 @@ class Tool:
         raise TypeError(f"check of {self.name} returned {verdict!r}: want Checked, bool or None")
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
+def _without_extras(annotation: Any) -> Any:
+    if typing.get_origin(annotation) is Annotated:
+        return typing.get_args(annotation)[0]
+    return annotation
+
+
+def _described(annotation: Any, doc: str | None) -> Any:
+    """``annotation`` with a description: its own ``Field(description=...)`` wins, then a
+    plain string in its ``Annotated[...]``, then the docstring's text for the parameter."""
+    extras = typing.get_args(annotation)[1:] if typing.get_origin(annotation) is Annotated else ()
+    if any(isinstance(e, FieldInfo) and e.description for e in extras):
+        return annotation
+    text = next((e for e in extras if isinstance(e, str)), doc)
+    if not text:
+        return annotation
+    return Annotated[annotation, Field(description=text)]
+
+
+async def _run(fn: Callable[..., Any], ctx: ToolContext, /, *args: Any, **kwargs: Any) -> Any:
+    """Run one of a tool's functions: an ``async def`` on this loop, a plain ``def`` in a
+    thread of its own (so it cannot block the loop), with this task's context variables.
+
+    A thread cannot be stopped: if the attempt is cancelled meanwhile, the function runs
+    on to its end and its result is dropped. The thread is a daemon, so a Worker that
+    exits does not wait for it."""
+    if _is_async(fn):
+        return await fn(*args, **kwargs)
+    loop = asyncio.get_running_loop()
+    settled: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if settled.done():  # the attempt was cancelled meanwhile
+            return
+        if error is None:
+            settled.set_result(value)
+        else:
+            settled.set_exception(error)
+
+    def body() -> None:
+        value: Any = None
+        error: BaseException | None = None
+        try:  # an Interrupt (ctx.ask_sync, ctx.sleep_sync) is a BaseException: carry it too
+            value = context.run(fn, *args, **kwargs)
+        except BaseException as e:
+            error = e
+        # a closed loop: the Worker exited meanwhile, and nobody waits for this result
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, value, error)
+
+    ctx._loop = loop  # the ctx now serves a thread: ``*_sync`` methods, not async ones
+    threading.Thread(target=body, name=f"dex-tool-{ctx.tool}", daemon=True).start()
+    value = await settled
+    if inspect.isawaitable(value):  # a def that returned a coroutine (a plain wrapper)
+        ctx._loop = None
+        return await value
+    return value
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    call = getattr(fn, "__call__", None)  # noqa: B004 - a callable object's async __call__
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
 @overload

@@ -15,11 +15,11 @@ def test_tokens_let_the_right_processes_in(rig: Rig, monkeypatch: pytest.MonkeyP
     rig.server.env.update(TOKENS)  # the server reads all three from its environment
     rig.start_server()
     impostor = rig.start_worker(env={"DEX_WORKER_TOKEN": "c-123"})  # a client token
-    wait_until(
-        lambda: "refused this Worker's token" in impostor.output(),
-        20,
-        what="the server refused the impostor",
-    )
+    # refused, it exits with a message that says what to fix instead of retrying forever
+    wait_until(lambda: not impostor.alive, 20, what="the refused Worker exited")
+    assert impostor.proc is not None and impostor.proc.returncode == 1
+    assert "refused this Worker (HTTP 403" in impostor.output()
+    assert "set DEX_WORKER_TOKEN" in impostor.output()
     rig.start_worker(env={"DEX_WORKER_TOKEN": "w-456"})
 
     with dex.SyncClient(rig.server.address, token="c-123") as client:

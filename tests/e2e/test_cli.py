@@ -52,3 +52,20 @@ def test_a_person_approves_from_the_command_line(rig: Rig) -> None:
     assert again.stderr.startswith("error: ") and "Traceback" not in again.stderr
     missing = dex(rig, "snapshot", "no-such-session")
     assert missing.returncode == 1 and "unknown session" in missing.stderr
+
+
+def test_dex_workers_shows_who_serves_what(rig: Rig) -> None:
+    rig.start_server()
+    none = dex(rig, "workers")
+    assert none.returncode == 0 and "no Worker is connected" in none.stdout
+    refused = dex(rig, "new", "waiter")  # nobody serves it yet: the error says what to do
+    assert refused.returncode == 1 and "start a Worker that defines it" in refused.stderr
+    rig.start_worker()
+    rig.session("waiter")
+    listed = dex(rig, "workers", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (worker,) = json.loads(listed.stdout)
+    names = {a["name"]: a["tools"] for a in worker["agents"]}
+    assert "delete_all" in names["waiter"] and worker["capacity"] == 16
+    table = dex(rig, "workers")
+    assert worker["worker_id"] in table.stdout and "serves" in table.stdout

@@ -111,11 +111,16 @@ class Api:
         return rows
 
 
-def make_api_app(data_dir: Path, heartbeat_timeout: float = HEARTBEAT_TIMEOUT) -> BodyLimit:
+def make_api_app(
+    data_dir: Path, heartbeat_timeout: float = HEARTBEAT_TIMEOUT, reconnect_grace: float = 1.0
+) -> BodyLimit:
     """The node's ASGI app: the FastAPI app, as ``.app``, behind the body limit."""
     app = asgi(
         ServerConfig(
-            data_dir=data_dir, heartbeat_timeout=heartbeat_timeout, max_body_bytes=MAX_BODY
+            data_dir=data_dir,
+            heartbeat_timeout=heartbeat_timeout,
+            reconnect_grace=reconnect_grace,
+            max_body_bytes=MAX_BODY,
         )
     )
     assert isinstance(app, BodyLimit)
@@ -142,6 +147,7 @@ class FakeWorker:
     def __init__(self, ws: WebSocketTestSession) -> None:
         self.ws = ws
         self.inbox: list[dict[str, Any]] = []
+        self.welcome: dict[str, Any] = {}
 
     def send(self, *messages: dict[str, Any]) -> None:
         self.ws.send_bytes(orjson.dumps(list(messages)))
@@ -198,7 +204,8 @@ class FakeWorker:
 
 
 @contextlib.contextmanager
-def connect_fake_worker(api: Api, worker_id: str = "w-test") -> Iterator[FakeWorker]:
+def connect_fake_worker(api: Api, worker_id: str = "w-test", **hello: Any) -> Iterator[FakeWorker]:
+    """A connection that said hello (``hello`` adds fields: attempts, resume, agents...)."""
     with api.http.websocket_connect("/v1/workers/connect") as ws:
         fake = FakeWorker(ws)
         fake.send(
@@ -207,10 +214,11 @@ def connect_fake_worker(api: Api, worker_id: str = "w-test") -> Iterator[FakeWor
                 "worker_id": worker_id,
                 "agents": [AGENT.model_dump(mode="json")],
                 "capacity": 8,
+                **hello,
             }
         )
-        welcome = fake.expect("welcome")
-        assert welcome["worker_id"] == worker_id
+        fake.welcome = fake.expect("welcome")
+        assert fake.welcome["worker_id"] == worker_id
         yield fake
 
 

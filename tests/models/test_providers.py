@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from pydantic import Field
 
+import dex
 from dex.models import Anthropic, ModelError, OpenAI
 from dex.models import _translate as tr
 from dex.testing.fake_providers import Entry, Fail, Reply, ScriptedCall
@@ -399,6 +401,40 @@ async def test_params_and_settings_reach_the_request(provider: Provider) -> None
         "openai-responses": "max_output_tokens",
     }[provider.name]
     assert body[limit] == 77
+
+
+async def test_a_tools_constraints_and_descriptions_reach_the_provider(
+    provider: Provider,
+) -> None:
+    @dex.tool(kind="read")
+    async def top(
+        city: str, n: Annotated[int, Field(ge=1, le=10, description="How many.")] = 3
+    ) -> str:
+        """The best places of a city.
+
+        Args:
+            city: The city, with its country.
+        """
+        return city
+
+    script = [Reply(tool_calls=[ScriptedCall("top", {"city": "Oslo", "n": 2}, id="c1")])]
+    async with provider.server(script) as server, provider.model(server) as model:
+        _, response = await collect(model, model_request(tools=[top.spec()]))
+    assert response.tool_calls == [
+        ModelToolCall(id="c1", name="top", arguments={"city": "Oslo", "n": 2})
+    ]
+    (sent,) = server.requests[0].body["tools"]
+    schema = sent.get("input_schema") or sent.get("parameters") or sent["function"]["parameters"]
+    n = schema["properties"]["n"]
+    assert (n["type"], n["minimum"], n["maximum"], n["description"]) == (
+        "integer",
+        1,
+        10,
+        "How many.",
+    )
+    assert schema["properties"]["city"]["description"] == "The city, with its country."
+    description = sent.get("description") or sent["function"]["description"]
+    assert description == "The best places of a city."
 
 
 def test_a_model_serves_one_event_loop_after_another() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,13 +111,39 @@ async def flaky(ctx: dex.ToolContext) -> str:
     raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
 
 
+@dex.tool(kind="write")
+def slow_charge(
+    amount: int, ctx: dex.ToolContext, seconds: float = 0, gate: str | None = None
+) -> str:
+    """A plain-function write that blocks its thread: ``time.sleep(seconds)``, then (with a
+    ``gate``) a blocking wait for the gate. It runs in a thread, so the Worker's heartbeats
+    and other Steps go on meanwhile."""
+    LEDGER.record("slow_charge", amount=amount, idempotency_key=ctx.idempotency_key)
+    time.sleep(seconds)
+    if gate:
+        (GATES / f"{gate}.{ctx.attempt}.entered").write_text("")
+        while not (GATES / f"{gate}.open").exists():
+            time.sleep(0.005)
+    LEDGER.record("slow_charge.done", amount=amount, idempotency_key=ctx.idempotency_key)
+    return f"charged {amount} slowly"
+
+
+@dex.tool(kind="idempotent_write", retry=dex.RetryPolicy(initial_backoff_seconds=0.05))
+def slow_order(item: str, ctx: dex.ToolContext) -> str:
+    """A plain-function tool that asks a question (``ctx.ask_sync``) from its thread."""
+    LEDGER.record("slow_order.before_ask", answers=len(ctx.answers))
+    size = ctx.ask_sync(f"Which size of {item}?", choices=["S", "M", "L"])
+    LEDGER.record("slow_order", item=item, size=size, idempotency_key=ctx.idempotency_key)
+    return f"ordered {item} in {size}"
+
+
 _FAST = dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05)
 
 assistant = dex.Agent(
     name="assistant",
     model=Scripted(script),
     instructions="You are a test agent.",
-    tools=[lookup, charge, upsert, refuse, flaky],
+    tools=[lookup, charge, upsert, refuse, flaky, slow_charge, slow_order],
     model_retry=_FAST,
 )
 

@@ -10,6 +10,7 @@ and ``tests/unit/test_crash_matrix_page.py`` fails when the committed page is st
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable
 
 COLUMNS = ("Worker kill", "Server restart", "Takeover")
@@ -122,6 +123,60 @@ ROWS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
+H = "dex.server.engine.handlers."
+S = "dex.server.sessions.Sessions."
+DECIDED_BY: dict[str, tuple[str, ...]] = {
+    "run_model.before_output": (H + "fail_attempt", H + "recover", H + "_failed_turn_note"),
+    "run_model.after_output": (H + "fail_attempt", H + "recover"),
+    "idempotent_write.before_heartbeat": (H + "fail_attempt", H + "complete_model"),
+    "idempotent_write.running": (H + "fail_attempt", H + "complete_model"),
+    "read.running": (H + "fail_attempt",),
+    "call_tool.every_attempt": (H + "_settle_failed_call",),
+    "single_attempt.before_heartbeat": (H + "_queue_tool", H + "_settle_failed_call"),
+    "single_attempt.running": (
+        H + "_queue_tool",
+        H + "_settle_failed_call",
+        "dex.worker.worker.Worker._run_tool",
+    ),
+    "await_tool_approval.waiting": (H + "record_input", H + "apply_input"),
+    "await_question_answer.waiting": (H + "record_input", H + "apply_input"),
+    "await_timer.waiting": (S + "fire_timer", S + "start"),
+    "poll_tool_task.between_polls": (H + "complete_tool", S + "start"),
+    "poll_tool_task.during_poll": (H + "fail_attempt", H + "complete_tool"),
+    "compact_context.during_summary": (H + "complete_summary", H + "fail_attempt"),
+    "idle.waiting_for_message": (H + "receive_message",),
+    "any_step.queued": (H + "assign", H + "hand_back", S + "start"),
+    "read_poll_compact.before_heartbeat": (H + "fail_attempt",),
+    "wait_handler.running": (S + "resolve", S + "_process_inbox", H + "apply_input"),
+    "any_step.result_sent": (S + "complete", H + "recover"),
+}
+"""For each row, the functions whose code decides what happens (shown on the page; each
+must exist, so a rename regenerates the page)."""
+
+
+def decided_by(key: str) -> str:
+    shown = []
+    for dotted in DECIDED_BY.get(key, ()):
+        _resolve(dotted)
+        parts = dotted.split(".")
+        shown.append(f"`{'.'.join(parts[-3:] if parts[-2][0].isupper() else parts[-2:])}`")
+    return ", ".join(shown) or "—"
+
+
+def _resolve(dotted: str) -> object:
+    """The object a dotted path names; raises if it does not exist."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            found = getattr(found, name)
+        return found
+    raise ImportError(dotted)
+
+
 PROSE = """\
 ## What the page promises, in Dex's words
 
@@ -136,7 +191,8 @@ moment and checks the outcome against the tool's own ledger of side effects:
   the PostgreSQL backend, not built yet).
 
 "Not tested" means no test covers the cell yet, so its text states the design, not a
-checked result. The page is generated from the tests' `crash` marks; a unit test fails
+checked result. "Decided by" names the functions whose code decides the row (handlers
+live in `src/dex/server/engine/handlers.py`, `Sessions` in `src/dex/server/sessions.py`). The page is generated from the tests' `crash` marks; a unit test fails
 when it is stale.
 
 A running Worker survives both server failures: it reconnects, and the restarted node
@@ -175,15 +231,17 @@ def render(marks: Iterable[tuple[str, str, str]]) -> str:
         "`.venv/bin/pytest --collect-only -q tests/crash --write-crash-matrix "
         "docs/crash-matrix.md`. Do not edit by hand.",
         "",
-        "| Step | Interrupted | What happens | " + " | ".join(COLUMNS) + " |",
-        "|---|---|---|" + "---|" * len(COLUMNS),
+        "| Step | Interrupted | What happens | Decided by | " + " | ".join(COLUMNS) + " |",
+        "|---|---|---|---|" + "---|" * len(COLUMNS),
     ]
     for key, (step, interrupted, what) in ROWS.items():
         tested = [
             ", ".join(f"`{p}`" for p in sorted(cells.get((key, c), ()))) or "Not tested"
             for c in COLUMNS
         ]
-        lines.append(f"| {step} | {interrupted} | {what} | " + " | ".join(tested) + " |")
+        lines.append(
+            f"| {step} | {interrupted} | {what} | {decided_by(key)} | " + " | ".join(tested) + " |"
+        )
     return "\n".join(lines) + "\n\n" + PROSE
 
 

@@ -885,3 +885,72 @@ def test_a_compaction_within_a_turn_keeps_its_tool_calls_and_results() -> None:
     assert state.turn is not None and state.turn.steps[-1].type == StepType.RUN_MODEL
     assert state.context(history) == [SummaryItem(text="s1"), history[2], *history[4:]]
     assert isinstance(history[-1], ToolResultItem)
+
+
+# --- every attempt on record, times, and retries after a lost Worker -----------------------
+
+EXPORT = ToolSpec(
+    name="export",
+    kind=ToolKind.TASK,
+    retry=RetryPolicy(max_attempts=2, initial_backoff_seconds=0),
+    poll_interval_seconds=1.0,
+)
+
+
+def test_every_attempt_of_every_poll_stays_on_record_and_retries_count_per_poll() -> None:
+    spec = make_spec(EXPORT)
+    state = new_state()
+    ask_for_tools(state, spec, ("c1", "export", {}))
+    start = step_for(state, "c1")
+    handlers.assign(state, start.id, "w", T0)
+    handlers.complete_tool(state, spec, start.id, 1, ok("handle-7"), T0)
+    poll = step_for(state, "c1")
+    assert poll.type == StepType.POLL_TOOL_TASK
+    outcomes: list[tuple[int, AttemptOutcome]] = []
+    for n, now in ((1, T0 + 1), (2, T0 + 2), (3, T0 + 3)):  # poll 1 fails once, then pending
+        attempt = handlers.assign(state, poll.id, "w", now)
+        assert attempt.number == n  # numbered on across polls: each attempt id is unique
+        if n == 1:
+            handlers.fail_attempt(state, spec, poll.id, n, crash(), now)
+        elif n == 2:
+            handlers.complete_tool(state, spec, poll.id, n, ToolOutcome(status="pending"), now)
+        else:  # poll 2 fails: its own first failure, retried (2 attempts per poll)
+            handlers.fail_attempt(state, spec, poll.id, n, crash(), now)
+    assert poll.status == StepStatus.QUEUED
+    attempt = handlers.assign(state, poll.id, "w", T0 + 4)
+    handlers.complete_tool(state, spec, poll.id, attempt.number, ok("exported"), T0 + 4)
+    outcomes = [(a.number, a.outcome) for a in poll.attempts]
+    assert outcomes == [
+        (1, AttemptOutcome.FAILED),
+        (2, AttemptOutcome.SUCCEEDED),
+        (3, AttemptOutcome.FAILED),
+        (4, AttemptOutcome.SUCCEEDED),
+    ]
+    assert call_for(state, "c1").status == ToolCallStatus.SUCCEEDED
+    assert poll.ended_at == T0 + 4
+
+
+def test_a_succeeded_step_records_when_it_ended() -> None:
+    spec = make_spec()
+    state = new_state()
+    ask_for_tools(state, spec, ("c1", "lookup", {"key": "k"}))
+    assert state.turn is not None
+    model = state.turn.steps[0]
+    assert model.status == StepStatus.SUCCEEDED and model.ended_at == T0
+    step = step_for(state, "c1")
+    handlers.assign(state, step.id, "w", T0 + 1)
+    handlers.complete_tool(state, spec, step.id, 1, ok("v"), T0 + 2)
+    assert step.ended_at == T0 + 2
+
+
+def test_an_attempt_the_server_lost_retries_at_once_and_a_failing_one_backs_off() -> None:
+    spec = make_spec(ToolSpec(name="lookup", kind=ToolKind.READ))  # 1 s initial backoff
+    state = new_state()
+    ask_for_tools(state, spec, ("c1", "lookup", {"key": "k"}))
+    step = step_for(state, "c1")
+    handlers.assign(state, step.id, "w", T0)
+    handlers.fail_attempt(state, spec, step.id, 1, crash("Worker gone"), T0, backoff=False)
+    assert step.status == StepStatus.QUEUED and step.not_before is None
+    handlers.assign(state, step.id, "w", T0 + 1)
+    handlers.fail_attempt(state, spec, step.id, 2, crash("ValueError: x"), T0 + 1)
+    assert step.not_before == T0 + 1 + spec.tools[0].retry.backoff(2)

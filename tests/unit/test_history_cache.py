@@ -1,5 +1,5 @@
-"""The Worker's history cache gives the same items as validating everything, and reuses
-the validated prefix."""
+"""The Worker's history cache builds each hand-out's view from what it kept and what the
+hand-out adds, validating only the new items, and says when it lacks the base."""
 
 from __future__ import annotations
 
@@ -15,25 +15,29 @@ TURN_1: list[Any] = [
 ]
 
 
-def test_items_equal_a_full_validation_and_the_prefix_is_reused() -> None:
+def test_a_view_built_on_a_base_equals_a_full_validation_and_reuses_the_base() -> None:
     cache = HistoryCache()
-    first = cache.items("s1", TURN_1[:1])
+    first = cache.view("s1", 0, TURN_1[:1])
     assert first == ITEMS.validate_python(TURN_1[:1])
-    longer = cache.items("s1", TURN_1)
+    longer = cache.view("s1", 1, TURN_1[1:])
     assert longer == ITEMS.validate_python(TURN_1)
+    assert longer is not None and first is not None
     assert longer[0] is first[0]  # validated once, reused
 
 
-def test_a_changed_prefix_is_validated_again() -> None:
+def test_a_base_of_zero_replaces_the_view() -> None:
     cache = HistoryCache()
-    cache.items("s1", TURN_1)
+    cache.view("s1", 0, TURN_1)
     compacted: list[Any] = [{"type": "summary", "text": "earlier"}, *TURN_1[1:]]
-    assert cache.items("s1", compacted) == ITEMS.validate_python(compacted)
+    assert cache.view("s1", 0, compacted) == ITEMS.validate_python(compacted)
 
 
-def test_sessions_are_kept_apart_and_bounded() -> None:
+def test_a_missing_base_is_reported_not_guessed() -> None:
     cache = HistoryCache(sessions=2)
-    for sid in ("a", "b", "c"):
-        cache.items(sid, TURN_1[:1])
-    assert list(cache._entries) == ["b", "c"]
-    assert cache.items("a", TURN_1) == ITEMS.validate_python(TURN_1)
+    assert cache.view("s1", 2, TURN_1[2:]) is None  # never seen
+    cache.view("s1", 0, TURN_1[:1])
+    assert cache.view("s1", 2, TURN_1[2:]) is None  # holds 1 item, not 2
+    for sid in ("a", "b"):
+        cache.view(sid, 0, TURN_1[:1])
+    assert cache.view("s1", 1, TURN_1[1:]) is None  # dropped: least recently used
+    assert cache.view("b", 1, TURN_1[1:]) == ITEMS.validate_python(TURN_1)

@@ -53,6 +53,20 @@ def server(
             help="Seconds without a heartbeat before an attempt fails.",
         ),
     ] = 10.0,
+    reconnect_grace: Annotated[
+        float,
+        typer.Option(
+            envvar="DEX_RECONNECT_GRACE",
+            help="Seconds a dropped Worker's attempts wait for it to reconnect before they fail.",
+        ),
+    ] = 1.0,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(
+            envvar="DEX_SERVER_DRAIN_TIMEOUT",
+            help="On SIGTERM, seconds running attempts may take to finish before they fail.",
+        ),
+    ] = 20.0,
     max_body_bytes: Annotated[int, typer.Option(envvar="DEX_MAX_BODY_BYTES")] = 1 << 20,
     client_token: Annotated[
         str | None,
@@ -79,6 +93,8 @@ def server(
             host=host,
             port=port,
             heartbeat_timeout=heartbeat_timeout,
+            reconnect_grace=reconnect_grace,
+            drain_timeout=drain_timeout,
             max_body_bytes=max_body_bytes,
             client_token=client_token,
             worker_token=worker_token,
@@ -109,9 +125,15 @@ def worker(
 
     agents = load_agents(module)
     _logging()
-    Worker(
-        agents, address, WorkerConfig(capacity=capacity, drain_timeout=drain_timeout, token=token)
-    ).run_forever()
+    try:
+        Worker(
+            agents,
+            address,
+            WorkerConfig(capacity=capacity, drain_timeout=drain_timeout, token=token),
+        ).run_forever()
+    except DexError as e:
+        typer.echo(f"error: {e.message}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -129,6 +151,7 @@ def demo(
 
 
 Address = Annotated[str, typer.Option(envvar="DEX_ADDRESS", help="Server address(es).")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 # Client commands send DEX_CLIENT_TOKEN when the server has auth on (dex.Client reads it).
 By = Annotated[str | None, typer.Option(help="Who does it (recorded).")]
 
@@ -139,10 +162,36 @@ def _call(address: str, action: Callable[[SyncClient], Any]) -> None:
 
     with SyncClient(address) as client:
         try:
-            _print(action(client))
+            value = action(client)
+            if value is not None:
+                _print(value)
         except DexError as e:
             typer.echo(f"error: {e.message}", err=True)
             raise typer.Exit(1) from None
+
+
+@app.command()
+def workers(address: Address = DEFAULT_ADDRESS, json_output: JsonFlag = False) -> None:
+    """The Workers connected to the server: agents, tools, capacity, running attempts."""
+
+    def show(client: SyncClient) -> Any:
+        found = client.list_workers()
+        if json_output:
+            return found
+        if not found:
+            typer.echo("no Worker is connected: start one with `dex worker MODULE`")
+            return None
+        for w in found:
+            agents = ", ".join(
+                f"{a['name']} ({', '.join(a['tools']) or 'no tools'})" for a in w["agents"]
+            )
+            typer.echo(
+                f"{w['worker_id']}  capacity {w['capacity']}  running {len(w['running'])}"
+                f"{'  draining' if w['draining'] else ''}\n  serves {agents}"
+            )
+        return None
+
+    _call(address, show)
 
 
 @app.command()

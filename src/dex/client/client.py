@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -102,7 +104,11 @@ class Client:
         if wait:
             body["wait_seconds"] = timeout
         result = await self._request(
-            "POST", f"/v1/sessions/{session_id}/messages", body, read_timeout=timeout + 10
+            "POST",
+            f"/v1/sessions/{session_id}/messages",
+            body,
+            read_timeout=timeout + 10,
+            retry=message_id is not None,  # the same id again returns the first send's turn
         )
         if wait and result["status"] == "running":
             # The server holds a request only so long: wait out the rest of our timeout.
@@ -136,6 +142,13 @@ class Client:
         result = await self._request("GET", "/v1/agents")
         agents: list[dict[str, Any]] = result["agents"]
         return agents
+
+    async def list_workers(self) -> list[dict[str, Any]]:
+        """The Workers connected to the server: their agents and tools, capacity, and the
+        attempts they run."""
+        result = await self._request("GET", "/v1/workers")
+        workers: list[dict[str, Any]] = result["workers"]
+        return workers
 
     async def stream_events(
         self, session_id: str, *, last_event_id: int | None = None
@@ -262,13 +275,23 @@ class Client:
         *,
         params: dict[str, Any] | None = None,
         read_timeout: float | None = None,
+        retry: bool | None = None,
     ) -> dict[str, Any]:
+        """One request to whichever node serves. A request that is safe to repeat (a read,
+        or ``retry=True``: a send that carries a ``message_id``) is tried again across the
+        addresses, with backoff, until the client's timeout: a node restarting or a standby
+        taking over is a gap, not an error. Others try each address once."""
         http = self._session()
         data = orjson.dumps(body) if body is not None else None
         timeout = aiohttp.ClientTimeout(total=read_timeout or self.timeout)
+        safe = method == "GET" if retry is None else retry
+        deadline = time.monotonic() + (read_timeout or self.timeout)
+        delay = 0.05
         last: Exception | None = None
-        for _ in range(len(self.addresses)):
+        tries = 0
+        while True:
             base = self.addresses[self._current % len(self.addresses)]
+            tries += 1
             try:
                 async with http.request(
                     method,
@@ -286,16 +309,23 @@ class Client:
                     if response.status == 503:
                         last = Unavailable(f"{base} is not serving: {payload[:200]!r}")
                         self._current += 1
-                        continue
-                    decoded = orjson.loads(payload) if payload else None
-                    if response.status >= 400:
-                        raise _error(response.status, decoded)
-                    if not isinstance(decoded, dict):
-                        raise ServerError(f"unexpected answer from {base}: {payload[:200]!r}")
-                    return decoded
+                    else:
+                        decoded = orjson.loads(payload) if payload else None
+                        if response.status >= 400:
+                            raise _error(response.status, decoded)
+                        if not isinstance(decoded, dict):
+                            raise ServerError(f"unexpected answer from {base}: {payload[:200]!r}")
+                        return decoded
             except (TimeoutError, aiohttp.ClientConnectionError, OSError) as e:
                 last = e
                 self._current += 1
+            if not safe and tries >= len(self.addresses):
+                break
+            if safe and tries % len(self.addresses) == 0:
+                if time.monotonic() + delay > deadline:
+                    break
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, 1.0)
         raise Unavailable(
             f"no Dex Server answered at {', '.join(self.addresses)}: {last}", retryable=True
         )

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -15,16 +19,27 @@ from dex import _loop
 from dex.errors import DexError
 from dex.server.api import errors, ops, sessions, workers
 from dex.server.api.auth import Auth, Role
+from dex.server.api.gate import StandbyGate
 from dex.server.api.responses import ORJSONResponse
 from dex.server.config import ServerConfig
 from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.ha.leadership import Leadership, Solo
+from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.server.store.base import Store
 
 log = logging.getLogger("dex.server")
 
 
-def create_app(config: ServerConfig) -> FastAPI:
+def create_app(
+    config: ServerConfig,
+    leadership: Leadership | None = None,
+    on_step_down: Callable[[], None] | None = None,
+) -> FastAPI:
+    """The node's FastAPI app. ``leadership``: the lease it must hold to serve (default:
+    ``Solo``, the embedded node that leads from the start). ``on_step_down``: what to do
+    when the lead is lost (``serve`` exits the process)."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store.from_url(config.database_url)
@@ -33,21 +48,20 @@ def create_app(config: ServerConfig) -> FastAPI:
         except DexError as e:
             log.error("cannot start: %s", e.message, extra={"action": "node.start_failed"})
             raise
-        dispatcher = Dispatcher(config.heartbeat_timeout)
+        dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
         domain = Sessions(store, dispatcher)
+        lead = leadership or _leadership(config.database_url)
+        node = Node(store, dispatcher, domain, lead, on_step_down)
         app.state.store = store
         app.state.dispatcher = dispatcher
         app.state.sessions = domain
-        failed = await domain.start()
-        dispatcher.start(domain.assign, domain.expire, domain.fire_timer)
-        app.state.ready = True
-        log.info("node ready", extra={"action": "node.ready", "failed_attempts": failed})
+        app.state.node = node
         try:
+            # a node that leads from the start recovers before it answers anything
+            await node.start(wait=isinstance(lead, Solo))
             yield
         finally:
-            app.state.ready = False
-            await dispatcher.stop()
-            await domain.stop()
+            await node.stop()
             await store.close()
 
     app = FastAPI(
@@ -58,16 +72,32 @@ def create_app(config: ServerConfig) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.config = config
-    app.state.ready = False
+    app.state.node = None
     errors.install(app)
+    app.add_middleware(StandbyGate)
     app.include_router(ops.router)
     app.include_router(sessions.router)
     app.include_router(workers.router)
     return app
 
 
+def _leadership(database_url: str) -> Leadership:
+    """The embedded SQLite node leads from the start; nodes sharing PostgreSQL compete for
+    its lease."""
+    if database_url.startswith(("postgresql://", "postgres://")):
+        from dex.server.ha.lease import Lease
+
+        return Lease(database_url)
+    return Solo()
+
+
 def asgi(config: ServerConfig) -> ASGIApp:
-    app = errors.BodyLimit(create_app(config), config.max_body_bytes)
+    return _wrap(create_app(config), config)
+
+
+def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
+    """The layers in front of the routes: the body limit, and auth when it is on."""
+    app: ASGIApp = errors.BodyLimit(fastapi_app, config.max_body_bytes)
     tokens = {
         Role.CLIENT: config.client_token,
         Role.WORKER: config.worker_token,
@@ -86,11 +116,47 @@ SQLite writer thread needs the GIL briefly for each statement; with the default,
 event loop made every group commit wait milliseconds for it."""
 
 
-def serve(config: ServerConfig) -> None:
-    """Run one node until SIGINT or SIGTERM."""
-    server = uvicorn.Server(
+class _Server(uvicorn.Server):
+    """uvicorn, with a drain before it stops: the first SIGTERM or SIGINT drains the node
+    (``drain``) and then exits; a second one exits at once."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.app = app
+        self.drain_timeout = drain_timeout
+        self._draining: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        node: Node | None = self.app.state.node
+        if self._draining is not None or node is None or node.role != "active":
+            self.should_exit = True
+            if sig == signal.SIGINT and self._draining is not None:
+                self.force_exit = True
+            return
+        self._draining = asyncio.get_event_loop().create_task(self._drain_then_exit(node))
+
+    async def _drain_then_exit(self, node: Node) -> None:
+        try:
+            await node.drain(self.drain_timeout)
+        finally:
+            self.should_exit = True
+
+
+STEPPED_DOWN = 4
+"""The exit status of a node that lost the lead: restart it, and it comes back a standby."""
+
+
+def _exit_stepped_down() -> None:
+    logging.shutdown()
+    os._exit(STEPPED_DOWN)  # nothing in flight here may be trusted any more: leave now
+
+
+def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
+    """Run one node until SIGINT or SIGTERM (then drain, and exit)."""
+    fastapi_app = create_app(config, leadership, on_step_down=_exit_stepped_down)
+    server = _Server(
         uvicorn.Config(
-            asgi(config),
+            _wrap(fastapi_app, config),
             host=config.host,
             port=config.port,
             lifespan="on",
@@ -98,7 +164,9 @@ def serve(config: ServerConfig) -> None:
             access_log=False,
             ws_max_size=64 << 20,
             timeout_graceful_shutdown=5,
-        )
+        ),
+        fastapi_app,
+        config.drain_timeout,
     )
     sys.setswitchinterval(SWITCH_INTERVAL)
     _loop.run(server.serve())

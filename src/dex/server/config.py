@@ -17,6 +17,12 @@ class ServerConfig:
     port: int = DEFAULT_PORT
     heartbeat_timeout: float = 10.0
     """Seconds without a heartbeat after which an attempt fails (``DEX_HEARTBEAT_TIMEOUT``)."""
+    reconnect_grace: float = 1.0
+    """Seconds a closed Worker connection's attempts wait for the Worker to reconnect and
+    re-claim them before they fail (``DEX_RECONNECT_GRACE``)."""
+    drain_timeout: float = 20.0
+    """On SIGTERM, how long running attempts may take to finish before they fail
+    (``DEX_SERVER_DRAIN_TIMEOUT``)."""
     max_body_bytes: int = 1 << 20
     """Requests with a larger body are refused with 413 (``DEX_MAX_BODY_BYTES``)."""
     max_wait_seconds: float = 60.0

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from dex import _failpoints as failpoints
-from dex.errors import Conflict, InvalidInput, NotFound
+from dex.errors import Conflict, DexError, InvalidInput, NotFound
 from dex.server import records
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.engine import handlers
@@ -44,6 +44,7 @@ from dex.server.engine.state import (
 from dex.server.store.base import SessionRow, Store
 from dex.server.streams import MemoryStreams
 from dex.wire import (
+    MAX_JSON_DEPTH,
     AgentSpec,
     AttemptProgress,
     Item,
@@ -53,6 +54,7 @@ from dex.wire import (
     StepType,
     Summary,
     ToolOutcome,
+    too_deep,
 )
 
 log = logging.getLogger("dex.sessions")
@@ -92,6 +94,9 @@ class Sessions:
         self._actors: OrderedDict[str, Actor] = OrderedDict()
         self._loading: dict[str, asyncio.Future[Actor]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.background_failures = 0
+        """Background writes (a timer firing, a handler, an expired attempt) that failed
+        and were tried again."""
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -106,6 +111,32 @@ class Sessions:
                 exc_info=task.exception(),
                 extra={"action": "sessions.task_failed"},
             )
+
+    async def _retrying(
+        self, what: str, op: Callable[[], Coroutine[Any, Any, None]], **ids: Any
+    ) -> None:
+        """Run background work until it commits: a storage error never drops a timer, a
+        recorded input or an attempt's failure. ``Conflict`` and ``NotFound`` mean the
+        state moved on without it: nothing to do."""
+        delay = 0.05
+        while True:
+            try:
+                await op()
+                return
+            except (Conflict, NotFound):
+                return
+            except Exception as e:
+                self.background_failures += 1
+                log.warning(
+                    "%s failed, trying again in %.2fs: %r",
+                    what,
+                    delay,
+                    e,
+                    exc_info=not isinstance(e, DexError),
+                    extra={"action": "sessions.retry", "what": what, **ids},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -135,8 +166,27 @@ class Sessions:
             for step in actor.state.waiting_steps():
                 if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
                     self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
-            await self._process_inbox(actor)
+            await self._process_inbox(session_id)
         return failed
+
+    async def fail_held(self, reason: str) -> int:
+        """Fail every attempt a Worker still holds, as a node stopping does (group commit
+        makes it one transaction, or few). Returns how many failed."""
+        by_session: dict[str, list[str]] = {}
+        for aid, held in self.dispatcher.held.items():
+            by_session.setdefault(held.session_id, []).append(aid)
+
+        async def fail_session(session_id: str, held: list[str]) -> int:
+            actor = await self._actor(session_id)
+            running = len(actor.state.running_steps())
+            spec = self._spec(actor.state.agent)
+            await self._apply(actor, functools.partial(_recover, spec=spec, reason=reason))
+            for aid in held:
+                self.dispatcher.unhold(aid)
+            return running
+
+        counts = await asyncio.gather(*(fail_session(s, a) for s, a in by_session.items()))
+        return sum(counts)
 
     # --- agents ------------------------------------------------------------------------
 
@@ -150,7 +200,11 @@ class Sessions:
     def _spec(self, agent: str) -> AgentSpec:
         spec = self.agents.get(agent)
         if spec is None:
-            raise NotFound(f"unknown agent {agent!r}: no Worker has registered it", agent=agent)
+            raise NotFound(
+                f"unknown agent {agent!r}: no Worker has registered it; start a Worker that "
+                f"defines it (dex worker MODULE), then try again",
+                agent=agent,
+            )
         return spec
 
     # --- client inputs ------------------------------------------------------------------
@@ -288,19 +342,26 @@ class Sessions:
             return Transition()
 
         await self._apply(actor, record)
-        self._spawn(self._process_inbox(actor))
+        self._spawn(
+            self._retrying(
+                "applying a recorded input",
+                lambda: self._process_inbox(session_id),
+                session_id=session_id,
+            )
+        )
 
     async def fire_timer(self, session_id: str, step_id: str) -> None:
-        actor = await self._actor(session_id)
-        step = actor.state.turn.step(step_id) if actor.state.turn else None
-        if step is None or step.status != StepStatus.WAITING or step.tool_call_id is None:
-            return
-        try:
+        async def fire() -> None:
+            actor = await self._actor(session_id)
+            step = actor.state.turn.step(step_id) if actor.state.turn else None
+            if step is None or step.status != StepStatus.WAITING or step.tool_call_id is None:
+                return  # fired already, or the turn ended
             await self.resolve(session_id, {"kind": "timer", "call_id": step.tool_call_id})
-        except Conflict:
-            pass  # fired already
 
-    async def _process_inbox(self, actor: Actor) -> None:
+        await self._retrying("firing a timer", fire, session_id=session_id, step_id=step_id)
+
+    async def _process_inbox(self, session_id: str) -> None:
+        actor = await self._actor(session_id)
         spec = self._spec(actor.state.agent)
 
         def handle(s: SessionState, now: float) -> Transition:
@@ -387,6 +448,29 @@ class Sessions:
             )
         return found
 
+    def workers_view(self) -> list[dict[str, Any]]:
+        """The connected Workers: what they serve and what they run."""
+        found = []
+        for conn in self.dispatcher.workers.values():
+            found.append(
+                {
+                    "worker_id": conn.id,
+                    "connected_at": conn.connected_at,
+                    "capacity": conn.capacity,
+                    "draining": conn.draining,
+                    "agents": [
+                        {
+                            "name": name,
+                            "tools": [t.name for t in spec.tools] if spec else [],
+                        }
+                        for name in conn.agents
+                        for spec in [self.agents.get(name)]
+                    ],
+                    "running": sorted(conn.attempts),
+                }
+            )
+        return sorted(found, key=lambda w: w["worker_id"])
+
     async def approvals(self, session_id: str) -> list[dict[str, Any]]:
         return self.pending_approvals((await self._actor(session_id)).state)
 
@@ -411,6 +495,8 @@ class Sessions:
 
     async def complete(self, attempt: str, payload: dict[str, Any]) -> None:
         failpoints.hit("server.before_commit_result")
+        if too_deep(payload):
+            raise InvalidInput(f"the result nests deeper than {MAX_JSON_DEPTH} levels")
         session_id, step_id, number = _parse(attempt)
         actor = await self._actor(session_id)
         spec = self._spec(actor.state.agent)
@@ -426,36 +512,62 @@ class Sessions:
             outcome = ToolOutcome.model_validate(payload)
             return handlers.complete_tool(s, spec, step_id, number, outcome, now)
 
-        await self._apply(actor, handle)
-        self.dispatcher.unhold(attempt)
+        await self._apply(actor, handle, release=attempt)
         failpoints.hit("server.after_commit_result")
 
-    async def fail(self, attempt: str, error: RecoveryError) -> None:
+    async def fail(self, attempt: str, error: RecoveryError, *, backoff: bool = True) -> None:
         session_id, step_id, number = _parse(attempt)
         actor = await self._actor(session_id)
         spec = self._spec(actor.state.agent)
         await self._apply(
-            actor, lambda s, now: handlers.fail_attempt(s, spec, step_id, number, error, now)
+            actor,
+            lambda s, now: handlers.fail_attempt(
+                s, spec, step_id, number, error, now, backoff=backoff
+            ),
+            release=attempt,
         )
-        self.dispatcher.unhold(attempt)
 
     async def hand_back(self, attempt: str) -> None:
         session_id, step_id, number = _parse(attempt)
         actor = await self._actor(session_id)
-        await self._apply(actor, lambda s, now: handlers.hand_back(s, step_id, number))
-        self.dispatcher.unhold(attempt)
+        await self._apply(
+            actor, lambda s, now: handlers.hand_back(s, step_id, number), release=attempt
+        )
 
     async def expire(self, held: Held) -> None:
-        """An attempt's heartbeats stopped."""
-        error = RecoveryError(
-            message=f"no heartbeat from Worker {held.worker_id} for "
-            f"{self.dispatcher.heartbeat_timeout:g}s",
-            attempt_progress=AttemptProgress.NOT_COMPLETED,
-        )
+        """An attempt's Worker is gone (its connection closed and it did not come back
+        within the reconnect grace) or silent (no heartbeat within the timeout). The
+        attempt stays held until its failure is committed; it retries at once."""
+        if held.grace_until is not None and held.grace_until <= held.deadline:
+            why = (
+                f"the connection of Worker {held.worker_id} closed and it did not reconnect "
+                f"within {self.dispatcher.reconnect_grace:g}s"
+            )
+        else:
+            why = (
+                f"no heartbeat from Worker {held.worker_id} for "
+                f"{self.dispatcher.heartbeat_timeout:g}s"
+            )
+        error = RecoveryError(message=why, attempt_progress=AttemptProgress.NOT_COMPLETED)
+        aid = attempt_id(held.session_id, held.step_id, held.number)
         try:
-            await self.fail(attempt_id(held.session_id, held.step_id, held.number), error)
-        except (Conflict, NotFound):
-            pass  # it ended on its own meanwhile
+            await self._retrying(
+                "failing an attempt", lambda: self.fail(aid, error, backoff=False), attempt_id=aid
+            )
+        finally:
+            self.dispatcher.unhold(aid, held)  # committed, or it had ended on its own
+
+    async def hand_back_unreceived(self, held: Held) -> None:
+        """A reconnected Worker did not name this attempt: it never received the hand-out,
+        so the tool did not run. The Step queues again and uses no attempt."""
+        aid = attempt_id(held.session_id, held.step_id, held.number)
+        held.expiring = True
+        try:
+            await self._retrying(
+                "handing back an attempt", lambda: self.hand_back(aid), attempt_id=aid
+            )
+        finally:
+            self.dispatcher.unhold(aid, held)
 
     # --- the actor machinery ---------------------------------------------------------------
 
@@ -505,10 +617,14 @@ class Sessions:
                 excess -= 1
 
     async def _apply(
-        self, actor: Actor, handle: Callable[[SessionState, float], Transition]
+        self,
+        actor: Actor,
+        handle: Callable[[SessionState, float], Transition],
+        *,
+        release: str | None = None,
     ) -> None:
         async with actor.lock:
-            await self._apply_locked(actor, handle)
+            await self._apply_locked(actor, handle, release=release)
 
     async def _apply_locked(
         self,
@@ -518,7 +634,11 @@ class Sessions:
         message_id: str | None = None,
         dispatch: bool = True,
         updated_turn: Turn | None = None,
+        release: str | None = None,
     ) -> None:
+        """Run ``handle`` and commit its transition. ``release``: the attempt the input
+        settled, let go once committed (before the transition hands anything out: a Step
+        handed back may go out again under the same attempt id)."""
         if self._actors.get(actor.state.id) is not actor:
             raise Conflict("the session was reloaded; try again", retryable=True)
         state = actor.state
@@ -553,6 +673,8 @@ class Sessions:
             raise
         actor.history.extend(t.history)
         actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
+        if release is not None:
+            self.dispatcher.unhold(release)
         self._after_commit(actor, t, handed)
 
     def _after_commit(
@@ -569,9 +691,7 @@ class Sessions:
         for aid in t.cancel:
             held = self.dispatcher.unhold(aid)
             if held is not None:
-                worker = self.dispatcher.workers.get(held.worker_id)
-                if worker is not None:
-                    worker.send({"t": "cancel", "attempt_id": aid})
+                held.conn.send({"t": "cancel", "attempt_id": aid})
         handed_steps = {id(step) for step, _ in handed}
         for step in t.ready:
             if id(step) not in handed_steps and step.status == StepStatus.QUEUED:
@@ -609,7 +729,7 @@ class Sessions:
                 session_id=state.id,
                 step_id=step.id,
                 number=attempt.number,
-                worker_id=worker.id,
+                conn=worker,
                 deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
             ),
         )
@@ -625,7 +745,9 @@ class Sessions:
             "agent": state.agent,
         }
         if step.type == StepType.RUN_MODEL:
-            message["history"] = state.context(actor.history_json)
+            base, message["history"] = _context_for(worker, state, actor.history_json)
+            if base:
+                message["history_base"] = base
         elif step.type == StepType.COMPACT_CONTEXT:
             message["history"] = state.to_compact(actor.history_json)
         else:
@@ -643,6 +765,28 @@ class Sessions:
                 task_handle=call.task_handle,
             )
         return message
+
+
+def _context_for(
+    worker: WorkerConn, state: SessionState, history: list[dict[str, Any]]
+) -> tuple[int, list[dict[str, Any]]]:
+    """What a RunModel hand-out to ``worker`` carries of the model's view of the history:
+    (how many items the Worker has from the last hand-out on this connection, the rest).
+    The cost is the new items, not the conversation's length."""
+    shape = (state.context_start, state.summary_at)
+    length = len(history)
+    sent = worker.history_sent.get(state.id) if worker.history_cache else None
+    if sent is not None and sent[0] == shape and sent[1] <= length:
+        base = sent[2]
+        tail = [history[i] for i in range(sent[1], length) if i != state.summary_at]
+    else:
+        base, tail = 0, state.context(history)
+    if worker.history_cache:
+        worker.history_sent[state.id] = (shape, length, base + len(tail))
+        worker.history_sent.move_to_end(state.id)
+        while len(worker.history_sent) > worker.history_cache:
+            worker.history_sent.popitem(last=False)
+    return base, tail
 
 
 def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:

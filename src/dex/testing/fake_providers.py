@@ -451,6 +451,7 @@ def _check_anthropic(body: dict[str, Any]) -> None:
     for tool in body.get("tools") or []:
         if not tool.get("name") or not isinstance(tool.get("input_schema"), dict):
             raise _Rejected("tools: each tool needs a name and an input_schema")
+        _check_tool_schema(tool["name"], tool["input_schema"])
     if messages[0].get("role") != "user":
         raise _Rejected("messages: the first message must use the user role")
     expected: set[str] = set()  # tool_use ids of the previous assistant message
@@ -829,6 +830,18 @@ def _check_common(body: dict[str, Any]) -> None:
         raise _Rejected("you must provide a model parameter")
 
 
+def _check_tool_schema(name: str, schema: Any) -> None:
+    """As both providers do: a tool's parameters are a JSON Schema of an object, whose
+    properties are schemas too."""
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise _Rejected(f"tools: the schema of {name!r} must be a JSON Schema of type 'object'")
+    properties = schema.get("properties", {})
+    if not isinstance(properties, dict) or not all(
+        isinstance(p, dict) for p in properties.values()
+    ):
+        raise _Rejected(f"tools: the properties of {name!r} must be JSON Schemas")
+
+
 def _check_chat(body: dict[str, Any]) -> None:
     _check_common(body)
     messages = body.get("messages")
@@ -837,6 +850,7 @@ def _check_chat(body: dict[str, Any]) -> None:
     for tool in body.get("tools") or []:
         if tool.get("type") != "function" or not (tool.get("function") or {}).get("name"):
             raise _Rejected("tools: each tool needs type 'function' and function.name")
+        _check_tool_schema(tool["function"]["name"], tool["function"].get("parameters"))
     pending: set[str] = set()
     for n, message in enumerate(messages):
         role = message.get("role")
@@ -876,6 +890,8 @@ def _check_responses(body: dict[str, Any]) -> None:
     for tool in body.get("tools") or []:
         if tool.get("type") == "function" and not tool.get("name"):
             raise _Rejected("tools: a function tool needs a name")
+        if tool.get("type") == "function":
+            _check_tool_schema(tool["name"], tool.get("parameters"))
     calls: set[str] = set()
     answered: set[str] = set()
     for n, item in enumerate(inputs):

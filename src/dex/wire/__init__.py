@@ -277,6 +277,27 @@ class Handout(Wire):
     """For PollToolTask and CheckToolCall: what the task's start returned."""
 
 
+MAX_JSON_DEPTH = 64
+"""How deeply a value from outside (a tool result, a tool call's arguments) may nest. The
+stored session state wraps it in a few more levels, and every level must still parse."""
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a JSON value nests deeper than ``limit`` lists and objects."""
+    level = [value]
+    for _ in range(limit + 1):
+        nested: list[Any] = []
+        for v in level:
+            if isinstance(v, dict):
+                nested.extend(v.values())
+            elif isinstance(v, list):
+                nested.extend(v)
+        if not nested:
+            return False
+        level = nested
+    return True
+
+
 def error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
     """The JSON body of every error the API returns."""
     body: dict[str, Any] = {"code": code, "message": message}

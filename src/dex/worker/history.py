@@ -1,8 +1,10 @@
-"""Validated history, reused across a session's hand-outs.
+"""Validated history, kept between a session's hand-outs.
 
-Each RunModel hand-out carries the session's history, and a session's consecutive
-hand-outs share all but their last few items. Validating only the items that changed
-halves a Worker's CPU per turn.
+A RunModel hand-out carries only the items of the model's view that this connection
+was not sent before (``history_base`` says how many it builds on), so a turn costs the
+same in a long conversation as in a short one. The Worker keeps each session's view as
+it was last handed out, least recently used sessions dropped first; the server keeps
+the same bound (the Worker's ``hello`` tells it), so it knows what the Worker has.
 """
 
 from __future__ import annotations
@@ -16,22 +18,24 @@ from dex.wire import ITEMS, Item
 class HistoryCache:
     def __init__(self, sessions: int = 1024) -> None:
         self.sessions = sessions
-        self._entries: OrderedDict[str, tuple[list[Any], list[Item]]] = OrderedDict()
+        self._views: OrderedDict[str, list[Item]] = OrderedDict()
 
-    def items(self, session_id: str, raw: list[Any]) -> list[Item]:
-        """``raw`` (JSON) as history items; the prefix seen last time is not validated again."""
-        same = 0
-        cached = self._entries.get(session_id)
-        if cached is not None:
-            old_raw, old_items = cached
-            limit = min(len(old_raw), len(raw))
-            while same < limit and old_raw[same] == raw[same]:
-                same += 1
-            items = old_items[:same] + ITEMS.validate_python(raw[same:])
+    def view(self, session_id: str, base: int, raw: list[Any]) -> list[Item] | None:
+        """The model's view for this hand-out: the first ``base`` items of the view last
+        handed out, then ``raw`` (JSON, validated here). None if this Worker does not hold
+        those ``base`` items (it dropped the session, or reconnected)."""
+        if base:
+            kept = self._views.get(session_id)
+            if kept is None or len(kept) < base:
+                return None
+            items = kept[:base] + ITEMS.validate_python(raw)
         else:
             items = ITEMS.validate_python(raw)
-        self._entries[session_id] = (raw, items)
-        self._entries.move_to_end(session_id)
-        while len(self._entries) > self.sessions:
-            self._entries.popitem(last=False)
+        self._views[session_id] = items
+        self._views.move_to_end(session_id)
+        while len(self._views) > self.sessions:
+            self._views.popitem(last=False)
         return items
+
+    def forget(self, session_id: str) -> None:
+        self._views.pop(session_id, None)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
+import random
 import secrets
 import signal
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,10 +30,11 @@ from dex import _failpoints as failpoints
 from dex import _loop
 from dex._address import addresses
 from dex.agent import Agent
-from dex.errors import ToolError
+from dex.errors import AuthError, ToolError
 from dex.models.base import Model, ModelRequest
 from dex.tools import PENDING, Interrupt, ToolContext
 from dex.wire import (
+    ITEMS,
     AttemptProgress,
     Handout,
     ModelResponse,
@@ -52,6 +56,9 @@ class WorkerConfig:
     """On shutdown, how long running attempts may take to finish."""
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
+    ping_interval: float = 5.0
+    """WebSocket pings: a node that stops answering them (hung, cut off) is left for the
+    next address after half this long without a pong."""
     worker_id: str | None = None
     token: str | None = None
     """The worker token, when the server has auth on (default: ``DEX_WORKER_TOKEN``)."""
@@ -62,6 +69,9 @@ class _Attempt:
     handout: Handout
     task: asyncio.Task[None] | None = None
     started: asyncio.Future[bool] | None = None
+    start_seq: int | None = None
+    """The ``seq`` of the heartbeat that asks to start it; only its timely answer counts."""
+    start_sent: float = 0.0
     result: dict[str, Any] | None = None
 
 
@@ -103,6 +113,11 @@ class Worker:
         self._none_held.set()
         """Set while this Worker holds no attempt: a drain waits on it for the last acks."""
         self._histories = HistoryCache()
+        self._resume: str | None = None
+        self._seq = itertools.count(1)
+        self._start_window = 5.0
+        """How soon a start acknowledgement must answer (half the heartbeat timeout)."""
+        """The resume token of the last welcome: proves a reconnect is this process."""
         self._link: _Link | None = None
         self._stopping = asyncio.Event()
         self._draining = False
@@ -198,18 +213,22 @@ class Worker:
                     url + "/v1/workers/connect",
                     max_msg_size=64 << 20,
                     autoping=True,
+                    heartbeat=self.config.ping_interval,
                     headers=self._auth,
                 ) as ws:
                     delay = self.config.reconnect_initial
                     await self._serve(ws)
             except aiohttp.WSServerHandshakeError as e:
                 if e.status in (401, 403):
-                    log.error(
-                        "%s refused this Worker's token (HTTP %d): set DEX_WORKER_TOKEN",
-                        base,
-                        e.status,
-                        extra={"action": "worker.unauthorized"},
+                    why = (
+                        "no worker token" if e.status == 401 else "a token without the worker role"
                     )
+                    message = (
+                        f"{base} refused this Worker (HTTP {e.status}: {why}): set "
+                        "DEX_WORKER_TOKEN (or WorkerConfig(token=...)) to the server's worker token"
+                    )
+                    log.error(message, extra={"action": "worker.unauthorized"})
+                    raise AuthError(message) from None
                 else:
                     log.info(
                         "cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"}
@@ -219,7 +238,7 @@ class Worker:
             if self._stopping.is_set():
                 break
             try:
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                await asyncio.wait_for(self._stopping.wait(), delay * random.uniform(0.5, 1.0))
             except TimeoutError:
                 pass
             delay = min(delay * 2, self.config.reconnect_max)
@@ -232,6 +251,10 @@ class Worker:
                 "worker_id": self.id,
                 "agents": [a.spec().model_dump(mode="json") for a in self.agents.values()],
                 "capacity": self.config.capacity,
+                # on a reconnect: re-claim what this process still holds
+                "attempts": list(self._attempts),
+                "resume": self._resume,
+                "history_cache": self._histories.sessions,
             }
         )
         if self._draining:
@@ -291,25 +314,51 @@ class Worker:
             # four beats per timeout: one lost or late beat does not fail an attempt
             timeout = float(message.get("heartbeat_timeout", 0)) or float("inf")
             link.heartbeat_interval = min(self.config.heartbeat_interval, timeout / 4)
+            self._start_window = min(5.0, timeout / 2)
+            self._resume = message.get("resume")
+            for attempt_id in message.get("stop", []):
+                stopped = self._attempts.get(attempt_id)
+                if stopped is not None:
+                    self._abandon(stopped, "the server no longer runs this attempt")
         elif kind == "step":
             message.pop("t")
             history = message.pop("history", None)
+            base = message.pop("history_base", 0)
             handout = Handout.model_validate(message)
-            if history is not None:  # RunModel and CompactContext carry the history
-                handout.history = self._histories.items(handout.session_id, history)
             if handout.attempt_id in self._attempts:
                 return
             attempt = _Attempt(handout)
             self._attempts[handout.attempt_id] = attempt
             self._none_held.clear()
+            if handout.step_type == StepType.RUN_MODEL and history is not None:
+                view = self._histories.view(handout.session_id, base, history)
+                if view is None:  # we lack what it builds on: the server sends it whole
+                    attempt.result = {
+                        "t": "back",
+                        "attempt_id": handout.attempt_id,
+                        "reason": "history",
+                    }
+                    self._send(attempt.result)
+                    return
+                handout.history = view
+            elif history is not None:  # CompactContext: the whole view, every time
+                handout.history = ITEMS.validate_python(history)
             attempt.task = asyncio.create_task(self._run_attempt(attempt))
         elif kind == "hb":
+            seq = message.get("seq")
             for attempt_id, status in message["status"].items():
                 held = self._attempts.get(attempt_id)
                 if held is None:
                     continue
                 if held.started is not None and not held.started.done():
-                    held.started.set_result(status == "ok")
+                    if status != "ok":
+                        held.started.set_result(False)
+                    elif (
+                        seq is not None
+                        and seq == held.start_seq
+                        and time.monotonic() - held.start_sent <= self._start_window
+                    ):
+                        held.started.set_result(True)  # a timely answer to our own ask
                 elif status != "ok" and held.result is None:
                     self._abandon(held, "the server no longer runs this attempt")
         elif kind == "cancel":
@@ -441,9 +490,7 @@ class Worker:
             attempt.started = asyncio.get_running_loop().create_future()
             if self._draining:
                 attempt.started.set_result(False)
-            else:
-                self._send({"t": "hb", "attempts": [h.attempt_id]})
-            if not await attempt.started:
+            if not await self._start_acknowledged(attempt):
                 if self._draining:
                     self._send({"t": "back", "attempt_id": h.attempt_id})
                     attempt.result = {"t": "back", "attempt_id": h.attempt_id}
@@ -479,6 +526,22 @@ class Worker:
             failpoints.hit("worker.tool_running")
             value = await tool.invoke(ctx, arguments)
         return ToolOutcome(status="succeeded", result=value).model_dump(mode="json")
+
+    async def _start_acknowledged(self, attempt: _Attempt) -> bool:
+        """Ask the node whether to start (a heartbeat with a ``seq`` of ours) until it
+        answers in time: an ``ok`` that comes back later than ``_start_window`` (a node
+        that paused, and may have lost its lease meanwhile) does not count."""
+        started = attempt.started
+        assert started is not None
+        while not started.done():
+            attempt.start_seq = next(self._seq)
+            attempt.start_sent = time.monotonic()
+            self._send(
+                {"t": "hb", "attempts": [attempt.handout.attempt_id], "seq": attempt.start_seq}
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(started), self._start_window)
+        return started.result()
 
     async def _beat(self, attempt_id: str) -> None:
         self._send({"t": "hb", "attempts": [attempt_id]})

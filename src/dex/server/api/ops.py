@@ -17,9 +17,11 @@ async def healthz() -> ORJSONResponse:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> ORJSONResponse:
-    if request.app.state.ready:
-        return ORJSONResponse({"status": "ready", "role": "active"})
-    return ORJSONResponse({"status": "starting"}, 503)
+    node = request.app.state.node
+    role = node.role if node is not None else "starting"
+    if role == "active":
+        return ORJSONResponse({"status": "ready", "role": role, "epoch": node.epoch})
+    return ORJSONResponse({"status": "not ready", "role": role}, 503)
 
 
 @router.get("/metrics")
@@ -36,5 +38,9 @@ async def metrics(request: Request) -> PlainTextResponse:
         f"dex_workers_connected {len(dispatcher.workers)}",
         "# TYPE dex_attempts_running gauge",
         f"dex_attempts_running {len(dispatcher.held)}",
+        "# TYPE dex_worker_messages_refused_total counter",
+        f"dex_worker_messages_refused_total {dispatcher.refused}",
+        "# TYPE dex_background_retries_total counter",
+        f"dex_background_retries_total {state.sessions.background_failures}",
     ]
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")

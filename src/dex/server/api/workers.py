@@ -1,46 +1,46 @@
-"""The Worker channel: one WebSocket per Worker, each frame a JSON list of messages.
+"""The Worker channel: one WebSocket per Worker connection, speaking the typed protocol of
+``dex.wire.protocol`` (its docstring and ``docs/worker-protocol.md`` state the rules).
 
-Worker -> server
-    {"t": "hello", "worker_id", "agents": [AgentSpec], "capacity"}   first, once
-    {"t": "hb", "attempts": [attempt_id]}        heartbeat; the reply says which still run
-    {"t": "delta", "attempt_id", "text"}         model output while it streams
-    {"t": "done", "attempt_id", "result"}        a ModelResponse or a ToolOutcome
-    {"t": "fail", "attempt_id", "error"}         a RecoveryError
-    {"t": "back", "attempt_id"}                  handed back, never started
-    {"t": "drain"}                               hand me nothing new
-Server -> Worker
-    {"t": "welcome", "worker_id", "heartbeat_timeout"}  heartbeat well within it
-    {"t": "step", ...Handout}                    the attempt is recorded before this is sent
-    {"t": "hb", "status": {attempt_id: "ok" | "stop"}}
-    {"t": "ack", "attempt_id", "ok", "error"?}   a result committed (ok) or refused
-    {"t": "cancel", "attempt_id"}                stop running it
+Every frame is validated whole before any of it acts: a frame that does not fit the
+protocol closes the connection with code 4400 and the problem as its reason, and
+changes nothing. A message about an attempt this connection does not hold is refused
+(``stop`` or ``ack ok: false``), logged and counted. Results commit in parallel, so
+one group commit takes a whole frame's results.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from dex.errors import DexError
-from dex.server.dispatch.dispatcher import WorkerConn
+from dex.server.api.responses import ORJSONResponse
+from dex.server.dispatch.dispatcher import WorkerConn, WorkerIdInUse
+from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
-from dex.wire import AgentSpec, RecoveryError
-from dex.wire import Wire as _Wire
+from dex.wire.protocol import (
+    CLOSE_BAD_FRAME,
+    CLOSE_ID_IN_USE,
+    CLOSE_NOT_READY,
+    WORKER_FRAME,
+    Back,
+    Delta,
+    Done,
+    Drain,
+    Fail,
+    Heartbeat,
+    Hello,
+    WorkerMessage,
+)
 
 log = logging.getLogger("dex.workers")
 router = APIRouter()
-
-
-class Hello(_Wire):
-    t: str
-    worker_id: str
-    agents: list[AgentSpec]
-    capacity: int = 16
 
 
 class Outbox:
@@ -66,119 +66,222 @@ class Outbox:
                 await self.ws.send_bytes(orjson.dumps(batch))
 
 
+class BadFrame(Exception):
+    """A frame that does not fit the protocol."""
+
+
+def _parse(raw: bytes | str | None) -> list[WorkerMessage]:
+    if raw is None:
+        raise BadFrame("an empty frame")
+    try:
+        return WORKER_FRAME.validate_json(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise BadFrame(f"{where}: {first['msg']}" if where else first["msg"]) from None
+
+
+async def _close(ws: WebSocket, code: int, reason: str) -> None:
+    # a WebSocket close reason is at most 123 bytes
+    await ws.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
+
+
 @router.websocket("/v1/workers/connect")
 async def worker_channel(ws: WebSocket) -> None:
     app = ws.app
     sessions: Sessions = app.state.sessions
     await ws.accept()
     try:
-        first = orjson.loads(await ws.receive_bytes())
-        hello = Hello.model_validate(first[0] if isinstance(first, list) else first)
-    except (ValueError, ValidationError, IndexError, KeyError) as e:
-        await ws.close(code=4400, reason=f"bad hello: {e}"[:120])
+        frame = await ws.receive()
+    except (WebSocketDisconnect, RuntimeError):
+        frame = {"type": "websocket.disconnect"}
+    if frame["type"] == "websocket.disconnect":
+        log.info("a Worker left before its hello", extra={"action": "worker.left_before_hello"})
         return
-    if not app.state.ready:
-        await ws.close(code=4503, reason="not ready")
+    try:
+        messages = _parse(frame.get("bytes") or frame.get("text"))
+        if not messages or not isinstance(messages[0], Hello):
+            raise BadFrame("the first message must be a hello")
+    except BadFrame as e:
+        await _close(ws, CLOSE_BAD_FRAME, f"bad hello: {e}")
         return
+    hello = messages[0]
+    node: Node | None = app.state.node
+    if node is None or node.role != "active":
+        await _close(ws, CLOSE_NOT_READY, f"not ready: {node.role if node else 'starting'}")
+        return
+    dispatcher = sessions.dispatcher
     await sessions.register_agents(hello.agents)
     outbox = Outbox(ws)
     queues = set()
     for agent in hello.agents:
         queues.add(f"model:{agent.name}")
         queues.update(f"tool:{agent.name}/{tool.name}" for tool in agent.tools)
-    worker = WorkerConn(id=hello.worker_id, queues=queues, capacity=hello.capacity, send=outbox.put)
+    worker = WorkerConn(
+        id=hello.worker_id,
+        queues=queues,
+        capacity=hello.capacity,
+        send=outbox.put,
+        agents=[a.name for a in hello.agents],
+        history_cache=hello.history_cache,
+    )
+    try:
+        stop, unreceived = dispatcher.connect(worker, hello.attempts, hello.resume)
+    except WorkerIdInUse:
+        await _close(ws, CLOSE_ID_IN_USE, f"worker id {hello.worker_id!r} is connected already")
+        return
+
+    def close(code: int, reason: str) -> None:
+        outbox.closed = True
+        dispatcher.spawn(_close(ws, code, reason))
+
+    worker.close = close
+    for held in unreceived:
+        dispatcher.spawn(sessions.hand_back_unreceived(held))
     outbox.put(
         {
             "t": "welcome",
             "worker_id": worker.id,
-            "heartbeat_timeout": sessions.dispatcher.heartbeat_timeout,
+            "heartbeat_timeout": dispatcher.heartbeat_timeout,
+            "reconnect_grace": dispatcher.reconnect_grace,
+            "resume": worker.resume,
+            "stop": stop,
         }
     )
     writer = asyncio.create_task(outbox.run())
-    dispatcher = sessions.dispatcher
-    dispatcher.connect(worker)
-    log.info("worker connected", extra={"action": "worker.connected", "worker_id": worker.id})
+    log.info(
+        "worker connected",
+        extra={
+            "action": "worker.connected",
+            "worker_id": worker.id,
+            "reclaimed": len(worker.attempts),
+            "stopped": len(stop),
+            "handed_back": len(unreceived),
+        },
+    )
     tasks: set[asyncio.Task[None]] = set()
     try:
+        rest = messages[1:]
         while True:
+            for message in rest:
+                task = _handle(node, sessions, worker, outbox, message)
+                if task is not None:
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
             frame = await ws.receive()
             if frame["type"] == "websocket.disconnect":
                 break
-            raw = frame.get("bytes") or frame.get("text")
-            if raw is None:
-                continue
             try:
-                for message in orjson.loads(raw):
-                    task = _handle(sessions, worker, outbox, message)
-                    if task is not None:
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
-                # A frame we cannot read: refuse it clearly instead of crashing the channel.
+                rest = _parse(frame.get("bytes") or frame.get("text"))
+                if any(isinstance(m, Hello) for m in rest):
+                    raise BadFrame("hello is the first message only")
+            except BadFrame as e:
                 log.warning(
-                    "bad message", extra={"action": "worker.bad_message", "worker_id": worker.id}
+                    "bad frame: %s",
+                    e,
+                    extra={"action": "worker.bad_frame", "worker_id": worker.id},
                 )
-                await ws.close(code=4400, reason=f"bad message: {e!r}"[:120])
+                await _close(ws, CLOSE_BAD_FRAME, f"bad frame: {e}")
                 break
-    except WebSocketDisconnect:
+    except (WebSocketDisconnect, RuntimeError):
         pass
     finally:
         outbox.closed = True
         dispatcher.disconnect(worker)
         writer.cancel()
         log.info(
-            "worker disconnected", extra={"action": "worker.disconnected", "worker_id": worker.id}
+            "worker disconnected",
+            extra={
+                "action": "worker.disconnected",
+                "worker_id": worker.id,
+                "held": len(worker.attempts),
+            },
         )
 
 
 def _handle(
-    sessions: Sessions, worker: WorkerConn, outbox: Outbox, message: dict[str, Any]
+    node: Node, sessions: Sessions, worker: WorkerConn, outbox: Outbox, message: WorkerMessage
 ) -> asyncio.Task[None] | None:
-    kind = message.get("t")
     dispatcher = sessions.dispatcher
-    if kind == "hb":
-        status = {a: ("ok" if dispatcher.heartbeat(a) else "stop") for a in message["attempts"]}
-        outbox.put({"t": "hb", "status": status})
+    if isinstance(message, Heartbeat):
+        if not node.lease_valid():
+            return None  # not sure it still leads: no "ok" from a node that may be replaced
+        status: dict[str, str] = {}
+        for a in message.attempts:
+            if dispatcher.heartbeat(worker, a):
+                status[a] = "ok"
+            else:
+                status[a] = "stop"
+                if a in dispatcher.held:  # another connection's: never extend it
+                    dispatcher.refuse(worker, a, "hb")
+        reply: dict[str, object] = {"t": "hb", "status": status}
+        if message.seq is not None:
+            reply["seq"] = message.seq
+        outbox.put(reply)
         return None
-    if kind == "delta":
-        held = dispatcher.held.get(message["attempt_id"])
-        if held is not None:
-            dispatcher.heartbeat(message["attempt_id"])
-            text = str(message.get("text", ""))
-            held.output += len(text)
-            sessions.streams.publish(
-                held.session_id,
-                "model.delta",
-                {"attempt_id": message["attempt_id"], "step_id": held.step_id, "text": text},
-            )
+    if isinstance(message, Delta):
+        held = dispatcher.owned(worker, message.attempt_id)
+        if held is None:
+            dispatcher.refuse(worker, message.attempt_id, "delta")
+            return None
+        dispatcher.heartbeat(worker, message.attempt_id)
+        held.output += len(message.text)
+        sessions.streams.publish(
+            held.session_id,
+            "model.delta",
+            {"attempt_id": message.attempt_id, "step_id": held.step_id, "text": message.text},
+        )
         return None
-    if kind == "drain":
+    if isinstance(message, Drain):
         worker.draining = True
         return None
-    attempt = message.get("attempt_id", "")
-    if not isinstance(attempt, str):
-        raise TypeError(f"attempt_id must be a string, not {attempt!r}")
-    if kind == "done":
-        result: Any = message.get("result")  # if missing, validation refuses it
-        work = sessions.complete(attempt, result)
-    elif kind == "fail":
-        work = _fail(sessions, attempt, message.get("error"))
-    elif kind == "back":
-        work = sessions.hand_back(attempt)
-    else:
-        log.warning("unknown message", extra={"action": "worker.bad_message", "kind": kind})
+    assert isinstance(message, Done | Fail | Back)
+    attempt = message.attempt_id
+    if dispatcher.owned(worker, attempt) is None:
+        reason = dispatcher.refuse(worker, attempt, message.t)
+        outbox.put({"t": "ack", "attempt_id": attempt, "ok": False, "error": reason})
         return None
-    return asyncio.create_task(_acked(attempt, work, outbox))
+    work: Coroutine[Any, Any, None]
+    if isinstance(message, Done):
+        work = sessions.complete(attempt, message.result)
+    elif isinstance(message, Fail):
+        work = sessions.fail(attempt, message.error)
+    else:
+        if message.reason == "history":  # it lacks the prefix: send the whole view next
+            held = dispatcher.held[attempt]
+            worker.history_sent.pop(held.session_id, None)
+        work = sessions.hand_back(attempt)
+    return asyncio.create_task(_acked(attempt, work, outbox, worker.id))
 
 
-async def _fail(sessions: Sessions, attempt: str, error: Any) -> None:
-    await sessions.fail(attempt, RecoveryError.model_validate(error))
-
-
-async def _acked(attempt: str, work: Any, outbox: Outbox) -> None:
+async def _acked(
+    attempt: str, work: Coroutine[Any, Any, None], outbox: Outbox, worker_id: str
+) -> None:
+    """Answer every result: committed (ok) or refused, never silence."""
     try:
         await work
     except (DexError, ValidationError) as e:
         outbox.put({"t": "ack", "attempt_id": attempt, "ok": False, "error": str(e)})
+    except Exception as e:
+        log.exception(
+            "committing a result failed",
+            extra={"action": "worker.result_failed", "attempt_id": attempt, "worker_id": worker_id},
+        )
+        outbox.put(
+            {
+                "t": "ack",
+                "attempt_id": attempt,
+                "ok": False,
+                "error": f"the server could not record this result: {type(e).__name__}",
+            }
+        )
     else:
         outbox.put({"t": "ack", "attempt_id": attempt, "ok": True})
+
+
+@router.get("/v1/workers", tags=["workers"])
+async def list_workers(request: Request) -> ORJSONResponse:
+    """The Workers connected to this node: their agents, tools, capacity and the attempts
+    they run."""
+    sessions: Sessions = request.app.state.sessions
+    return ORJSONResponse({"workers": sessions.workers_view()})

@@ -3,6 +3,14 @@
 All of this is a cache of what storage says: the ready queues and the retry
 timers are rebuilt from the sessions on start. What is durable is the attempt
 record, written before any Worker hears of it.
+
+An attempt is bound to the connection it was handed out on (``Held.conn``): only
+that connection may heartbeat it, stream its output or settle it. When a
+connection closes, its attempts wait ``reconnect_grace`` seconds for the same
+Worker process to reconnect and re-claim them (it proves it is the same process
+with the ``resume`` token of its last welcome); then they fail. An attempt whose
+heartbeats stop for ``heartbeat_timeout`` fails too (a Worker alive but silent).
+Both deadlines live in one heap, checked lazily: a heartbeat only moves a number.
 """
 
 from __future__ import annotations
@@ -11,64 +19,111 @@ import asyncio
 import heapq
 import itertools
 import logging
+import secrets
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from dex import _failpoints as failpoints
+from dex.wire.protocol import CLOSE_ID_IN_USE
 
 log = logging.getLogger("dex.dispatch")
 
 Send = Callable[[dict[str, Any]], None]
 
 
+class WorkerIdInUse(Exception):
+    """A live connection already uses this Worker id, and the hello did not prove it is
+    the same Worker process (no valid ``resume`` token)."""
+
+
 @dataclass(eq=False)
 class WorkerConn:
+    """One connection of a Worker."""
+
     id: str
     queues: set[str]
     capacity: int
     send: Send
+    close: Callable[[int, str], None] = lambda code, reason: None
+    """Close the connection from the server's side, with a close code and reason."""
+    agents: list[str] = field(default_factory=list)
     reserved: int = 0
     attempts: set[str] = field(default_factory=set)
     draining: bool = False
+    closed: bool = False
+    resume: str = ""
+    connected_at: float = field(default_factory=time.time)
+    history_cache: int = 0
+    """How many sessions' history the Worker keeps (its hello says)."""
+    history_sent: OrderedDict[str, tuple[tuple[int, int | None], int, int]] = field(
+        default_factory=OrderedDict
+    )
+    """Per session, what the last RunModel hand-out on this connection carried: the
+    context's shape (context_start, summary_at), how many history items it covered, and
+    how long the model's view was. The next hand-out sends only what came after."""
 
     @property
     def free(self) -> int:
-        if self.draining:
+        if self.draining or self.closed:
             return 0
         return self.capacity - len(self.attempts) - self.reserved
 
 
-@dataclass
+@dataclass(eq=False)
 class Held:
     """An attempt that a Worker holds."""
 
     session_id: str
     step_id: str
     number: int
-    worker_id: str
+    conn: WorkerConn
     deadline: float
+    """Monotonic time by which the next heartbeat must arrive."""
     output: int = 0
     """Characters of model output that reached the server."""
+    grace_until: float | None = None
+    """Set while its connection is closed: monotonic time by which the Worker must have
+    reconnected and re-claimed it."""
+    expiring: bool = False
+    """Its deadline passed and its failure is being recorded: it stays held (storage
+    still calls it running) but its Worker may not settle or extend it any more."""
+
+    @property
+    def worker_id(self) -> str:
+        return self.conn.id
+
+    @property
+    def due(self) -> float:
+        if self.grace_until is not None:
+            return min(self.deadline, self.grace_until)
+        return self.deadline
 
 
 # Called to record a hand-out durably; returns the message to send, or None if the
 # Step is no longer queued.
 Assign = Callable[[str, str, WorkerConn], Awaitable[dict[str, Any] | None]]
-Expire = Callable[[Held], Awaitable[None]]
-Fire = Callable[[str, str], Awaitable[None]]
+Expire = Callable[[Held], Coroutine[Any, Any, None]]
+Fire = Callable[[str, str], Coroutine[Any, Any, None]]
 
 
 class Dispatcher:
-    def __init__(self, heartbeat_timeout: float) -> None:
+    def __init__(self, heartbeat_timeout: float, reconnect_grace: float = 1.0) -> None:
         self.heartbeat_timeout = heartbeat_timeout
+        self.reconnect_grace = reconnect_grace
         self.workers: dict[str, WorkerConn] = {}
+        """Live connections by Worker id."""
         self.held: dict[str, Held] = {}
+        self.refused = 0
+        """Messages about an attempt that the sending connection does not hold."""
+        self._resume: dict[str, str] = {}
+        """The resume token of each Worker id that is connected or holds attempts."""
         self._ready: dict[str, deque[tuple[str, str]]] = {}
         self._delayed: list[tuple[float, int, str, str, str]] = []
         self._timers: list[tuple[float, int, str, str]] = []
+        self._deadlines: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._assign: Assign | None = None
@@ -76,6 +131,10 @@ class Dispatcher:
         self._fire: Fire | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._runner: asyncio.Task[None] | None = None
+        self.paused = False
+        """Draining: hand nothing out and fire no timer (both stay queued in storage)."""
+        self._none_held = asyncio.Event()
+        self._none_held.set()
 
     def start(self, assign: Assign, expire: Expire, fire: Fire) -> None:
         self._assign = assign
@@ -93,24 +152,116 @@ class Dispatcher:
 
     # --- Workers -------------------------------------------------------------------
 
-    def connect(self, worker: WorkerConn) -> None:
-        old = self.workers.get(worker.id)
+    def connect(
+        self, conn: WorkerConn, claimed: list[str], resume: str | None
+    ) -> tuple[list[str], list[Held]]:
+        """Register a connection. With a valid ``resume`` token it is the same Worker
+        process reconnecting: the attempts it names in ``claimed`` are bound to it, and
+        those it does not name were never received. Returns (the claimed attempts it
+        does not hold any more: to stop, the unnamed ones: to hand back)."""
+        proven = resume is not None and self._resume.get(conn.id) == resume
+        old = self.workers.get(conn.id)
+        if old is not None and not proven:
+            raise WorkerIdInUse(conn.id)
         if old is not None:
-            worker.attempts = old.attempts
-        self.workers[worker.id] = worker
+            self.disconnect(old)
+            old.close(CLOSE_ID_IN_USE, "superseded by a newer connection of this Worker")
+        conn.resume = resume if proven and resume else secrets.token_urlsafe(16)
+        self._resume[conn.id] = conn.resume
+        self.workers[conn.id] = conn
+        stop, unnamed = [], []
+        if proven:
+            wanted = set(claimed)
+            now = time.monotonic()
+            for attempt_id, held in self.held.items():
+                if held.conn.id != conn.id or held.conn is conn or held.expiring:
+                    continue
+                if attempt_id in wanted:
+                    held.conn.attempts.discard(attempt_id)
+                    held.conn = conn
+                    held.grace_until = None
+                    held.deadline = now + self.heartbeat_timeout
+                    conn.attempts.add(attempt_id)
+                else:
+                    unnamed.append(held)
+        stop = [a for a in claimed if a not in conn.attempts]
+        self._wake.set()
+        return stop, unnamed
+
+    def disconnect(self, conn: WorkerConn) -> None:
+        """The connection closed: its attempts wait ``reconnect_grace`` for the Worker."""
+        if conn.closed:
+            return
+        conn.closed = True
+        if self.workers.get(conn.id) is conn:
+            del self.workers[conn.id]
+        until = time.monotonic() + self.reconnect_grace
+        for attempt_id in conn.attempts:
+            held = self.held.get(attempt_id)
+            if held is not None:
+                held.grace_until = until
+                heapq.heappush(self._deadlines, (until, next(self._seq), attempt_id))
+        self._forget_resume(conn.id)
         self._wake.set()
 
-    def disconnect(self, worker: WorkerConn) -> None:
-        """The attempts it holds stay held: they fail when their heartbeats stop."""
-        if self.workers.get(worker.id) is worker:
-            worker.draining = True
-            del self.workers[worker.id]
+    def _forget_resume(self, worker_id: str) -> None:
+        if worker_id not in self.workers and not any(
+            h.conn.id == worker_id for h in self.held.values()
+        ):
+            self._resume.pop(worker_id, None)
+
+    def owned(self, conn: WorkerConn, attempt_id: str) -> Held | None:
+        """The attempt, if this connection holds it."""
+        held = self.held.get(attempt_id)
+        if held is None or held.conn is not conn or held.expiring:
+            return None
+        return held
+
+    def refuse(self, conn: WorkerConn, attempt_id: str, what: str) -> str:
+        """Count and log a message about an attempt this connection does not hold."""
+        self.refused += 1
+        held = self.held.get(attempt_id)
+        reason = (
+            f"attempt {attempt_id} is not held by this connection"
+            if held is not None
+            else f"attempt {attempt_id} is not running"
+        )
+        if held is not None:
+            log.warning(
+                "refused a message about another connection's attempt",
+                extra={
+                    "action": "worker.message_refused",
+                    "worker_id": conn.id,
+                    "attempt_id": attempt_id,
+                    "kind": what,
+                    "holder": held.worker_id,
+                },
+            )
+        return reason
 
     # --- Steps ------------------------------------------------------------------------
 
+    def pause(self) -> None:
+        """Stop handing out Steps and firing timers (a drain): what is queued stays queued
+        in storage for the next node."""
+        self.paused = True
+
+    async def wait_none_held(self, timeout: float) -> bool:
+        """Wait until no attempt is held, up to ``timeout``; whether none is."""
+        try:
+            await asyncio.wait_for(self._none_held.wait(), timeout)
+        except TimeoutError:
+            return not self.held
+        return True
+
+    def close_all(self, code: int, reason: str) -> None:
+        """Close every Worker connection from the server's side."""
+        for conn in list(self.workers.values()):
+            conn.close(code, reason)
+
     def reserve(self, queue: str) -> WorkerConn | None:
         """Take one credit of a Worker that serves ``queue``, if any is free right now."""
-        if self._ready.get(queue):
+        if self.paused or self._ready.get(queue):
             return None  # keep queue order: earlier Steps go first
         best: WorkerConn | None = None
         for worker in self.workers.values():
@@ -136,6 +287,13 @@ class Dispatcher:
             self._ready.setdefault(queue, deque()).append((session_id, step_id))
         self._wake.set()
 
+    def queued(self) -> dict[str, int]:
+        """How many Steps wait in each queue (ready or in backoff)."""
+        counts = {queue: len(steps) for queue, steps in self._ready.items() if steps}
+        for _, _, _, _, queue in self._delayed:
+            counts[queue] = counts.get(queue, 0) + 1
+        return counts
+
     def arm_timer(self, session_id: str, step_id: str, due: float) -> None:
         """Fire an AwaitTimer at ``due`` (wall clock); at once if it came due meanwhile."""
         heapq.heappush(self._timers, (due, next(self._seq), session_id, step_id))
@@ -145,19 +303,29 @@ class Dispatcher:
         worker.reserved -= 1
         worker.attempts.add(attempt_id)
         self.held[attempt_id] = held
+        self._none_held.clear()
+        if worker.closed:  # it dropped while the hand-out was being recorded
+            held.grace_until = time.monotonic() + self.reconnect_grace
+        heapq.heappush(self._deadlines, (held.due, next(self._seq), attempt_id))
 
-    def unhold(self, attempt_id: str) -> Held | None:
+    def unhold(self, attempt_id: str, only: Held | None = None) -> Held | None:
+        """Let go of an attempt (``only``: if it is still that very hold; a Step handed
+        back may be out again under the same id)."""
+        if only is not None and self.held.get(attempt_id) is not only:
+            return None
         held = self.held.pop(attempt_id, None)
+        if not self.held:
+            self._none_held.set()
         if held is not None:
-            worker = self.workers.get(held.worker_id)
-            if worker is not None:
-                worker.attempts.discard(attempt_id)
-                self._wake.set()
+            held.conn.attempts.discard(attempt_id)
+            if held.conn.closed:
+                self._forget_resume(held.conn.id)
+            self._wake.set()
         return held
 
-    def heartbeat(self, attempt_id: str) -> bool:
-        """Extend an attempt's deadline. False if the attempt is not running (any more)."""
-        held = self.held.get(attempt_id)
+    def heartbeat(self, conn: WorkerConn, attempt_id: str) -> bool:
+        """Extend an attempt's deadline. False if this connection does not hold it."""
+        held = self.owned(conn, attempt_id)
         if held is None:
             return False
         held.deadline = time.monotonic() + self.heartbeat_timeout
@@ -174,11 +342,13 @@ class Dispatcher:
                 self._ready.setdefault(queue, deque()).append((sid, step_id))
             self._fire_timers(now_wall)
             self._pump()
-            self._expire_heartbeats()
+            self._expire_attempts()
             timeout = 0.25
             for heap in (self._delayed, self._timers):
                 if heap:
                     timeout = min(timeout, max(0.0, heap[0][0] - time.time()))
+            if self._deadlines:
+                timeout = min(timeout, max(0.0, self._deadlines[0][0] - time.monotonic()))
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
@@ -186,12 +356,14 @@ class Dispatcher:
 
     def _fire_timers(self, now: float) -> None:
         assert self._fire is not None
-        while self._timers and self._timers[0][0] <= now:
+        while not self.paused and self._timers and self._timers[0][0] <= now:
             _, _, session_id, step_id = heapq.heappop(self._timers)
-            self._spawn(self._fire(session_id, step_id))
+            self.spawn(self._fire(session_id, step_id))
 
     def _pump(self) -> None:
         assert self._assign is not None
+        if self.paused:
+            return
         for worker in list(self.workers.values()):
             while worker.free > 0:
                 queue = next((q for q in worker.queues if self._ready.get(q)), None)
@@ -199,7 +371,7 @@ class Dispatcher:
                     break
                 sid, step_id = self._ready[queue].popleft()
                 worker.reserved += 1
-                self._spawn(self._hand_out(sid, step_id, worker))
+                self.spawn(self._hand_out(sid, step_id, worker))
 
     async def _hand_out(self, session_id: str, step_id: str, worker: WorkerConn) -> None:
         assert self._assign is not None
@@ -221,15 +393,33 @@ class Dispatcher:
             failpoints.hit("server.after_record_handout")
             worker.send(message)
 
-    def _expire_heartbeats(self) -> None:
+    def _expire_attempts(self) -> None:
+        """Fail the attempts whose heartbeat deadline or reconnect grace has passed."""
         assert self._expire is not None
         now = time.monotonic()
-        for attempt_id, held in list(self.held.items()):
-            if held.deadline <= now:
-                self.unhold(attempt_id)
-                self._spawn(self._expire(held))
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, attempt_id = heapq.heappop(self._deadlines)
+            held = self.held.get(attempt_id)
+            if held is None or held.expiring:
+                continue
+            if held.due > now:  # a heartbeat moved it: look again then
+                heapq.heappush(self._deadlines, (held.due, next(self._seq), attempt_id))
+                continue
+            # it stays held until its failure is committed (the callee unholds it)
+            held.expiring = True
+            self.spawn(self._expire(held))
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run background work; its failure is logged (each callee handles its own)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "dispatcher task failed",
+                exc_info=task.exception(),
+                extra={"action": "dispatch.task_failed"},
+            )

@@ -253,6 +253,7 @@ def complete_model(
     t = Transition()
     _end_attempt(step, AttemptOutcome.SUCCEEDED, now)
     step.status = StepStatus.SUCCEEDED
+    step.ended_at = now
     step.usage = response.usage.model_dump()
     step.stop_reason = response.stop_reason
     append_history(state, t, AssistantItem(text=response.text, tool_calls=response.tool_calls))
@@ -295,6 +296,7 @@ def complete_summary(
     t = Transition()
     _end_attempt(step, AttemptOutcome.SUCCEEDED, now)
     step.status = StepStatus.SUCCEEDED
+    step.ended_at = now
     step.usage = summary.usage.model_dump()
     turn = _turn(state)
     start = state.history_length + len(t.history)
@@ -332,6 +334,7 @@ def complete_tool(
     t = Transition()
     _end_attempt(step, AttemptOutcome.SUCCEEDED, now)
     step.status = StepStatus.SUCCEEDED
+    step.ended_at = now
     status = outcome.status
     if step.type == StepType.CHECK_TOOL_CALL:
         call.checking = False
@@ -357,10 +360,12 @@ def complete_tool(
     elif status == "pending":
         if step.type != StepType.POLL_TOOL_TASK:
             raise Conflict("only a PollToolTask Step may report its task pending")
-        # the same Step polls again after the interval; attempts count per poll
+        # the same Step polls again after the interval; attempts count per poll, and
+        # every attempt of every poll stays on record (numbered on)
         step.polls += 1
-        step.attempts = []
+        step.poll_start = len(step.attempts)
         step.status = StepStatus.QUEUED
+        step.ended_at = None
         step.not_before = now + (tool.poll_interval_seconds if tool else 1.0)
         call.status = ToolCallStatus.RUNNING
         t.ready.append(step)
@@ -408,14 +413,21 @@ def fail_attempt(
     number: int,
     error: RecoveryError,
     now: float,
+    *,
+    backoff: bool = True,
 ) -> Transition:
-    """An attempt failed: retry the Step if its policy allows, else fail it for good."""
+    """An attempt failed: retry the Step if its policy allows, else fail it for good.
+
+    ``backoff`` False retries at once: the server, not the Step's code, lost the attempt
+    (its Worker died or went silent, or the node restarted), so another Worker may take
+    it now."""
     step = _running(state, step_id, number)
     t = Transition()
     _end_attempt(step, AttemptOutcome.FAILED, now, error)
-    used = len(step.attempts)
-    first = step.attempts[0].started_at
-    delay = step.retry.backoff(used)
+    these = step.attempts[step.poll_start :]  # a poll's attempts count per poll
+    used = len(these)
+    first = these[0].started_at
+    delay = step.retry.backoff(used) if backoff else 0.0
     if (
         error.retryable
         and used < step.retry.max_attempts
@@ -461,7 +473,7 @@ def recover(state: SessionState, spec: AgentSpec, now: float, reason: str) -> Tr
         if step.status != StepStatus.RUNNING or attempt is None:
             continue  # an earlier failure in this loop ended the turn
         error = RecoveryError(message=reason, attempt_progress=AttemptProgress.NOT_COMPLETED)
-        _merge(t, fail_attempt(state, spec, step.id, attempt.number, error, now))
+        _merge(t, fail_attempt(state, spec, step.id, attempt.number, error, now, backoff=False))
     return t
 
 

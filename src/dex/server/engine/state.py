@@ -68,6 +68,9 @@ class Step(Wire):
     wait: Wait | None = None
     polls: int = 0
     """For PollToolTask: how many polls found the task still running."""
+    poll_start: int = 0
+    """For PollToolTask: index in ``attempts`` of the current poll's first attempt (the
+    retry policy counts per poll; every attempt stays on record)."""
 
     @property
     def current(self) -> Attempt | None:

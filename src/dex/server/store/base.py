@@ -71,6 +71,10 @@ def migrations(dialect: str) -> list[tuple[int, str]]:
 
 
 class Store(ABC):
+    fence_epoch: int | None = None
+    """The epoch of the lead this node holds: a backend shared by several nodes refuses
+    every write once another node has taken the lead with a higher epoch."""
+
     @abstractmethod
     async def open(self) -> None:
         """Connect and run pending migrations."""

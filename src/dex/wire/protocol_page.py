@@ -1,0 +1,149 @@
+"""Writes ``docs/worker-protocol.md`` from the types in ``dex.wire.protocol``.
+
+    python -m dex.wire.protocol_page docs/worker-protocol.md
+
+``tests/unit/test_worker_protocol_page.py`` fails when the committed page is stale.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+from pydantic import BaseModel
+
+from dex.wire import protocol
+
+INTRO = """\
+# The Worker protocol
+
+Generated from `src/dex/wire/protocol.py` by
+`python -m dex.wire.protocol_page docs/worker-protocol.md`. Do not edit by hand.
+
+A Worker in any language is written from this page alone: it connects, says hello,
+runs the Steps it is handed, heartbeats them, and sends their results. The JSON Schema
+of every message follows the rules.
+
+## Connecting
+
+Open a WebSocket to `GET /v1/workers/connect` on the active node (with
+`Authorization: Bearer <worker token>` when the server has auth on: no token is an
+HTTP 401 before the upgrade, a token of another role a 403; exit with a clear message
+then, do not retry). Given several addresses, try them in turn; a node that is not
+ready (starting, stopping, a standby) closes with code 4503: try the next one.
+
+Every WebSocket message, both ways, is a **frame**: a JSON array of messages, each an
+object whose `t` names its type. Batch whatever is ready into one frame. The first
+message of the first frame is `hello`, and `hello` appears nowhere else. The server
+answers `welcome` first.
+
+## Rules
+
+"""
+
+RULES = """\
+1. **A hand-out is durable before it is sent** (`step`). Run it, then send `done`
+   (the result), `fail` (an exception: a `RecoveryError` with
+   `attempt_progress: "NOT_COMPLETED"` once the code may have run) or `back` (you never
+   started it: no attempt is used). Keep each result until its `ack` arrives; after a
+   reconnect send it again. An `ack` with `ok: false` means the server refused it
+   (the attempt is not yours, or no longer runs): drop it.
+2. **Heartbeats.** Send `hb` with every attempt you hold at least four times per
+   `welcome.heartbeat_timeout`. The reply's `status` says per attempt `ok` (go on) or
+   `stop` (the server failed or cancelled it: stop its code, drop its result).
+   `delta` (streamed model text) also counts as a heartbeat.
+3. **Start acknowledgement.** A `step` with `needs_start_ack: true`
+   (a `CallSingleAttemptTool`: a write that must never run twice) may start its tool
+   body only after an `hb` naming it (with a `seq` of yours) was answered `ok` with the
+   same `seq` within half the heartbeat timeout; a later answer does not count (send
+   another `hb`). If the answer is `stop`, do not start it, and forget it. A node that is
+   not sure it still leads sends no answer.
+4. **Ownership.** An attempt belongs to the connection it was handed out on. Messages
+   about other attempts change nothing (`stop`, or `ack` with `ok: false`).
+5. **Reconnecting.** When the connection drops, reconnect (backoff with jitter) and
+   send a `hello` whose `attempts` lists every attempt you were handed and have not
+   seen settled (acked, stopped or cancelled), and whose `resume` is the token of your
+   last `welcome`. Within `welcome.reconnect_grace` seconds of the drop they are bound
+   to the new connection; `welcome.stop` lists those the node no longer runs (a restart,
+   a takeover, or the grace ran out): stop them at once. An attempt bound to you that
+   your `hello` does not name was never received: it goes back to its queue unused.
+   Keep running your attempts while you reconnect.
+6. **Draining.** To stop, send `drain` (no new hand-outs), let running attempts finish,
+   and send `back` for any you had not started.
+7. **Refusals.** A frame that does not fit this page closes the connection with code
+   4400 and the problem as the reason. A `worker_id` that a live connection uses
+   already, without its `resume` token, is closed with code 4409.
+8. **Order.** Messages of one frame are read in order; results of one frame commit
+   together (their acks may come in any order).
+
+## Close codes
+
+| code | meaning |
+|---|---|
+"""
+
+
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema: dict[str, Any] = model.model_json_schema()
+    return schema
+
+
+def render() -> str:
+    parts = [INTRO, RULES]
+    for name in ("CLOSE_BAD_FRAME", "CLOSE_UNAUTHORIZED", "CLOSE_ID_IN_USE", "CLOSE_NOT_READY"):
+        code = getattr(protocol, name)
+        doc = {
+            "CLOSE_BAD_FRAME": "a frame that does not fit the protocol; the reason says where",
+            "CLOSE_UNAUTHORIZED": "the token was refused",
+            "CLOSE_ID_IN_USE": "another live connection uses this `worker_id`",
+            "CLOSE_NOT_READY": "the node is starting, stopping or a standby: try the next",
+        }[name]
+        parts.append(f"| {code} | {doc} |\n")
+    sections: list[tuple[str, list[type[BaseModel]]]] = [
+        (
+            "Worker → server",
+            [
+                protocol.Hello,
+                protocol.Heartbeat,
+                protocol.Delta,
+                protocol.Done,
+                protocol.Fail,
+                protocol.Back,
+                protocol.Drain,
+            ],
+        ),
+        (
+            "Server → Worker",
+            [
+                protocol.Welcome,
+                protocol.StepMessage,
+                protocol.HeartbeatReply,
+                protocol.Ack,
+                protocol.Cancel,
+            ],
+        ),
+    ]
+    for title, models in sections:
+        parts.append(f"\n## {title}\n")
+        for model in models:
+            (tag,) = get_args(model.model_fields["t"].annotation)
+            doc = (model.__doc__ or "").strip()
+            parts.append(f"\n### `{tag}`\n\n{doc}\n\n")
+            schema = json.dumps(_schema(model), indent=2, sort_keys=True)
+            parts.append(f"```json\n{schema}\n```\n")
+    parts.append(f"\nProtocol version: {protocol.PROTOCOL_VERSION} (sent in `hello.protocol`).\n")
+    return "".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m dex.wire.protocol_page PATH", file=sys.stderr)
+        return 2
+    Path(argv[0]).write_text(render())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,69 @@
+"""A node's graceful stop (SIGTERM): it hands out nothing new and fires no timer, keeps
+answering the API, lets running attempts finish within its drain timeout, fails what is
+left, and exits; a restarted node carries on with what was queued."""
+
+from __future__ import annotations
+
+import json
+import signal
+import urllib.error
+import urllib.request
+
+from dex.testing import wait_until
+from tests.support.rig import Rig, attempts, results
+
+
+def readyz(rig: Rig) -> tuple[int, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(rig.server.address + "/readyz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_tool_that_finishes_within_the_drain_is_not_failed(rig: Rig) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session()
+    turn = rig.call(sid, ("upsert", {"key": "k", "gate": "g"}))
+    rig.wait_entered("g", 1)
+
+    assert rig.server.proc is not None
+    rig.server.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: readyz(rig) == (503, {"status": "not ready", "role": "draining"}), 10)
+    # the API keeps answering while it drains: a new message queues as turn 2
+    queued = rig.client.send_message(sid, "after the stop")
+    assert queued["turn"] == 2
+    rig.open_gate("g")  # the running tool finishes within the drain timeout
+    assert rig.server.proc.wait(30) == 0
+    assert "drained" in rig.server.output()
+
+    rig.start_server()  # the same data directory: turn 1 goes on, then turn 2
+    t = rig.wait_turn(sid, turn)
+    assert [e["attempt"] for e in rig.ledger.entries("upsert")] == [1]
+    assert attempts(t, "CallTool") == [[(1, "succeeded")]]
+    assert results(t)[0]["status"] == "succeeded"
+    assert rig.wait_turn(sid, 2)["text"] == "echo: after the stop"
+
+
+def test_an_attempt_still_running_at_the_drain_timeout_fails_and_runs_again(rig: Rig) -> None:
+    rig.server.env["DEX_SERVER_DRAIN_TIMEOUT"] = "0.5"
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session()
+    turn = rig.call(sid, ("lookup", {"key": "k", "gate": "g"}))
+    rig.wait_entered("g", 1)
+
+    assert rig.server.proc is not None
+    rig.server.proc.send_signal(signal.SIGTERM)
+    assert rig.server.proc.wait(30) == 0
+
+    rig.start_server()
+    rig.wait_entered("g", 2)  # the read runs again, on the Worker that outlived the node
+    rig.open_gate("g")
+    t = rig.wait_turn(sid, turn)
+    (failed, succeeded) = next(s for s in t["steps"] if s["type"] == "CallTool")["attempts"]
+    assert failed["outcome"] == "failed" and succeeded["outcome"] == "succeeded"
+    assert "drain timeout (0.5s) passed" in failed["error"]["message"]
+    assert failed["error"]["attempt_progress"] == "NOT_COMPLETED"
+    assert results(t)[0]["status"] == "succeeded"
