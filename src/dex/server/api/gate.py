@@ -27,13 +27,17 @@ class StandbyGate:
             node: Node | None = scope["app"].state.node
             role = node.role if node is not None else "starting"
             if node is None or not node.serving:
-                await _refuse(scope, send, role)
+                await _refuse(scope, receive, send, role)
                 return
         await self.app(scope, receive, send)
 
 
-async def _refuse(scope: Scope, send: Send, role: str) -> None:
+async def _refuse(scope: Scope, receive: Receive, send: Send, role: str) -> None:
     if scope["type"] == "websocket":
+        # Accept, then close with 4503: a close before the accept reaches the Worker as an
+        # HTTP 403, which it takes for a refused token (and exits).
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
         await send({"type": "websocket.close", "code": CLOSE_NOT_READY, "reason": role})
         return
     body = orjson.dumps(
