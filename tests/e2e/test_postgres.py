@@ -1,8 +1,21 @@
-"""A real server process on PostgreSQL (``DEX_DATABASE``): turns run, and a SIGKILLed server
-restarted on the same database recovers what it was doing."""
+"""Real server processes on PostgreSQL (``DEX_DATABASE``): turns run, a SIGKILLed server
+restarted on the same database recovers what it was doing, and of two servers on one
+database one leads while the other waits to take over."""
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dex
+from dex.testing import wait_until
+from dex.testing.harness import ServerProcess
 from tests.support.rig import Rig, attempts, results
 
 
@@ -27,3 +40,39 @@ def test_a_server_on_postgres_runs_turns_and_recovers_after_a_kill(
     assert [i["type"] for i in history][:2] == ["user", "assistant"]
     assert [r["id"] for r in rig.client.list_sessions()] == [sid]
     assert not (rig.tmp / "data" / "dex.sqlite3").exists()  # it ran on PostgreSQL
+
+
+def readyz(server: ServerProcess) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(server.address + "/readyz", timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_two_servers_on_one_postgres_one_leads_and_the_other_takes_over_when_it_dies(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    env = {"DEX_DATABASE": postgres_url}
+    first = ServerProcess(tmp_path / "a", env=env).start()
+    second = ServerProcess(tmp_path / "b", env=env)
+    try:
+        assert readyz(first) == (200, {"status": "ready", "role": "active", "epoch": 1})
+        with dex.SyncClient(first.address) as client:
+            assert client.list_sessions() == []
+
+        with pytest.raises(TimeoutError):  # it waits for the lease as a standby
+            second.start(timeout=3)
+        assert second.alive
+        assert readyz(second) == (503, {"status": "not ready", "role": "standby"})
+
+        first.kill()
+        killed = time.monotonic()
+        wait_until(second._ready, 10, 0.02, "the standby took over")
+        took = time.monotonic() - killed
+
+        assert took < 2.0, f"took over in {took:.2f}s"
+        assert readyz(second) == (200, {"status": "ready", "role": "active", "epoch": 2})
+    finally:
+        first.kill()
+        second.kill()
