@@ -269,3 +269,23 @@ async def test_a_paused_holder_loses_the_lock_after_its_session_timeout_and_noti
         if holder.returncode is None:
             holder.kill()
         await holder.wait()
+
+
+async def test_a_fenced_write_loses_the_lease_at_once(
+    url: str, leases: list[Lease], stores: list[PostgresStore]
+) -> None:
+    """How the server wires them: the store's ``on_fatal`` is the lease's ``lose``."""
+    lease = Lease(url, "node")
+    leases.append(lease)
+    store = await open_store(url, stores, await lease.acquire())
+    store.on_fatal = lambda e: lease.lose(e.message)
+    await store.write(write(session=idle("s1"), create=True))
+    assert lease.valid() and not lease.lost.is_set()
+
+    with psycopg.connect(url, autocommit=True) as admin:  # another node took over
+        admin.execute("UPDATE dex_lease SET epoch = epoch + 1")
+    with pytest.raises(Fenced):
+        await store.write(write(session=idle("s2"), create=True))
+
+    assert lease.lost.is_set()
+    assert not lease.valid()

@@ -50,7 +50,7 @@ def create_app(
             raise
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
         domain = Sessions(store, dispatcher)
-        lead = leadership or _leadership(config.database_url)
+        lead = leadership or _leadership(config.database_url, store)
         node = Node(store, dispatcher, domain, lead, on_step_down)
         app.state.store = store
         app.state.dispatcher = dispatcher
@@ -81,13 +81,17 @@ def create_app(
     return app
 
 
-def _leadership(database_url: str) -> Leadership:
+def _leadership(database_url: str, store: Store) -> Leadership:
     """The embedded SQLite node leads from the start; nodes sharing PostgreSQL compete for
-    its lease."""
+    its lease, and a write that was fenced or whose commit is unknown loses it."""
     if database_url.startswith(("postgresql://", "postgres://")):
-        from dex.server.ha.lease import Lease
+        from dex.server.ha.lease import Lease  # psycopg is an optional extra
+        from dex.server.store.postgres import PostgresStore
 
-        return Lease(database_url)
+        assert isinstance(store, PostgresStore)
+        lease = Lease(store.url)
+        store.on_fatal = lambda e: lease.lose(f"{e.code}: {e.message}")
+        return lease
     return Solo()
 
 

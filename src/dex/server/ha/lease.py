@@ -199,14 +199,17 @@ class Lease:
                 async with asyncio.timeout(s.ping_timeout):
                     await conn.execute("SELECT 1")
             except (psycopg.Error, TimeoutError) as e:
-                self._lose(f"the lock connection failed a ping: {e!r}")
+                self.lose(f"the lock connection failed a ping: {e!r}")
                 with contextlib.suppress(psycopg.Error, TimeoutError):
                     async with asyncio.timeout(s.ping_timeout):
                         await conn.close()
                 return
             self.valid_until = sent + s.valid_for
 
-    def _lose(self, reason: str) -> None:
+    def lose(self, reason: str) -> None:
+        """Take the lease as lost (a ping failed, or the store was fenced or lost a
+        commit): ``valid()`` turns False and ``lost`` is set at once. The lock connection
+        is left to the process's exit."""
         self.valid_until = 0.0
         if not self.lost.is_set():
             self.lost.set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, LiteralString
 
 import psycopg
@@ -74,6 +75,10 @@ class PostgresStore(SqlStore):
         self.fence_epoch: int | None = None
         """When set, every batch first checks that this is still the lease's epoch and is
         refused with ``Fenced`` otherwise (the node lost the lease)."""
+        self.on_fatal: Callable[[StorageError], None] | None = None
+        """Called when a batch is refused by the fence (``Fenced``) or its outcome is
+        unknown (``CommitUnknown``): the node must step down (the server sets the lease's
+        ``lose`` here)."""
         self.commits = 0
         self.operations = 0
         self._conn: Conn | None = None
@@ -157,6 +162,9 @@ class PostgresStore(SqlStore):
             except Exception as e:  # a bug here must not leave callers waiting forever
                 log.exception("group commit failed", extra={"action": "store.commit_failed"})
                 results = [StorageError(f"commit failed: {e}")] * len(batch)
+            fatal = next((e for e in results if isinstance(e, Fenced | CommitUnknown)), None)
+            if fatal is not None and self.on_fatal is not None:
+                self.on_fatal(fatal)
             for (_, fut), error in zip(batch, results, strict=True):
                 if fut.done():
                     continue
