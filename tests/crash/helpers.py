@@ -1,4 +1,4 @@
-"""How a crash test interrupts: a Worker kill or a server restart."""
+"""How a crash test interrupts: a Worker kill, a server restart, or a takeover."""
 
 from __future__ import annotations
 
@@ -7,27 +7,32 @@ import urllib.request
 import pytest
 
 from dex.testing import WorkerProcess, wait_until
-from tests.support.rig import Rig
+from tests.support.rig import TAKEOVER, Rig
 
 WORKER_KILL = "Worker kill"
 SERVER_RESTART = "Server restart"
+SERVER_SIDE = (SERVER_RESTART, TAKEOVER)
+"""The failures of the node: the Worker keeps running through them."""
 
 
-def columns(row: str) -> pytest.MarkDecorator:
-    """Parametrize a test over both failures, each marked as its cell of the matrix."""
-    return pytest.mark.parametrize(
-        "column",
-        [
-            pytest.param(WORKER_KILL, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"),
-            pytest.param(
-                SERVER_RESTART, marks=pytest.mark.crash(row, SERVER_RESTART), id="server-restart"
-            ),
-        ],
-    )
+def columns(row: str, *, takeover: bool = False) -> pytest.MarkDecorator:
+    """Parametrize a test over the failures, each marked as its cell of the matrix:
+    Worker kill and Server restart, and with ``takeover`` the Takeover of a hot standby
+    (two nodes on PostgreSQL)."""
+    params = [
+        pytest.param(WORKER_KILL, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"),
+        pytest.param(
+            SERVER_RESTART, marks=pytest.mark.crash(row, SERVER_RESTART), id="server-restart"
+        ),
+    ]
+    if takeover:
+        params.append(pytest.param(TAKEOVER, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"))
+    return pytest.mark.parametrize("column", params)
 
 
 def interrupt(rig: Rig, column: str, worker: WorkerProcess) -> WorkerProcess:
-    """SIGKILL the Worker and start a new one, or SIGKILL and restart the server.
+    """SIGKILL the Worker and start a new one, or SIGKILL the serving node and bring
+    service back (the node restarted on its storage, or the standby taking over).
 
     Returns the Worker that serves from now on."""
     if column == WORKER_KILL:
@@ -42,7 +47,7 @@ def workers_connected(rig: Rig) -> int:
     with urllib.request.urlopen(rig.server.address + "/metrics", timeout=5) as response:
         for line in response.read().decode().splitlines():
             if line.startswith("dex_workers_connected "):
-                return int(line.split()[1])
+                return int(float(line.split()[1]))
     raise AssertionError("the server reports no dex_workers_connected")
 
 

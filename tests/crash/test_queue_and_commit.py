@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dex.testing import wait_until
-from tests.crash.helpers import SERVER_RESTART, WORKER_KILL, columns
+from tests.crash.helpers import SERVER_SIDE, WORKER_KILL, columns
 from tests.support.rig import Rig, attempts, results
 
 
@@ -39,7 +39,7 @@ def test_queued_step_uses_no_attempt_and_runs_as_attempt_1(rig: Rig, column: str
 
 @columns("any_step.result_sent")
 def test_sent_result_is_committed_or_its_attempt_fails(rig: Rig, column: str) -> None:
-    if column == SERVER_RESTART:
+    if column in SERVER_SIDE:
         # the server dies on receiving the tool's result (the 2nd result of the turn)
         rig.start_server(failpoints="server.before_commit_result=crash@2")
         worker = rig.start_worker()
@@ -48,9 +48,9 @@ def test_sent_result_is_committed_or_its_attempt_fails(rig: Rig, column: str) ->
         worker = rig.start_worker(failpoints="worker.after_send_result=crash@2")
     sid = rig.session()
     turn = rig.call(sid, ("lookup", {"key": "r"}))
-    if column == SERVER_RESTART:
+    if column in SERVER_SIDE:
         wait_until(lambda: not rig.server.alive, 20, what="the server crashed at the failpoint")
-        rig.server.start()
+        rig.recover_server()
     else:
         wait_until(lambda: not worker.alive, 20, what="the Worker crashed at the failpoint")
         rig.start_worker()
@@ -62,6 +62,6 @@ def test_sent_result_is_committed_or_its_attempt_fails(rig: Rig, column: str) ->
     # read ran again. The ledger agrees with the record either way.
     assert tool_attempts in ([(1, "succeeded")], [(1, "failed"), (2, "succeeded")])
     assert ran == [a for a, _ in tool_attempts]
-    if column == SERVER_RESTART:
+    if column in SERVER_SIDE:
         assert tool_attempts == [(1, "failed"), (2, "succeeded")]  # never committed
     assert results(t)[0]["status"] == "succeeded"

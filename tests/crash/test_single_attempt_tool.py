@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dex.testing import wait_until
-from tests.crash.helpers import SERVER_RESTART, columns, interrupt
+from tests.crash.helpers import SERVER_SIDE, columns, interrupt
 from tests.support.rig import Rig, attempts, results
 
 
@@ -45,7 +45,7 @@ def test_write_interrupted_before_first_heartbeat_is_unknown_and_never_runs(
     interrupt(rig, column, worker)
     # A Worker that outlived the server goes on: it asks to start, Dex says stop.
     rig.release_failpoint("worker.before_first_heartbeat")
-    if column == SERVER_RESTART:
+    if column in SERVER_SIDE:
         wait_until(
             lambda: "no longer runs this attempt" in worker.output(),
             20,

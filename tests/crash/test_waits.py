@@ -13,6 +13,7 @@ import pytest
 from dex.testing import wait_until
 from tests.crash.helpers import (
     SERVER_RESTART,
+    SERVER_SIDE,
     WORKER_KILL,
     columns,
     interrupt,
@@ -222,7 +223,7 @@ def test_wait_handler_interrupted_runs_again_and_the_resolution_stays_recorded(
 ) -> None:
     # Server restart: the server dies inside the handler, after the resolution's commit.
     # Worker kill: the handler is held there while the Worker is killed and replaced.
-    action = "crash" if column == SERVER_RESTART else "pause"
+    action = "crash" if column in SERVER_SIDE else "pause"
     rig.start_server(failpoints=f"server.handler_running={action}")
     worker = rig.start_worker()
     sid = rig.session("waiter")
@@ -230,9 +231,9 @@ def test_wait_handler_interrupted_runs_again_and_the_resolution_stays_recorded(
     rig.wait_failpoint("server.handler_running")
 
     interrupted_at = time.time()
-    if column == SERVER_RESTART:
+    if column in SERVER_SIDE:
         wait_until(lambda: not rig.server.alive, 10, what="the server died in the handler")
-        rig.server.start()
+        rig.recover_server()
         # the handler ran again on start, before the node was ready: the wait has ended
         assert waits(rig, sid) == []
     else:

@@ -11,8 +11,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import dex
 from dex.testing import wait_until
 from dex.testing.harness import ServerProcess
@@ -53,22 +51,20 @@ def readyz(server: ServerProcess) -> tuple[int, dict[str, Any]]:
 def test_two_servers_on_one_postgres_one_leads_and_the_other_takes_over_when_it_dies(
     tmp_path: Path, postgres_url: str
 ) -> None:
-    env = {"DEX_DATABASE": postgres_url}
-    first = ServerProcess(tmp_path / "a", env=env).start()
-    second = ServerProcess(tmp_path / "b", env=env)
+    first = ServerProcess(tmp_path / "a", database=postgres_url).start()
+    second = ServerProcess(tmp_path / "b", database=postgres_url)
     try:
         assert readyz(first) == (200, {"status": "ready", "role": "active", "epoch": 1})
         with dex.SyncClient(first.address) as client:
             assert client.list_sessions() == []
 
-        with pytest.raises(TimeoutError):  # it waits for the lease as a standby
-            second.start(timeout=3)
-        assert second.alive
+        second.start(ready=False)  # it answers, and waits for the lease as a standby
+        assert not second.ready()
         assert readyz(second) == (503, {"status": "not ready", "role": "standby"})
 
         first.kill()
         killed = time.monotonic()
-        wait_until(second._ready, 10, 0.02, "the standby took over")
+        wait_until(second.ready, 10, 0.02, "the standby took over")
         took = time.monotonic() - killed
 
         assert took < 2.0, f"took over in {took:.2f}s"

@@ -30,7 +30,7 @@ def test_a_second_server_on_the_same_data_directory_is_refused(tmp_path: Path) -
 
         first.kill()  # the kernel releases the lock with the process
         second.start()
-        wait_until(second._ready, 20, what="the second server serves")
+        wait_until(second.ready, 20, what="the second server serves")
     finally:
         first.kill()
         second.kill()

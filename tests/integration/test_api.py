@@ -112,33 +112,78 @@ def test_openapi_lists_the_session_routes(api: Api) -> None:
 
 
 def _metrics(api: Api) -> dict[str, float]:
+    """Every sample of ``/metrics`` (``name{labels}`` -> value), after checking the text
+    is Prometheus': each sample belongs to a family with a TYPE and a HELP line."""
     response = api.http.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     values: dict[str, float] = {}
-    types: set[str] = set()
+    types: dict[str, str] = {}
+    helps: set[str] = set()
     for line in response.text.splitlines():
         if not line:
             continue
         if line.startswith("#"):
-            parts = line.split()
+            parts = line.split(maxsplit=3)
             assert parts[1] in ("TYPE", "HELP"), line
             if parts[1] == "TYPE":
                 assert parts[3] in ("counter", "gauge", "histogram", "summary", "untyped")
-                types.add(parts[2])
+                types[parts[2]] = parts[3]
+            else:
+                assert len(parts) == 4 and parts[3].strip(), f"no help text: {line}"
+                helps.add(parts[2])
             continue
         name, value = line.rsplit(" ", 1)
         values[name] = float(value)  # every sample line is "name value"
-    assert set(values) <= types | {n.split("{")[0] for n in values}
+    for sample in values:
+        base = sample.split("{")[0]
+        family = next(
+            (f for f in types if base == f or (base.startswith(f + "_") and types[f] != "gauge")),
+            None,
+        )
+        assert family is not None, f"{sample} has no TYPE"
+        assert family in helps, f"{family} has no HELP"
     return values
 
 
 def test_metrics_is_prometheus_text(api_with_agent: Api) -> None:
     before = _metrics(api_with_agent)
     assert before["dex_workers_connected"] == 0
+    assert before['dex_node_role{role="active"}'] == 1
     api_with_agent.create("m1")
     after = _metrics(api_with_agent)
     assert after["dex_store_commits_total"] > before["dex_store_commits_total"]
+
+
+def test_metrics_count_attempts_turns_and_unknown_outcomes(
+    api_with_agent: Api, worker: FakeWorker
+) -> None:
+    api = api_with_agent
+    api.create("s1")
+    api.send("s1", "charge")
+    model = worker.step(session_id="s1")
+    calls = [ModelToolCall(id="c1", name="charge", arguments={"amount": 5})]
+    worker.done(model["attempt_id"], model_done(tool_calls=calls))
+    charge = worker.step(session_id="s1", tool="charge")
+    error = {"message": "boom", "attempt_progress": "NOT_COMPLETED"}
+    worker.send({"t": "fail", "attempt_id": charge["attempt_id"], "error": error})
+    assert worker.ack(charge["attempt_id"])["ok"] is True
+    final = worker.step(session_id="s1", step_type="RunModel")
+    worker.done(final["attempt_id"], model_done("not sure"))
+    assert api.turn("s1", 1, wait=10)["status"] == "completed"
+    m = _metrics(api)
+    run_model = 'dex_attempts_total{attempt_progress="",outcome="succeeded",step_type="RunModel"}'
+    assert m[run_model] == 2
+    failed = (
+        'dex_attempts_total{attempt_progress="NOT_COMPLETED",outcome="failed",'
+        'step_type="CallSingleAttemptTool"}'
+    )
+    assert m[failed] == 1
+    assert m['dex_turns_total{status="completed"}'] == 1
+    assert m["dex_turn_seconds_count"] == 1
+    assert m["dex_outcome_unknown_total"] == 1
+    assert m['dex_tool_calls_total{kind="write",status="outcome_unknown"}'] == 1
+    assert m['dex_queue_wait_seconds_count{queue="model:echo"}'] == 2
 
 
 def test_unknown_route_and_wrong_method_are_json_errors(api: Api) -> None:

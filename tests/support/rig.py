@@ -18,16 +18,33 @@ HEARTBEAT_TIMEOUT = 1.0
 
 
 class Rig:
-    def __init__(self, tmp: Path) -> None:
+    """One node on SQLite; or, given ``database`` (a PostgreSQL URL), two nodes on it: the
+    active one (``server``) and a hot standby, which Workers and clients both know."""
+
+    def __init__(self, tmp: Path, database: str | None = None) -> None:
         self.tmp = tmp
         self.gates = tmp / "gates"
         self.failpoints = tmp / "failpoints"
         self.gates.mkdir()
         self.failpoints.mkdir()
         self.ledger = Ledger(tmp / "ledger.jsonl")
-        self.server = ServerProcess(tmp / "data", heartbeat_timeout=HEARTBEAT_TIMEOUT)
+        self.nodes = [
+            ServerProcess(tmp / name, heartbeat_timeout=HEARTBEAT_TIMEOUT, database=database)
+            for name in (("data", "data-b") if database else ("data",))
+        ]
+        self.server = self.nodes[0]
+        """The node that serves (in HA, the active one)."""
         self.workers: list[WorkerProcess] = []
-        self.client = dex.SyncClient(self.server.address, timeout=30)
+        self.client = dex.SyncClient(self.address, timeout=30)
+
+    @property
+    def ha(self) -> bool:
+        return len(self.nodes) > 1
+
+    @property
+    def address(self) -> str:
+        """Every node's address: Workers and clients move on to the one that serves."""
+        return ",".join(node.address for node in self.nodes)
 
     # --- processes ---------------------------------------------------------------
 
@@ -36,7 +53,7 @@ class Rig:
     ) -> WorkerProcess:
         worker = WorkerProcess(
             module,
-            self.server.address,
+            self.address,
             self.tmp / f"worker-{len(self.workers) + 1}.log",
             env={
                 "DEX_TEST_LEDGER": str(self.ledger.path),
@@ -50,14 +67,35 @@ class Rig:
         return worker
 
     def restart_server(self) -> None:
-        """SIGKILL the node and start it again on the same data directory and port."""
+        """SIGKILL the node that serves and bring service back: the same node restarted on
+        its storage, or (HA) the standby taking over."""
         self.server.kill()
-        self.server.start()
+        self.recover_server()
+
+    def recover_server(self) -> None:
+        """The serving node is dead (killed, or crashed at a failpoint): restart it on its
+        storage; with a standby, wait until the standby serves, and start the dead node
+        again as the new standby."""
+        dead = self.server
+        dead.kill()  # reap it
+        if not self.ha:
+            dead.start()
+            return
+        (standby,) = [node for node in self.nodes if node is not dead]
+        wait_until(standby.ready, 30, 0.02, what="the standby took over")
+        self.server = standby
+        dead.start(env=self._env(""), ready=False)
 
     def start_server(self, failpoints: str = "") -> None:
-        self.server.start(
-            env={"DEX_FAILPOINTS": failpoints, "DEX_FAILPOINT_DIR": str(self.failpoints)}
-        )
+        """Start the node (HA: the first node, which becomes active, then the standby;
+        ``failpoints`` arm the active one)."""
+        self.server.start(env=self._env(failpoints))
+        for node in self.nodes:
+            if node is not self.server:
+                node.start(env=self._env(""), ready=False)
+
+    def _env(self, failpoints: str) -> dict[str, str]:
+        return {"DEX_FAILPOINTS": failpoints, "DEX_FAILPOINT_DIR": str(self.failpoints)}
 
     def wait_failpoint(self, name: str, timeout: float = 20) -> None:
         wait_until(
@@ -110,12 +148,21 @@ class Rig:
         self.client.close()
         for worker in self.workers:
             worker.kill()
-        self.server.kill()
+        for node in self.nodes:
+            node.kill()
+
+
+TAKEOVER = "Takeover"
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(tmp_path)
+def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """A rig of real processes; a test parametrized with ``column == "Takeover"`` gets two
+    nodes on a fresh PostgreSQL database (skipped where PostgreSQL cannot be reached)."""
+    callspec = getattr(request.node, "callspec", None)
+    takeover = callspec is not None and callspec.params.get("column") == TAKEOVER
+    database = request.getfixturevalue("postgres_url") if takeover else None
+    r = Rig(tmp_path, database)
     try:
         yield r
     finally:

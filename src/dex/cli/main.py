@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,9 +17,43 @@ from dex.agent import Agent
 from dex.client import SyncClient
 from dex.errors import DexError
 
-app = typer.Typer(
-    help="Dex: a durable runtime for AI agents.", no_args_is_help=True, add_completion=False
-)
+app = typer.Typer(help="Dex: a durable runtime for AI agents.", no_args_is_help=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        import dex
+
+        typer.echo(f"dex {dex.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    log_level: Annotated[
+        str,
+        typer.Option(envvar="DEX_LOG_LEVEL", help="debug, info, warning or error."),
+    ] = "info",
+    log_format: Annotated[
+        str,
+        typer.Option(
+            envvar="DEX_LOG_FORMAT", help="console (for people) or json (one object a line)."
+        ),
+    ] = "console",
+) -> None:
+    """Dex: a durable runtime for AI agents."""
+    from dex._logging import configure
+
+    try:
+        configure(log_level, log_format)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def _listen(value: str) -> tuple[str, int]:
@@ -85,7 +118,6 @@ def server(
     from dex.server.config import ServerConfig
 
     host, port = _listen(listen)
-    _logging()
     serve(
         ServerConfig(
             data_dir=data_dir,
@@ -124,7 +156,6 @@ def worker(
     from dex.worker import Worker, WorkerConfig
 
     agents = load_agents(module)
-    _logging()
     try:
         Worker(
             agents,
@@ -309,12 +340,6 @@ def load_agents(module: str) -> list[Agent]:
 
 def _print(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
-
-
-def _logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr
-    )
 
 
 def main() -> None:

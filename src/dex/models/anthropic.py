@@ -17,7 +17,9 @@ from typing import Any
 try:
     import anthropic
 except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ImportError("dex.models.Anthropic needs the SDK: pip install anthropic") from e
+    raise ImportError(
+        "dex.models.Anthropic needs the Anthropic SDK: pip install 'dex-runtime[anthropic]'"
+    ) from e
 
 from dex.models import _translate as tr
 from dex.models._sdk import SDKModel

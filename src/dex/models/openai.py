@@ -26,7 +26,9 @@ try:
     from openai.types.chat import ChatCompletionChunk
     from openai.types.responses import ResponseStreamEvent
 except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ImportError("dex.models.OpenAI needs the SDK: pip install openai") from e
+    raise ImportError(
+        "dex.models.OpenAI needs the OpenAI SDK: pip install 'dex-runtime[openai]'"
+    ) from e
 from pydantic import BaseModel
 
 from dex.models import _translate as tr

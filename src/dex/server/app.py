@@ -15,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+import dex
 from dex import _loop
 from dex.errors import DexError
 from dex.server.api import errors, ops, sessions, workers
@@ -66,7 +67,7 @@ def create_app(
 
     app = FastAPI(
         title="Dex",
-        version="0.1.0",
+        version=dex.__version__,
         summary="A durable runtime for AI agents.",
         default_response_class=ORJSONResponse,
         lifespan=lifespan,

@@ -41,6 +41,7 @@ from dex.server.engine.state import (
     attempt_id,
     parse_attempt_id,
 )
+from dex.server.metrics import Metrics
 from dex.server.store.base import SessionRow, Store
 from dex.server.streams import MemoryStreams
 from dex.wire import (
@@ -84,10 +85,12 @@ class Sessions:
         streams: MemoryStreams | None = None,
         *,
         max_cached: int = 10_000,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
         self.streams = streams or MemoryStreams()
+        self.metrics = metrics or Metrics()
         self.max_cached = max_cached
         """How many idle sessions stay in memory; older idle ones reload from storage."""
         self.agents: dict[str, AgentSpec] = {}
@@ -153,13 +156,8 @@ class Sessions:
         for session_id in await self.store.running_sessions():
             actor = await self._actor(session_id)
             queued = {step.id for step in actor.state.queued_steps()}
-            running = len(actor.state.running_steps())
-            if running:
-                await self._apply(
-                    actor,
-                    functools.partial(_recover, spec=self._spec(actor.state.agent), reason=reason),
-                )
-                failed += running
+            running = await self._recover(actor, reason)
+            failed += running
             for step in actor.state.queued_steps():
                 if step.id in queued:  # retries that recover() queued are offered already
                     self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
@@ -168,6 +166,17 @@ class Sessions:
                     self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
             await self._process_inbox(session_id)
         return failed
+
+    async def _recover(self, actor: Actor, reason: str) -> int:
+        """Fail every attempt of the session that storage calls running (NOT_COMPLETED);
+        returns how many."""
+        types = [step.type.value for step in actor.state.running_steps()]
+        if types:
+            spec = self._spec(actor.state.agent)
+            await self._apply(actor, functools.partial(_recover, spec=spec, reason=reason))
+            for step_type in types:
+                self.metrics.attempt_ended(step_type, "failed", "NOT_COMPLETED")
+        return len(types)
 
     async def fail_held(self, reason: str) -> int:
         """Fail every attempt a Worker still holds, as a node stopping does (group commit
@@ -178,9 +187,7 @@ class Sessions:
 
         async def fail_session(session_id: str, held: list[str]) -> int:
             actor = await self._actor(session_id)
-            running = len(actor.state.running_steps())
-            spec = self._spec(actor.state.agent)
-            await self._apply(actor, functools.partial(_recover, spec=spec, reason=reason))
+            running = await self._recover(actor, reason)
             for aid in held:
                 self.dispatcher.unhold(aid)
             return running
@@ -500,6 +507,7 @@ class Sessions:
         session_id, step_id, number = _parse(attempt)
         actor = await self._actor(session_id)
         spec = self._spec(actor.state.agent)
+        step_type = _step_type(actor.state, step_id)
 
         def handle(s: SessionState, now: float) -> Transition:
             step = s.turn.step(step_id) if s.turn else None
@@ -513,6 +521,7 @@ class Sessions:
             return handlers.complete_tool(s, spec, step_id, number, outcome, now)
 
         await self._apply(actor, handle, release=attempt)
+        self.metrics.attempt_ended(step_type, "succeeded")
         failpoints.hit("server.after_commit_result")
 
     async def fail(self, attempt: str, error: RecoveryError, *, backoff: bool = True) -> None:
@@ -526,6 +535,9 @@ class Sessions:
             ),
             release=attempt,
         )
+        self.metrics.attempt_ended(
+            _step_type(actor.state, step_id), "failed", error.attempt_progress.value
+        )
 
     async def hand_back(self, attempt: str) -> None:
         session_id, step_id, number = _parse(attempt)
@@ -533,6 +545,7 @@ class Sessions:
         await self._apply(
             actor, lambda s, now: handlers.hand_back(s, step_id, number), release=attempt
         )
+        self.metrics.attempt_ended(_step_type(actor.state, step_id), "handed_back")
 
     async def expire(self, held: Held) -> None:
         """An attempt's Worker is gone (its connection closed and it did not come back
@@ -702,6 +715,7 @@ class Sessions:
             assert step.wait is not None and step.wait.deadline is not None
             self.dispatcher.arm_timer(sid, step.id, step.wait.deadline)
         if t.ended_turn is not None:
+            self.metrics.turn_ended(t.ended_turn)
             actor.ended[t.ended_turn.number] = t.ended_turn
             while len(actor.ended) > RECENT_TURNS:
                 del actor.ended[min(actor.ended)]
@@ -722,6 +736,10 @@ class Sessions:
         state = actor.state
         attempt = step.attempts[-1]
         aid = attempt_id(state.id, step.id, attempt.number)
+        if attempt.number == 1:
+            self.metrics.queue_wait.labels(step.queue).observe(
+                max(0.0, attempt.started_at - step.created_at)
+            )
         self.dispatcher.hold(
             worker,
             aid,
@@ -791,6 +809,11 @@ def _context_for(
 
 def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:
     return handlers.recover(state, spec, now, reason)
+
+
+def _step_type(state: SessionState, step_id: str) -> str:
+    step = state.turn.step(step_id) if state.turn else None
+    return step.type.value if step is not None else "unknown"
 
 
 def _parse(attempt: str) -> tuple[str, str, int]:

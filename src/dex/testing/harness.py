@@ -63,7 +63,8 @@ class _Process:
 
 
 class ServerProcess(_Process):
-    """``dex server`` on a data directory; restart it on the same directory after a kill."""
+    """``dex server`` on a data directory (or ``database``, a URL several nodes share);
+    restart it on the same storage after a kill."""
 
     def __init__(
         self,
@@ -72,23 +73,31 @@ class ServerProcess(_Process):
         port: int | None = None,
         heartbeat_timeout: float = 2.0,
         env: Mapping[str, str] | None = None,
+        database: str | None = None,
     ) -> None:
         super().__init__(data_dir.parent / f"{data_dir.name}-server.log")
         self.data_dir = data_dir
         self.port = port or free_port()
         self.heartbeat_timeout = heartbeat_timeout
         self.env = dict(env or {})
+        self.database = database
 
     @property
     def address(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, env: Mapping[str, str] | None = None, timeout: float = 20.0) -> ServerProcess:
+    def start(
+        self, env: Mapping[str, str] | None = None, timeout: float = 20.0, *, ready: bool = True
+    ) -> ServerProcess:
+        """Start the node and wait until it serves (``ready``), or, for a node that may
+        come up a standby, until it answers ``/healthz``."""
+        storage = ["--database", self.database] if self.database else []
         self._spawn(
             [
                 "server",
                 "--data-dir",
                 str(self.data_dir),
+                *storage,
                 "--listen",
                 f"127.0.0.1:{self.port}",
                 "--heartbeat-timeout",
@@ -96,14 +105,23 @@ class ServerProcess(_Process):
             ],
             {**self.env, **(env or {})},
         )
-        wait_until(lambda: self._ready() or not self.alive, timeout, 0.02, "server ready")
+        probe = self.ready if ready else self.answers
+        wait_until(lambda: probe() or not self.alive, timeout, 0.02, "server up")
         if not self.alive:
             raise RuntimeError(f"server exited:\n{self.output()[-3000:]}")
         return self
 
-    def _ready(self) -> bool:
+    def ready(self) -> bool:
+        """Whether it serves: ``/readyz`` answers 200 (the active node)."""
+        return self._get("/readyz")
+
+    def answers(self) -> bool:
+        """Whether the process answers at all (``/healthz``): a standby does."""
+        return self._get("/healthz")
+
+    def _get(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(self.address + "/readyz", timeout=1) as r:
+            with urllib.request.urlopen(self.address + path, timeout=1) as r:
                 return bool(r.status == 200)
         except OSError:
             return False

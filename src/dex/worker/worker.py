@@ -431,9 +431,21 @@ class Worker:
                 }
         except Exception as e:
             log.warning(
-                "attempt failed: %r",
+                "%s attempt %d of %s failed: %s: %s",
+                h.step_type.value,
+                h.attempt,
+                h.tool or h.agent,
+                type(e).__name__,
                 e,
-                extra={"action": "worker.attempt_failed", "attempt_id": h.attempt_id},
+                exc_info=True,
+                extra={
+                    "action": "worker.attempt_failed",
+                    "session_id": h.session_id,
+                    "step_id": h.step_id,
+                    "attempt_id": h.attempt_id,
+                    "agent": h.agent,
+                    "tool": h.tool,
+                },
             )
             attempt.result = _fail(
                 h, f"{type(e).__name__}: {e}", retryable=getattr(e, "retryable", True)

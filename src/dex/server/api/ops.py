@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dex.server.api.responses import ORJSONResponse
 
@@ -25,22 +26,8 @@ async def readyz(request: Request) -> ORJSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> PlainTextResponse:
-    state = request.app.state
-    dispatcher = state.dispatcher
-    store = state.store
-    lines = [
-        "# TYPE dex_store_commits_total counter",
-        f"dex_store_commits_total {getattr(store, 'commits', 0)}",
-        "# TYPE dex_store_operations_total counter",
-        f"dex_store_operations_total {getattr(store, 'operations', 0)}",
-        "# TYPE dex_workers_connected gauge",
-        f"dex_workers_connected {len(dispatcher.workers)}",
-        "# TYPE dex_attempts_running gauge",
-        f"dex_attempts_running {len(dispatcher.held)}",
-        "# TYPE dex_worker_messages_refused_total counter",
-        f"dex_worker_messages_refused_total {dispatcher.refused}",
-        "# TYPE dex_background_retries_total counter",
-        f"dex_background_retries_total {state.sessions.background_failures}",
-    ]
-    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+async def metrics(request: Request) -> Response:
+    """Prometheus text: attempts and turns by outcome, latencies, queue depths, Workers,
+    the store's commits, the node's role and epoch."""
+    sessions = request.app.state.sessions
+    return Response(generate_latest(sessions.metrics.registry), media_type=CONTENT_TYPE_LATEST)

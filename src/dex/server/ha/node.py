@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.ha.leadership import Leadership
+from dex.server.metrics import node_gauges
 from dex.server.sessions import Sessions
 from dex.server.store.base import Store
 from dex.wire.protocol import CLOSE_NOT_READY
@@ -46,6 +47,7 @@ class Node:
         self.epoch = 0
         self._active = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        sessions.metrics.watch(lambda: node_gauges(self))
 
     @property
     def serving(self) -> bool:

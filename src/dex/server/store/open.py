@@ -25,7 +25,7 @@ def open_store(url: str) -> Store:
             from dex.server.store.postgres import PostgresStore
         except ImportError as e:
             raise InvalidInput(
-                f"PostgreSQL needs psycopg: pip install 'dex[postgres]' ({e})"
+                f"PostgreSQL needs psycopg: pip install 'dex-runtime[postgres]' ({e})"
             ) from e
         return PostgresStore(url)
     raise InvalidInput(

@@ -1,0 +1,152 @@
+"""What a node counts, for Prometheus (``GET /metrics``), through ``prometheus_client``.
+
+Counters and histograms are updated where things happen (after a commit: an attempt
+settled, a turn ended, a Step handed out); gauges and the store's and dispatcher's own
+counts are read when Prometheus scrapes, so they cost nothing in between. Each node
+(each app) has its own registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dex.wire import ToolCallStatus
+
+if TYPE_CHECKING:
+    from dex.server.engine.state import Turn
+    from dex.server.ha.node import Node
+
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.attempts = Counter(
+            "dex_attempts",
+            "Attempts that ended, by Step type, outcome (succeeded, failed, handed_back) and, "
+            "for a failure, attempt_progress.",
+            ["step_type", "outcome", "attempt_progress"],
+            registry=r,
+        )
+        self.turns = Counter("dex_turns", "Turns that ended, by status.", ["status"], registry=r)
+        self.turn_seconds = Histogram(
+            "dex_turn_seconds",
+            "Time from a turn's user message to its end.",
+            buckets=SECONDS,
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "dex_step_seconds",
+            "Time from a Step's creation to its end, by type (waits included).",
+            ["step_type"],
+            buckets=SECONDS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "dex_queue_wait_seconds",
+            "Time a Step waited in its queue before a Worker took it, by queue.",
+            ["queue"],
+            buckets=SECONDS,
+            registry=r,
+        )
+        self.tool_calls = Counter(
+            "dex_tool_calls",
+            "Tool calls of ended turns, by kind and recorded status.",
+            ["kind", "status"],
+            registry=r,
+        )
+        self.outcome_unknown = Counter(
+            "dex_outcome_unknown",
+            "Tool calls whose turn ended with their outcome unknown (a write that may have "
+            "run): each needs a person or a program to reconcile it.",
+            registry=r,
+        )
+
+    def turn_ended(self, turn: Turn) -> None:
+        self.turns.labels(turn.status.value).inc()
+        if turn.ended_at is not None:
+            self.turn_seconds.observe(max(0.0, turn.ended_at - turn.started_at))
+        for step in turn.steps:
+            if step.ended_at is not None:
+                self.step_seconds.labels(step.type.value).observe(
+                    max(0.0, step.ended_at - step.created_at)
+                )
+        for call in turn.tool_calls:
+            status = call.status
+            self.tool_calls.labels(call.kind.value if call.kind else "unknown", status).inc()
+            if status == ToolCallStatus.OUTCOME_UNKNOWN:
+                self.outcome_unknown.inc()
+
+    def attempt_ended(self, step_type: str, outcome: str, progress: str = "") -> None:
+        self.attempts.labels(step_type, outcome, progress).inc()
+
+    def watch(self, read: Callable[[], Iterator[Metric]]) -> None:
+        """Add gauges (and outside counters) read at each scrape."""
+        self.registry.register(_Read(read))
+
+
+class _Read(Collector):
+    def __init__(self, read: Callable[[], Iterator[Metric]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        return self.read()
+
+
+def gauge(name: str, doc: str, value: float, **labels: str) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+ROLES = ("standby", "recovering", "active", "draining", "stopped", "stepped-down")
+
+
+def node_gauges(node: Node) -> Iterator[Metric]:
+    """What a node reads at each scrape: Workers, attempts, queues, the store, its role."""
+    dispatcher, store, sessions = node.dispatcher, node.store, node.sessions
+    yield gauge("dex_workers_connected", "Worker connections.", len(dispatcher.workers))
+    yield gauge("dex_attempts_running", "Attempts Workers hold now.", len(dispatcher.held))
+    depth = GaugeMetricFamily(
+        "dex_queue_depth", "Steps waiting for a Worker, by queue.", labels=["queue"]
+    )
+    for queue, count in sorted(dispatcher.queued().items()):
+        depth.add_metric([queue], count)
+    yield depth
+    yield counter(
+        "dex_store_commits",
+        "Durable transactions committed (each holds one or more operations).",
+        getattr(store, "commits", 0),
+    )
+    yield counter(
+        "dex_store_operations",
+        "Store operations (transitions and reads) run; over commits: the group-commit size.",
+        getattr(store, "operations", 0),
+    )
+    yield counter(
+        "dex_worker_messages_refused",
+        "Worker messages about an attempt the sending connection does not hold.",
+        dispatcher.refused,
+    )
+    yield counter(
+        "dex_background_retries",
+        "Background writes (a timer firing, an expired attempt's failure, a recorded "
+        "input's handler) that failed to commit and were tried again.",
+        sessions.background_failures,
+    )
+    role = GaugeMetricFamily("dex_node_role", "1 for this node's role.", labels=["role"])
+    for name in ROLES:
+        role.add_metric([name], 1.0 if node.role == name else 0.0)
+    yield role
+    yield gauge("dex_lease_epoch", "The epoch of the lead this node holds (0: none).", node.epoch)
