@@ -132,7 +132,7 @@ class PostgresStore(SqlStore):
         await conn.execute("SET synchronous_commit TO on")  # never lower it
         # A node paused in the middle of a batch must not hold the fence lock (and with
         # it a takeover) for long: PostgreSQL ends a transaction left idle this long.
-        await conn.execute("SET idle_in_transaction_session_timeout TO '5s'")
+        await conn.execute("SET idle_in_transaction_session_timeout TO '3s'")
         return conn
 
     # --- the writer task -------------------------------------------------------------
