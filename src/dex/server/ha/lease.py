@@ -146,10 +146,11 @@ class Lease:
             with contextlib.suppress(asyncio.CancelledError):
                 await pinger
         conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute("SELECT pg_advisory_unlock(%s)", (LEADER_KEY,))
-            await conn.close()  # ending the session frees the lock in any case
+        if conn is None:
+            return  # never held (a standby stopping), or released already
+        with contextlib.suppress(psycopg.Error):
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (LEADER_KEY,))
+        await conn.close()  # ending the session frees the lock in any case
         log.info("lease released", extra={"action": "lease.released", "epoch": self.epoch})
 
     async def _connect(self) -> Conn:
