@@ -129,10 +129,14 @@ class PostgresStore(SqlStore):
 
     async def _connect_writer(self) -> Conn:
         conn = await connect(self.url)
-        await conn.execute("SET synchronous_commit TO on")  # never lower it
-        # A node paused in the middle of a batch must not hold the fence lock (and with
-        # it a takeover) for long: PostgreSQL ends a transaction left idle this long.
-        await conn.execute("SET idle_in_transaction_session_timeout TO '3s'")
+        try:
+            await conn.execute("SET synchronous_commit TO on")  # never lower it
+            # A node paused in the middle of a batch must not hold the fence lock (and with
+            # it a takeover) for long: PostgreSQL ends a transaction left idle this long.
+            await conn.execute("SET idle_in_transaction_session_timeout TO '3s'")
+        except psycopg.Error as e:
+            await conn.close()
+            raise StorageError(f"cannot set up the writer connection: {e}", retryable=True) from e
         return conn
 
     # --- the writer task -------------------------------------------------------------
