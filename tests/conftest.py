@@ -1,5 +1,6 @@
 """Project-wide pytest options: ``--write-crash-matrix PATH`` writes docs/crash-matrix.md
-from the ``crash`` marks of the collected tests."""
+from the ``crash`` marks of the collected tests. Fixtures for every test directory: a
+PostgreSQL database (``postgres_url``; skipped when PostgreSQL cannot be reached)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.crash_matrix import check_mark, render
+from tests.support.postgres import postgres_database, postgres_url
+
+__all__ = ["postgres_database", "postgres_url"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

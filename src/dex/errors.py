@@ -7,6 +7,8 @@
     ├── InvalidInput         input that is well-formed JSON but makes no sense (HTTP 422)
     ├── AuthError            no valid token (HTTP 401), or one of the wrong role (HTTP 403)
     ├── StorageError         the store could not commit; nothing was acknowledged
+    │   ├── CommitUnknown    the connection died during COMMIT: it may or may not have committed
+    │   └── Fenced           another node holds the lease now: this node's write was refused
     └── ServerError          the server answered with an error the client cannot map
         └── Unavailable      no node answered, or the node is a standby
 
@@ -62,6 +64,20 @@ class AuthError(DexError):
 class StorageError(DexError):
     code = "storage_error"
     status = 503
+
+
+class CommitUnknown(StorageError):
+    """The connection was lost while a commit was in flight: it may have committed. The node
+    must step down (its memory may disagree with storage), never assume nothing was written."""
+
+    code = "commit_unknown"
+
+
+class Fenced(StorageError):
+    """The store's lease epoch is no longer the current one: another node took over. Nothing
+    of the refused batch was written; the node must step down."""
+
+    code = "fenced"
 
 
 class ServerError(DexError):

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import sqlite3
 from importlib import resources
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from dex.errors import StorageError
 from dex.server.engine.state import SessionState
+from dex.server.records import write
+from dex.server.store import postgres as postgres_module
 from dex.server.store import sqlite as sqlite_module
-from dex.server.store.base import Write, migrations
+from dex.server.store.base import migrations
+from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore
 
 # table -> column -> (declared type, NOT NULL, position in the primary key or 0).
@@ -51,7 +56,7 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
 # Named indexes (the primary keys' own indexes aside): name -> (table, columns).
 INDEXES = {"sessions_running": ("sessions", ["status"])}
 
-LATEST = max(number for number, _ in migrations())
+LATEST = max(number for number, _ in migrations("sqlite"))
 
 
 def schema_of(path: Path) -> dict[str, dict[str, tuple[str, bool, int]]]:
@@ -101,13 +106,14 @@ async def open_and_close(path: Path) -> int:
         await store.close()
 
 
-def test_migration_files_are_numbered_from_1_without_gaps() -> None:
-    folder = resources.files("dex.server.store") / "migrations"
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_migration_files_are_numbered_from_1_without_gaps(dialect: str) -> None:
+    folder = resources.files("dex.server.store") / "migrations" / dialect
     names = sorted(e.name for e in folder.iterdir() if e.name.endswith(".sql"))
 
     assert names, "no migrations found"
     assert all(re.fullmatch(r"\d{4}_[a-z0-9_]+\.sql", n) for n in names), names
-    assert [number for number, _ in migrations()] == list(range(1, len(names) + 1))
+    assert [number for number, _ in migrations(dialect)] == list(range(1, len(names) + 1))
 
 
 async def test_migrating_a_new_database_gives_the_canonical_schema(tmp_path: Path) -> None:
@@ -128,7 +134,7 @@ async def test_opening_again_runs_no_migration_twice(
     assert await open_and_close(path) == LATEST
     store = SqliteStore(path)
     await store.open()
-    await store.write(Write(session=SessionState(id="s1", agent="a", created_at=1.0), create=True))
+    await store.write(write(session=SessionState(id="s1", agent="a", created_at=1.0), create=True))
     await store.close()
 
     # A new migration that counts its runs: it runs once, on the next start.
@@ -136,7 +142,9 @@ async def test_opening_again_runs_no_migration_twice(
         LATEST + 1,
         "CREATE TABLE IF NOT EXISTS runs (n INTEGER NOT NULL); INSERT INTO runs (n) VALUES (1);",
     )
-    monkeypatch.setattr(sqlite_module, "migrations", lambda: [*migrations(), counting])
+    monkeypatch.setattr(
+        sqlite_module, "migrations", lambda dialect: [*migrations(dialect), counting]
+    )
     assert await open_and_close(path) == LATEST + 1
     assert await open_and_close(path) == LATEST + 1
 
@@ -154,7 +162,7 @@ async def test_a_failing_migration_changes_nothing(
     path = tmp_path / "dex.sqlite3"
     await open_and_close(path)
     broken = (LATEST + 1, "CREATE TABLE extra (x INTEGER); SELECT * FROM no_such_table;")
-    monkeypatch.setattr(sqlite_module, "migrations", lambda: [*migrations(), broken])
+    monkeypatch.setattr(sqlite_module, "migrations", lambda dialect: [*migrations(dialect), broken])
 
     store = SqliteStore(path)
     with pytest.raises(StorageError):
@@ -166,3 +174,81 @@ async def test_a_failing_migration_changes_nothing(
     assert "extra" not in schema_of(path)
     monkeypatch.undo()
     assert await open_and_close(path) == LATEST
+
+
+# --- PostgreSQL ----------------------------------------------------------------------------
+
+PG_LATEST = max(number for number, _ in migrations("postgresql"))
+TEXT_KEYS = {
+    ("agents", "name"),
+    ("sessions", "id"),
+    ("history", "session_id"),
+    ("turns", "session_id"),
+    ("messages", "session_id"),
+    ("messages", "message_id"),
+    ("meta", "key"),
+}
+
+
+def pg_columns(url: str) -> dict[str, dict[str, str | None]]:
+    """table -> column -> collation, for the tables of the public schema."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+            "WHERE table_schema = 'public'"
+        ).fetchall()
+    out: dict[str, dict[str, str | None]] = {}
+    for table, column, collation in rows:
+        out.setdefault(table, {})[column] = collation
+    return out
+
+
+async def open_and_close_pg(url: str) -> int:
+    store = PostgresStore(url)
+    await store.open()
+    try:
+        return await store.schema_version()
+    finally:
+        await store.close()
+
+
+async def test_postgres_migrations_give_the_sqlite_tables_with_byte_ordered_keys(
+    postgres_url: str,
+) -> None:
+    assert await open_and_close_pg(postgres_url) == PG_LATEST
+
+    columns = pg_columns(postgres_url)
+
+    for table, expected in SCHEMA.items():
+        assert set(columns[table]) == set(expected), table
+    assert set(columns["dex_lease"]) == {"id", "epoch", "holder", "acquired_at"}
+    assert {(t, c) for t, cols in columns.items() for c, coll in cols.items() if coll == "C"} == (
+        TEXT_KEYS
+    )
+
+
+async def test_postgres_nodes_starting_at_once_run_each_migration_once(
+    postgres_url: str,
+) -> None:
+    versions = await asyncio.gather(*(open_and_close_pg(postgres_url) for _ in range(4)))
+
+    assert versions == [PG_LATEST] * 4
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT epoch FROM dex_lease").fetchall() == [(0,)]
+
+
+async def test_a_failing_postgres_migration_changes_nothing(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await open_and_close_pg(postgres_url)
+    broken = (PG_LATEST + 1, "CREATE TABLE extra (x INTEGER); SELECT * FROM no_such_table;")
+    monkeypatch.setattr(
+        postgres_module, "migrations", lambda dialect: [*migrations(dialect), broken]
+    )
+
+    with pytest.raises(StorageError):
+        await open_and_close_pg(postgres_url)
+
+    assert "extra" not in pg_columns(postgres_url)
+    monkeypatch.undo()
+    assert await open_and_close_pg(postgres_url) == PG_LATEST

@@ -1,27 +1,38 @@
 """Conformance tests for the ``Store`` interface, run against every backend.
 
-The ``store`` fixture is parametrized over ``BACKENDS``; a new backend (PostgreSQL)
-is one more entry there: a factory that builds a fresh, empty store and can build
-a second one over the same data (to test reopening). Tests at the end of the file
-check what only the SQLite backend promises (its pragmas and its group commit).
+The ``store`` fixture is parametrized over ``BACKENDS`` (SQLite, and PostgreSQL on a
+fresh database: skipped only when PostgreSQL cannot be reached): a factory that builds
+a fresh, empty store and can build a second one over the same data (to test reopening).
+The store keeps JSON text; these tests encode and decode it as the domain does
+(``dex.server.records``). Tests at the end of the file check what only the SQLite
+backend promises (its pragmas, its group commit, its lock on the database).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from dex.errors import Conflict, StorageError
+from dex.errors import CommitUnknown, Conflict, StorageError
+from dex.server import records
+from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.engine import handlers
 from dex.server.engine.state import SessionState, SessionStatus, Turn
-from dex.server.store.base import Store, Write
+from dex.server.records import write
+from dex.server.sessions import Sessions
+from dex.server.store.base import SessionRecord, Store, TurnRecord, Write
+from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore
+from dex.testing.wait import wait_until_async
 from dex.wire import (
     AgentSpec,
     AssistantItem,
@@ -57,14 +68,20 @@ def _sqlite(tmp_path: Path) -> Backend:
     return Backend("sqlite", lambda: SqliteStore(path))
 
 
-# To add PostgreSQL: "postgres": a factory that creates a fresh database (or
-# schema) from a DSN in the environment and skips the test when there is none.
-BACKENDS: dict[str, Callable[[Path], Backend]] = {"sqlite": _sqlite}
+def _postgres(request: pytest.FixtureRequest) -> Backend:
+    url = request.getfixturevalue("postgres_url")  # skips when PostgreSQL is unreachable
+    return Backend("postgres", lambda: PostgresStore(url))
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest], Backend]] = {
+    "sqlite": lambda request: _sqlite(request.getfixturevalue("tmp_path")),
+    "postgres": _postgres,
+}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    return BACKENDS[request.param](tmp_path)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return BACKENDS[request.param](request)
 
 
 @pytest.fixture
@@ -101,8 +118,25 @@ def in_a_turn(session_id: str) -> tuple[SessionState, list[Item]]:
     return state, history
 
 
+async def load(store: Store, session_id: str) -> tuple[SessionState, list[Item]] | None:
+    raw = await store.load_session(session_id)
+    return None if raw is None else records.session(raw)
+
+
+async def load_turn(store: Store, session_id: str, number: int) -> Turn | None:
+    return records.maybe_turn(await store.load_turn(session_id, number))
+
+
+async def load_turns(store: Store, session_id: str) -> list[Turn]:
+    return [records.turn(raw) for raw in await store.load_turns(session_id)]
+
+
+async def load_agents(store: Store) -> list[AgentSpec]:
+    return [records.agent(raw) for raw in await store.load_agents()]
+
+
 async def create(store: Store, state: SessionState, history: list[Item] | None = None) -> None:
-    await store.write(Write(session=state, create=True, history=history or []))
+    await store.write(write(session=state, create=True, history=history or []))
 
 
 def user(n: int) -> UserItem:
@@ -121,14 +155,14 @@ async def test_a_created_session_loads_back_equal(store: Store) -> None:
     ]
 
     await create(store, state, history)
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
 
     assert loaded is not None
     loaded_state, loaded_history = loaded
     assert loaded_state == state
     assert loaded_state.model_dump() == state.model_dump()
     assert loaded_history == history
-    assert await store.load_session("nope") is None
+    assert await load(store, "nope") is None
 
 
 async def test_creating_an_existing_session_is_a_conflict_and_keeps_the_first(
@@ -140,10 +174,10 @@ async def test_creating_an_existing_session_is_a_conflict_and_keeps_the_first(
 
     with pytest.raises(Conflict):
         await store.write(
-            Write(session=second, create=True, history=[user(99)], message=("m-x", 1))
+            write(session=second, create=True, history=[user(99)], message=("m-x", 1))
         )
 
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
     assert loaded is not None
     assert loaded[0] == first
     assert loaded[1] == [user(1)]
@@ -156,9 +190,9 @@ async def test_an_update_replaces_the_state(store: Store) -> None:
     await create(store, idle("s1"))
     state, history = in_a_turn("s1")
 
-    await store.write(Write(session=state, history=history, history_start=0))
+    await store.write(write(session=state, history=history, history_start=0))
 
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
     assert loaded is not None
     assert loaded[0] == state
     assert loaded[0].status == SessionStatus.RUNNING
@@ -172,10 +206,10 @@ async def test_history_appends_in_order_across_writes(store: Store) -> None:
     written = 1
     for size in (3, 1, 12):
         items: list[Item] = [user(written + i) for i in range(size)]
-        await store.write(Write(session=state, history=items, history_start=written))
+        await store.write(write(session=state, history=items, history_start=written))
         written += size
 
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
 
     assert loaded is not None
     assert loaded[1] == [user(n) for n in range(written)]
@@ -186,9 +220,9 @@ async def test_a_write_that_overlaps_stored_history_writes_nothing(store: Store)
     changed, _ = in_a_turn("s1")
 
     with pytest.raises(Conflict):
-        await store.write(Write(session=changed, history=[user(7)], history_start=1))
+        await store.write(write(session=changed, history=[user(7)], history_start=1))
 
-    loaded = await store.load_session("s1")
+    loaded = await load(store, "s1")
     assert loaded is not None
     assert loaded[0] == idle("s1")  # the state update was rolled back with the history
     assert loaded[1] == [user(0), user(1)]
@@ -198,7 +232,7 @@ async def test_histories_of_sessions_are_separate(store: Store) -> None:
     await create(store, idle("a"), [user(1)])
     await create(store, idle("b"), [AssistantItem(text="b's")])
 
-    a, b = await store.load_session("a"), await store.load_session("b")
+    a, b = await load(store, "a"), await load(store, "b")
 
     assert a is not None and a[1] == [user(1)]
     assert b is not None and b[1] == [AssistantItem(text="b's")]
@@ -220,47 +254,47 @@ async def test_ended_turns_are_archived_and_loaded_by_number(store: Store) -> No
         )
         assert done.ended_turn is not None
         ended.append(done.ended_turn)
-        await store.write(Write(session=state, ended_turn=done.ended_turn))
+        await store.write(write(session=state, ended_turn=done.ended_turn))
     await create(store, idle("other"))
 
-    assert await store.load_turn("s1", 1) == ended[0]
-    assert await store.load_turn("s1", 2) == ended[1]
-    assert (await store.load_turn("s1", 2)).text == "hi 2"  # type: ignore[union-attr]
-    assert await store.load_turn("s1", 3) is None
-    assert await store.load_turn("other", 1) is None
-    assert await store.load_turns("s1") == ended  # all of them, oldest first
-    assert await store.load_turns("other") == []
+    assert await load_turn(store, "s1", 1) == ended[0]
+    assert await load_turn(store, "s1", 2) == ended[1]
+    assert (await load_turn(store, "s1", 2)).text == "hi 2"  # type: ignore[union-attr]
+    assert await load_turn(store, "s1", 3) is None
+    assert await load_turn(store, "other", 1) is None
+    assert await load_turns(store, "s1") == ended  # all of them, oldest first
+    assert await load_turns(store, "other") == []
 
 
 async def test_an_updated_turn_replaces_its_archived_record(store: Store) -> None:
     state = idle("s1")
     await create(store, state)
     turn = Turn(number=1, started_at=T0, ended_at=T0 + 1, text="first")
-    await store.write(Write(session=state, ended_turn=turn))
+    await store.write(write(session=state, ended_turn=turn))
     changed = turn.model_copy(update={"text": "reconciled"})
-    await store.write(Write(session=state, updated_turn=changed))
-    assert await store.load_turn("s1", 1) == changed
+    await store.write(write(session=state, updated_turn=changed))
+    assert await load_turn(store, "s1", 1) == changed
 
 
 async def test_archiving_the_same_turn_twice_is_a_conflict(store: Store) -> None:
     state = idle("s1")
     await create(store, state)
     turn = Turn(number=1, started_at=T0, ended_at=T0 + 1, text="first")
-    await store.write(Write(session=state, ended_turn=turn))
+    await store.write(write(session=state, ended_turn=turn))
 
     with pytest.raises(Conflict):
         await store.write(
-            Write(session=state, ended_turn=turn.model_copy(update={"text": "second"}))
+            write(session=state, ended_turn=turn.model_copy(update={"text": "second"}))
         )
 
-    assert await store.load_turn("s1", 1) == turn
+    assert await load_turn(store, "s1", 1) == turn
 
 
 async def test_find_message_returns_the_number_of_a_remembered_message(store: Store) -> None:
     await create(store, idle("s1"))
     await create(store, idle("s2"))
-    await store.write(Write(session=idle("s1"), message=("m-1", 1)))
-    await store.write(Write(session=idle("s1"), message=("m-2", 2)))
+    await store.write(write(session=idle("s1"), message=("m-1", 1)))
+    await store.write(write(session=idle("s1"), message=("m-2", 2)))
 
     assert await store.find_message("s1", "m-1") == 1
     assert await store.find_message("s1", "m-2") == 2
@@ -268,7 +302,7 @@ async def test_find_message_returns_the_number_of_a_remembered_message(store: St
     assert await store.find_message("s2", "m-1") is None  # message ids are per session
 
     with pytest.raises(Conflict):
-        await store.write(Write(session=idle("s1"), message=("m-1", 3)))
+        await store.write(write(session=idle("s1"), message=("m-1", 3)))
     assert await store.find_message("s1", "m-1") == 1
 
 
@@ -279,7 +313,7 @@ async def test_running_sessions_lists_only_sessions_in_a_turn(store: Store) -> N
 
     assert sorted(await store.running_sessions()) == ["b", "c"]
 
-    await store.write(Write(session=idle("b")))
+    await store.write(write(session=idle("b")))
 
     assert await store.running_sessions() == ["c"]
 
@@ -304,11 +338,11 @@ async def test_agents_are_upserted_by_name(store: Store) -> None:
     new = AgentSpec(name="helper", instructions="new", tools=[ToolSpec(name="lookup")])
     other = AgentSpec(name="aide")
 
-    await store.write(Write(agents=[old]))
-    assert await store.load_agents() == [old]
+    await store.write(write(agents=[old]))
+    assert await load_agents(store) == [old]
 
-    await store.write(Write(agents=[new, other]))
-    assert await store.load_agents() == [other, new]
+    await store.write(write(agents=[new, other]))
+    assert await load_agents(store) == [other, new]
 
 
 # --- concurrency and durability ------------------------------------------------------------------
@@ -316,8 +350,8 @@ async def test_agents_are_upserted_by_name(store: Store) -> None:
 
 async def test_a_failing_write_among_concurrent_writes_fails_alone(store: Store) -> None:
     await create(store, idle("taken"), [user(0)])
-    writes = [Write(session=idle(f"s{i:02}"), create=True, history=[user(i)]) for i in range(40)]
-    bad = Write(session=SessionState(id="taken", agent="x", created_at=T0), create=True)
+    writes = [write(session=idle(f"s{i:02}"), create=True, history=[user(i)]) for i in range(40)]
+    bad = write(session=SessionState(id="taken", agent="x", created_at=T0), create=True)
     writes.insert(17, bad)
 
     results = await asyncio.gather(*(store.write(w) for w in writes), return_exceptions=True)
@@ -325,9 +359,9 @@ async def test_a_failing_write_among_concurrent_writes_fails_alone(store: Store)
     assert isinstance(results[17], Conflict)
     assert [r for i, r in enumerate(results) if i != 17] == [None] * 40
     for i in range(40):
-        loaded = await store.load_session(f"s{i:02}")
+        loaded = await load(store, f"s{i:02}")
         assert loaded is not None and loaded[1] == [user(i)]
-    taken = await store.load_session("taken")
+    taken = await load(store, "taken")
     assert taken is not None and taken[0] == idle("taken")
 
 
@@ -335,17 +369,17 @@ async def test_data_survives_close_and_reopen(backend: Backend) -> None:
     first = backend.make()
     await first.open()
     state, history = in_a_turn("s1")
-    await first.write(Write(session=state, create=True, history=history, message=("m-1", 1)))
-    await first.write(Write(session=idle("s2"), create=True, agents=[SPEC]))
+    await first.write(write(session=state, create=True, history=history, message=("m-1", 1)))
+    await first.write(write(session=idle("s2"), create=True, agents=[SPEC]))
     await first.close()
 
     second = backend.make()
     await second.open()
     try:
-        loaded = await second.load_session("s1")
+        loaded = await load(second, "s1")
         assert loaded == (state, history)
         assert await second.find_message("s1", "m-1") == 1
-        assert await second.load_agents() == [SPEC]
+        assert await load_agents(second) == [SPEC]
         assert await second.running_sessions() == ["s1"]
     finally:
         await second.close()
@@ -354,11 +388,11 @@ async def test_data_survives_close_and_reopen(backend: Backend) -> None:
 async def test_a_store_that_is_not_open_refuses_calls(backend: Backend) -> None:
     s = backend.make()
     with pytest.raises(StorageError):
-        await s.load_session("s1")
+        await load(s, "s1")
     await s.open()
     await s.close()
     with pytest.raises(StorageError):
-        await s.write(Write(session=idle("s1"), create=True))
+        await s.write(write(session=idle("s1"), create=True))
 
 
 async def test_a_call_racing_close_is_answered_and_committed_or_refused(
@@ -366,17 +400,17 @@ async def test_a_call_racing_close_is_answered_and_committed_or_refused(
 ) -> None:
     s = backend.make()
     await s.open()
-    write = Write(session=idle("s1"), create=True)
+    one = write(session=idle("s1"), create=True)
 
     async with asyncio.timeout(30):  # a guard: without an answer the write would wait forever
-        closed, written = await asyncio.gather(s.close(), s.write(write), return_exceptions=True)
+        closed, written = await asyncio.gather(s.close(), s.write(one), return_exceptions=True)
 
     assert closed is None
     assert written is None or isinstance(written, StorageError)
     again = backend.make()
     await again.open()
     try:
-        loaded = await again.load_session("s1")
+        loaded = await load(again, "s1")
     finally:
         await again.close()
     assert (loaded is not None) == (written is None)  # acknowledged exactly when committed
@@ -431,8 +465,8 @@ async def test_sqlite_a_failing_write_inside_one_group_commit_fails_alone(
     async def let_go() -> None:  # runs after every write below has queued
         release.set()
 
-    writes = [Write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
-    writes.insert(4, Write(session=SessionState(id="taken", agent="x", created_at=T0), create=True))
+    writes = [write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
+    writes.insert(4, write(session=SessionState(id="taken", agent="x", created_at=T0), create=True))
     results = await asyncio.gather(
         *(sqlite_store.write(w) for w in writes), let_go(), return_exceptions=True
     )
@@ -443,9 +477,9 @@ async def test_sqlite_a_failing_write_inside_one_group_commit_fails_alone(
     assert isinstance(results[4], Conflict)
     assert [r for i, r in enumerate(results[:11]) if i != 4] == [None] * 10
     for i in range(10):
-        loaded = await sqlite_store.load_session(f"s{i}")
+        loaded = await load(sqlite_store, f"s{i}")
         assert loaded is not None and loaded[1] == [user(i)]
-    taken = await sqlite_store.load_session("taken")
+    taken = await load(sqlite_store, "taken")
     assert taken is not None and taken[0].agent == "helper"
 
 
@@ -459,11 +493,196 @@ async def test_sqlite_a_store_that_failed_to_open_refuses_calls(tmp_path: Path) 
 
     async with asyncio.timeout(30):  # a guard: a call on a dead writer would wait forever
         with pytest.raises(StorageError):
-            await s.load_session("s1")
+            await load(s, "s1")
 
         path.rmdir()  # the cause is fixed: the same store opens
         await s.open()
         try:
-            assert await s.load_session("s1") is None
+            assert await load(s, "s1") is None
         finally:
             await s.close()
+
+
+# --- PostgreSQL only -------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def pg_store(postgres_url: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(postgres_url)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@asynccontextmanager
+async def row_locked(url: str, session_id: str) -> AsyncIterator[None]:
+    """Another connection holds ``session_id``'s row: the store's writer blocks on it."""
+    async with await psycopg.AsyncConnection.connect(url) as other:
+        await other.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+        yield
+        await other.rollback()
+
+
+async def test_postgres_the_writer_commits_with_synchronous_commit_on(
+    pg_store: PostgresStore,
+) -> None:
+    assert pg_store._conn is not None
+    cur = await pg_store._conn.execute("SHOW synchronous_commit")
+    assert await cur.fetchone() == ("on",)
+
+
+async def test_postgres_a_failing_write_inside_one_group_commit_fails_alone(
+    pg_store: PostgresStore, postgres_url: str
+) -> None:
+    await create(pg_store, idle("taken"))
+    await create(pg_store, idle("blocker"))
+    async with row_locked(postgres_url, "blocker"):
+        held = asyncio.ensure_future(pg_store.write(write(session=in_a_turn("blocker")[0])))
+        await wait_until_async(
+            lambda: asyncio.sleep(0, pg_store._queue.empty()), 10, what="the writer took it"
+        )
+        commits, operations = pg_store.commits, pg_store.operations
+        writes = [write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
+        bad = write(session=SessionState(id="taken", agent="x", created_at=T0), create=True)
+        writes.insert(4, bad)
+        pending = [asyncio.ensure_future(pg_store.write(w)) for w in writes]
+        await wait_until_async(
+            lambda: asyncio.sleep(0, pg_store._queue.qsize() == 11), 10, what="all queued"
+        )
+    await held
+    results = await asyncio.gather(*pending, return_exceptions=True)
+
+    assert pg_store.commits - commits == 2  # the held write, then all 11 at once
+    assert pg_store.operations - operations == 1 + 11
+    assert isinstance(results[4], Conflict)
+    assert [r for i, r in enumerate(results) if i != 4] == [None] * 10
+    for i in range(10):
+        loaded = await load(pg_store, f"s{i}")
+        assert loaded is not None and loaded[1] == [user(i)]
+    taken = await load(pg_store, "taken")
+    assert taken is not None and taken[0].agent == "helper"
+
+
+async def test_postgres_reads_do_not_queue_behind_commits(
+    pg_store: PostgresStore, postgres_url: str
+) -> None:
+    await create(pg_store, idle("blocker"))
+    await create(pg_store, idle("other"), [user(1)])
+    async with row_locked(postgres_url, "blocker"):
+        held = asyncio.ensure_future(pg_store.write(write(session=in_a_turn("blocker")[0])))
+        await wait_until_async(
+            lambda: asyncio.sleep(0, pg_store._queue.empty()), 10, what="the writer took it"
+        )
+
+        async with asyncio.timeout(5):  # the commit waits on the lock; reads go around it
+            loaded = await load(pg_store, "other")
+            rows = await pg_store.list_sessions(10, None)
+
+        assert not held.done()
+    await held
+    assert loaded is not None and loaded[1] == [user(1)]
+    assert [r.id for r in rows] == ["blocker", "other"]
+
+
+async def test_postgres_a_connection_lost_during_a_commit_is_commit_unknown(
+    pg_store: PostgresStore, postgres_url: str
+) -> None:
+    await create(pg_store, idle("blocker"))
+    assert pg_store._conn is not None
+    writer_pid = pg_store._conn.info.backend_pid
+    async with row_locked(postgres_url, "blocker"):
+        held = asyncio.ensure_future(pg_store.write(write(session=in_a_turn("blocker")[0])))
+        await wait_until_async(
+            lambda: asyncio.sleep(0, pg_store._queue.empty()), 10, what="the writer took it"
+        )
+        async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (writer_pid,))
+
+        with pytest.raises(CommitUnknown):
+            await held
+
+    # the store reconnects for the next batch
+    await create(pg_store, idle("after"))
+    assert [r.id for r in await pg_store.list_sessions(10, None)] == ["after", "blocker"]
+
+
+async def test_ids_sort_in_byte_order(store: Store) -> None:
+    ids = ["b", "B", "a-1", "a_1", "a", "Z", "0", "é"]
+    for sid in ids:
+        await create(store, idle(sid))
+
+    rows = await store.list_sessions(100, None)
+    after_b = await store.list_sessions(100, "B")
+
+    assert [r.id for r in rows] == sorted(ids, key=lambda s: s.encode())
+    assert [r.id for r in after_b] == ["Z", "a", "a-1", "a_1", "b", "é"]
+
+
+# --- rolling upgrades: what Dex 0.1 stored, read by this version ---------------------------------
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-format-1.json"
+
+
+def format_1_writes() -> list[Write]:
+    """The rows of tests/fixtures/store-format-1.json (made by Dex 0.1.0's own store, before
+    records carried a format), as writes of raw JSON text."""
+    tables = json.loads(FIXTURE.read_text())["tables"]
+    out = [Write(agents=[(a["name"], a["spec"]) for a in tables["agents"]])]
+    for s in tables["sessions"]:
+        sid = s["id"]
+        out.append(
+            Write(
+                session=SessionRecord(sid, s["agent"], s["created_at"], s["status"], s["state"]),
+                create=True,
+                history=[h["item"] for h in tables["history"] if h["session_id"] == sid],
+            )
+        )
+        for t in (t for t in tables["turns"] if t["session_id"] == sid):
+            out.append(
+                Write(
+                    session=SessionRecord(
+                        sid, s["agent"], s["created_at"], s["status"], s["state"]
+                    ),
+                    ended_turn=TurnRecord(t["number"], t["status"], t["turn"]),
+                )
+            )
+        for m in (m for m in tables["messages"] if m["session_id"] == sid):
+            out.append(
+                Write(
+                    session=SessionRecord(
+                        sid, s["agent"], s["created_at"], s["status"], s["state"]
+                    ),
+                    message=(m["message_id"], m["number"]),
+                )
+            )
+    return out
+
+
+async def test_records_stored_by_dex_0_1_load_and_recover(store: Store) -> None:
+    for w in format_1_writes():
+        await store.write(w)
+
+    assert await load_agents(store) == [SPEC]
+    running = await load(store, "running")
+    assert running is not None
+    assert running[0].status == SessionStatus.RUNNING
+    assert [s.status.value for s in running[0].turn.steps] == ["succeeded", "running"]  # type: ignore[union-attr]
+    assert running[1] == in_a_turn("running")[1]
+    done = await load(store, "done")
+    assert done is not None and done[1] == [UserItem(text="hello"), AssistantItem(text="hi")]
+    turn = await load_turn(store, "done", 1)
+    assert turn is not None and turn.text == "hi"
+    assert await store.find_message("done", "m-9") == 1
+
+    # a node starting on these rows recovers them as a restart does
+    domain = Sessions(store, Dispatcher(10.0))
+    assert await domain.start() == 1  # the attempt that was running fails as NOT_COMPLETED
+    snapshot = await domain.snapshot("running")
+    [call] = snapshot["tool_calls"]
+    # its retry window (30 min from 1970's T0) is long past: the call fails for good
+    assert (call["name"], call["status"]) == ("lookup", "failed")
+    rewritten = await store.load_session("running")
+    assert rewritten is not None and rewritten[0].startswith('{"format":1,')
+    await domain.stop()

@@ -68,6 +68,14 @@ def server(
     data_dir: Annotated[
         Path, typer.Option(envvar="DEX_DATA_DIR", help="Where SQLite keeps state.")
     ] = Path("dex-data"),
+    database: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DEX_DATABASE",
+            help="sqlite:///path or postgresql://user@host:port/db "
+            "(default: dex.sqlite3 in --data-dir).",
+        ),
+    ] = None,
     listen: Annotated[
         str, typer.Option(envvar="DEX_LISTEN", help="HOST:PORT to serve on.")
     ] = "127.0.0.1:7450",
@@ -105,7 +113,7 @@ def server(
         typer.Option(envvar="DEX_ADMIN_TOKEN", help="A token that opens everything, /metrics too."),
     ] = None,
 ) -> None:
-    """Run a Dex Server node on SQLite in DATA_DIR."""
+    """Run a Dex Server node on SQLite in DATA_DIR, or on the database --database names."""
     from dex.server.app import serve
     from dex.server.config import ServerConfig
 
@@ -113,6 +121,7 @@ def server(
     serve(
         ServerConfig(
             data_dir=data_dir,
+            database=database,
             host=host,
             port=port,
             heartbeat_timeout=heartbeat_timeout,

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp
 
 import dex
 from dex import _loop
+from dex.errors import DexError
 from dex.server.api import errors, ops, sessions, workers
 from dex.server.api.auth import Auth, Role
 from dex.server.api.gate import StandbyGate
@@ -26,7 +27,7 @@ from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.ha.leadership import Leadership, Solo
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
-from dex.server.store.sqlite import SqliteStore
+from dex.server.store.base import Store
 
 log = logging.getLogger("dex.server")
 
@@ -42,11 +43,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = SqliteStore(config.database_path)
-        await store.open()
+        store = Store.from_url(config.database_url)
+        try:
+            await store.open()
+        except DexError as e:
+            log.error("cannot start: %s", e.message, extra={"action": "node.start_failed"})
+            raise
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
         domain = Sessions(store, dispatcher)
-        lead = leadership or Solo()
+        lead = leadership or _leadership(config.database_url, store)
         node = Node(store, dispatcher, domain, lead, on_step_down)
         app.state.store = store
         app.state.dispatcher = dispatcher
@@ -77,6 +82,20 @@ def create_app(
     return app
 
 
+def _leadership(database_url: str, store: Store) -> Leadership:
+    """The embedded SQLite node leads from the start; nodes sharing PostgreSQL compete for
+    its lease, and a write that was fenced or whose commit is unknown loses it."""
+    if database_url.startswith(("postgresql://", "postgres://")):
+        from dex.server.ha.lease import Lease  # psycopg is an optional extra
+        from dex.server.store.postgres import PostgresStore
+
+        assert isinstance(store, PostgresStore)
+        lease = Lease(store.url)
+        store.on_fatal = lambda e: lease.lose(f"{e.code}: {e.message}")
+        return lease
+    return Solo()
+
+
 def asgi(config: ServerConfig) -> ASGIApp:
     return _wrap(create_app(config), config)
 
@@ -92,6 +111,9 @@ def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
     configured = {role: token for role, token in tokens.items() if token}
     return Auth(app, configured) if configured else app
 
+
+STARTUP_FAILED = 3
+"""The exit status of a node that could not start (its store would not open), as uvicorn's."""
 
 SWITCH_INTERVAL = 0.0005
 """Seconds a thread may hold the GIL while another waits (Python's default is 5 ms). The
@@ -153,3 +175,5 @@ def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
     )
     sys.setswitchinterval(SWITCH_INTERVAL)
     _loop.run(server.serve())
+    if not server.started:
+        sys.exit(STARTUP_FAILED)

@@ -11,6 +11,8 @@ DEFAULT_PORT = 7450
 @dataclass(frozen=True)
 class ServerConfig:
     data_dir: Path = Path("dex-data")
+    database: str | None = None
+    """``sqlite:///path`` or ``postgresql://…`` (``DEX_DATABASE``); None: SQLite in ``data_dir``."""
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     heartbeat_timeout: float = 10.0
@@ -35,3 +37,7 @@ class ServerConfig:
     @property
     def database_path(self) -> Path:
         return self.data_dir / "dex.sqlite3"
+
+    @property
+    def database_url(self) -> str:
+        return self.database or f"sqlite:///{self.database_path}"

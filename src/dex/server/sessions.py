@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, DexError, InvalidInput, NotFound
+from dex.server import records
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
@@ -41,7 +42,7 @@ from dex.server.engine.state import (
     parse_attempt_id,
 )
 from dex.server.metrics import Metrics
-from dex.server.store.base import SessionRow, Store, Write
+from dex.server.store.base import SessionRow, Store
 from dex.server.streams import MemoryStreams
 from dex.wire import (
     MAX_JSON_DEPTH,
@@ -150,7 +151,7 @@ class Sessions:
     async def start(self, reason: str = "the server restarted") -> int:
         """Load agents, fail every attempt left running, apply recorded inputs, arm timers,
         and queue what was queued. Returns how many attempts were failed."""
-        self.agents = {a.name: a for a in await self.store.load_agents()}
+        self.agents = {a.name: a for a in map(records.agent, await self.store.load_agents())}
         failed = 0
         for session_id in await self.store.running_sessions():
             actor = await self._actor(session_id)
@@ -199,7 +200,7 @@ class Sessions:
     async def register_agents(self, specs: list[AgentSpec]) -> None:
         changed = [s for s in specs if self.agents.get(s.name) != s]
         if changed:
-            await self.store.write(Write(agents=changed))
+            await self.store.write(records.write(agents=changed))
             for spec in changed:
                 self.agents[spec.name] = spec
 
@@ -224,7 +225,7 @@ class Sessions:
                 "a session id is 1-128 letters, digits or _.:-", session_id=session_id
             )
         state = SessionState(id=session_id, agent=agent, created_at=time.time())
-        await self.store.write(Write(session=state, create=True))
+        await self.store.write(records.write(session=state, create=True))
         return state
 
     async def list_rows(self, limit: int, after: str | None) -> list[SessionRow]:
@@ -274,7 +275,9 @@ class Sessions:
             return None
         if any(m.number == number for m in actor.state.queued):
             return None
-        return actor.ended.get(number) or await self.store.load_turn(actor.state.id, number)
+        return actor.ended.get(number) or records.maybe_turn(
+            await self.store.load_turn(actor.state.id, number)
+        )
 
     async def snapshot(self, session_id: str) -> dict[str, Any]:
         actor = await self._actor(session_id)
@@ -325,7 +328,10 @@ class Sessions:
             "history": list(actor.history_json),
             "tool_calls": [
                 {"turn": turn.number, **call.model_dump(mode="json")}
-                for turn in [*await self.store.load_turns(session_id), *filter(None, [state.turn])]
+                for turn in [
+                    *map(records.turn, await self.store.load_turns(session_id)),
+                    *filter(None, [state.turn]),
+                ]
                 for call in turn.tool_calls
             ],
         }
@@ -409,7 +415,9 @@ class Sessions:
                 except ValueError:
                     raise NotFound(f"unknown tool call {call_id!r}") from None
                 # the cached copy, if any, is the one waiters read: change that one
-                updated = actor.ended.get(number) or await self.store.load_turn(session_id, number)
+                updated = actor.ended.get(number) or records.maybe_turn(
+                    await self.store.load_turn(session_id, number)
+                )
                 if updated is None or updated.tool_call(call_id) is None:
                     raise NotFound(f"session {session_id} has no tool call {call_id!r}")
                 turn = updated
@@ -587,13 +595,14 @@ class Sessions:
         fut: asyncio.Future[Actor] = asyncio.get_running_loop().create_future()
         self._loading[session_id] = fut
         try:
-            loaded = await self.store.load_session(session_id)
-            if loaded is None:
+            raw = await self.store.load_session(session_id)
+            if raw is None:
                 raise NotFound(f"unknown session {session_id!r}", session_id=session_id)
+            state, history = records.session(raw)
             actor = Actor(
-                state=loaded[0],
-                history=loaded[1],
-                history_json=[item.model_dump(mode="json") for item in loaded[1]],
+                state=state,
+                history=history,
+                history_json=[item.model_dump(mode="json") for item in history],
             )
             self._actors[session_id] = actor
             self._evict()
@@ -658,15 +667,16 @@ class Sessions:
                 if worker is not None:
                     handlers.assign(state, step.id, worker.id, now)
                     handed.append((step, worker))
-        write = Write(
+        start = state.history_length
+        state.history_length += len(t.history)  # before encoding: the stored state counts them
+        write = records.write(
             session=state,
             history=t.history,
-            history_start=state.history_length,
+            history_start=start,
             ended_turn=t.ended_turn,
             updated_turn=updated_turn,
             message=(message_id, state.messages_received) if message_id else None,
         )
-        state.history_length += len(t.history)
         try:
             await self.store.write(write)
         except BaseException:

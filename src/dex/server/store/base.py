@@ -1,8 +1,9 @@
 """The narrow interface between the domain and storage.
 
-The domain hands the store plain data (a ``Write`` per transition) and reads
-plain data back; it never sees SQL. A backend commits many ``Write`` objects in
-one durable transaction (group commit) but each one succeeds or fails alone.
+The domain hands the store plain data (a ``Write`` per transition: ids, statuses and
+JSON text it encoded itself) and reads JSON text back; the store never sees a domain
+type, and the domain never sees SQL. A backend commits many ``Write`` objects in one
+durable transaction (group commit) but each one succeeds or fails alone.
 """
 
 from __future__ import annotations
@@ -11,26 +12,44 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib import resources
 
-from dex.server.engine.state import SessionState, Turn
-from dex.wire import AgentSpec, Item
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A session's state as JSON, with the columns the store indexes."""
+
+    id: str
+    agent: str
+    created_at: float
+    status: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    number: int
+    status: str
+    turn: str
+    """The turn as JSON."""
 
 
 @dataclass
 class Write:
     """Everything one transition writes. Applied all or nothing."""
 
-    session: SessionState | None = None
+    session: SessionRecord | None = None
     create: bool = False
     """Insert ``session`` as new; a session with that id already existing is a ``Conflict``."""
-    history: list[Item] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+    """History items as JSON."""
     history_start: int = 0
     """The sequence number of ``history[0]``."""
-    ended_turn: Turn | None = None
-    updated_turn: Turn | None = None
+    ended_turn: TurnRecord | None = None
+    updated_turn: TurnRecord | None = None
     """An archived turn whose record changed (a reconciled tool call)."""
     message: tuple[str, int] | None = None
     """(client message id, message number) to remember for idempotent sends."""
-    agents: list[AgentSpec] = field(default_factory=list)
+    agents: list[tuple[str, str]] = field(default_factory=list)
+    """(name, spec as JSON) to insert or replace."""
 
 
 @dataclass
@@ -41,9 +60,9 @@ class SessionRow:
     status: str
 
 
-def migrations() -> list[tuple[int, str]]:
-    """The numbered schema migrations, in order."""
-    folder = resources.files("dex.server.store") / "migrations"
+def migrations(dialect: str) -> list[tuple[int, str]]:
+    """The numbered schema migrations of one dialect (``sqlite``, ``postgresql``), in order."""
+    folder = resources.files("dex.server.store") / "migrations" / dialect
     found = []
     for entry in folder.iterdir():
         if entry.name.endswith(".sql"):
@@ -65,30 +84,41 @@ class Store(ABC):
 
     @abstractmethod
     async def write(self, write: Write) -> None:
-        """Commit durably. Raises ``Conflict`` or ``StorageError``; then nothing was written."""
+        """Commit durably. Raises ``Conflict`` or ``StorageError``; then nothing was written,
+        except ``CommitUnknown``: the outcome is unknown."""
 
     @abstractmethod
-    async def load_session(self, session_id: str) -> tuple[SessionState, list[Item]] | None: ...
+    async def load_session(self, session_id: str) -> tuple[str, list[str]] | None:
+        """The state's JSON and the history items' JSON, oldest first."""
 
     @abstractmethod
-    async def list_sessions(self, limit: int, after: str | None) -> list[SessionRow]: ...
+    async def list_sessions(self, limit: int, after: str | None) -> list[SessionRow]:
+        """Sessions ordered by id (byte order on every backend), after ``after``."""
 
     @abstractmethod
     async def running_sessions(self) -> list[str]:
         """Ids of sessions in a turn: the ones a starting node must recover."""
 
     @abstractmethod
-    async def load_turn(self, session_id: str, number: int) -> Turn | None: ...
+    async def load_turn(self, session_id: str, number: int) -> str | None: ...
 
     @abstractmethod
-    async def load_turns(self, session_id: str) -> list[Turn]:
-        """Every ended turn of the session, oldest first."""
+    async def load_turns(self, session_id: str) -> list[str]:
+        """Every ended turn of the session as JSON, oldest first."""
 
     @abstractmethod
     async def find_message(self, session_id: str, message_id: str) -> int | None: ...
 
     @abstractmethod
-    async def load_agents(self) -> list[AgentSpec]: ...
+    async def load_agents(self) -> list[str]:
+        """Every agent spec as JSON, ordered by name."""
 
     @abstractmethod
     async def schema_version(self) -> int: ...
+
+    @staticmethod
+    def from_url(url: str) -> Store:
+        """A store for ``sqlite:///path`` or ``postgresql://…`` (unopened)."""
+        from dex.server.store.open import open_store
+
+        return open_store(url)

@@ -9,26 +9,24 @@ so batching buys speed without trading durability.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-
 from dex.errors import Conflict, StorageError
-from dex.server.engine.state import SessionState, Turn
-from dex.server.store.base import SessionRow, Store, Write, migrations
-from dex.wire import ITEM, ITEMS, AgentSpec, Item
+from dex.server.store.base import migrations
+from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
 
 
-class SqliteStore(Store):
+class SqliteStore(SqlStore):
     def __init__(self, path: Path) -> None:
         self.path = path
         self._queue: queue.SimpleQueue[tuple[Op, asyncio.Future[Any]] | None] = queue.SimpleQueue()
@@ -37,11 +35,13 @@ class SqliteStore(Store):
         self.commits = 0
         """How many transactions committed: with ``operations``, shows how well commits group."""
         self.operations = 0
+        self._lock_fd: int | None = None
 
     # --- lifecycle ------------------------------------------------------------
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock()
         self._loop = asyncio.get_running_loop()
         self._queue = queue.SimpleQueue()  # nothing left over from an earlier open
         ready: asyncio.Future[None] = self._loop.create_future()
@@ -62,6 +62,39 @@ class SqliteStore(Store):
             thread, self._thread = self._thread, None
             self._queue.put(None)
             await asyncio.to_thread(thread.join)
+        self._unlock()
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    def _lock(self) -> None:
+        """Hold an exclusive lock on ``<database>.lock`` while open: SQLite serves one node,
+        and a second server on the same data would corrupt what the first one promised."""
+        if self._lock_fd is not None:
+            return
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StorageError(f"cannot open {self.lock_path}: {e}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StorageError(
+                f"{self.path} is in use by another Dex server (pid {holder}): SQLite serves "
+                "one node at a time. Stop that server first, or use PostgreSQL "
+                "(--database postgresql://...) to run several nodes."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            fd, self._lock_fd = self._lock_fd, None
+            os.close(fd)  # closing the descriptor releases the lock
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -135,76 +168,14 @@ class SqliteStore(Store):
         self._queue.put((op, fut))
         return await fut
 
-    # --- the interface --------------------------------------------------------------
+    # --- the executor hooks ----------------------------------------------------------
 
-    async def write(self, write: Write) -> None:
-        await self._call(lambda conn: _write(conn, write))
+    async def _commit_write(self, statements: list[Statement]) -> None:
+        await self._call(lambda conn: _execute(conn, statements))
 
-    async def load_session(self, session_id: str) -> tuple[SessionState, list[Item]] | None:
-        def op(conn: sqlite3.Connection) -> tuple[SessionState, list[Item]] | None:
-            row = conn.execute("SELECT state FROM sessions WHERE id = ?", (session_id,)).fetchone()
-            if row is None:
-                return None
-            items = conn.execute(
-                "SELECT item FROM history WHERE session_id = ? ORDER BY seq", (session_id,)
-            ).fetchall()
-            history = ITEMS.validate_python([orjson.loads(i[0]) for i in items])
-            return SessionState.model_validate_json(row[0]), history
-
-        return await self._call(op)
-
-    async def list_sessions(self, limit: int, after: str | None) -> list[SessionRow]:
-        def op(conn: sqlite3.Connection) -> list[SessionRow]:
-            rows = conn.execute(
-                "SELECT id, agent, created_at, status FROM sessions WHERE id > ? "
-                "ORDER BY id LIMIT ?",
-                (after or "", limit),
-            ).fetchall()
-            return [SessionRow(*r) for r in rows]
-
-        return await self._call(op)
-
-    async def running_sessions(self) -> list[str]:
-        def op(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute("SELECT id FROM sessions WHERE status <> 'idle'").fetchall()
-            return [r[0] for r in rows]
-
-        return await self._call(op)
-
-    async def load_turn(self, session_id: str, number: int) -> Turn | None:
-        def op(conn: sqlite3.Connection) -> Turn | None:
-            row = conn.execute(
-                "SELECT turn FROM turns WHERE session_id = ? AND number = ?", (session_id, number)
-            ).fetchone()
-            return Turn.model_validate_json(row[0]) if row else None
-
-        return await self._call(op)
-
-    async def load_turns(self, session_id: str) -> list[Turn]:
-        def op(conn: sqlite3.Connection) -> list[Turn]:
-            rows = conn.execute(
-                "SELECT turn FROM turns WHERE session_id = ? ORDER BY number", (session_id,)
-            ).fetchall()
-            return [Turn.model_validate_json(r[0]) for r in rows]
-
-        return await self._call(op)
-
-    async def find_message(self, session_id: str, message_id: str) -> int | None:
-        def op(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                "SELECT number FROM messages WHERE session_id = ? AND message_id = ?",
-                (session_id, message_id),
-            ).fetchone()
-            return int(row[0]) if row else None
-
-        return await self._call(op)
-
-    async def load_agents(self) -> list[AgentSpec]:
-        def op(conn: sqlite3.Connection) -> list[AgentSpec]:
-            rows = conn.execute("SELECT spec FROM agents ORDER BY name").fetchall()
-            return [AgentSpec.model_validate_json(r[0]) for r in rows]
-
-        return await self._call(op)
+    async def _read(self, queries: list[Query]) -> list[list[tuple[Any, ...]]]:
+        # the writer thread runs them back to back: one consistent view
+        return await self._call(lambda conn: [conn.execute(q, p).fetchall() for q, p in queries])
 
     async def schema_version(self) -> int:
         return await self._call(_version)
@@ -228,79 +199,26 @@ def _translate(e: Exception) -> Exception:
     return e
 
 
+def _execute(conn: sqlite3.Connection, statements: list[Statement]) -> None:
+    for sql, rows in statements:
+        if len(rows) == 1:
+            conn.execute(sql, rows[0])
+        else:
+            conn.executemany(sql, rows)
+
+
 def _version(conn: sqlite3.Connection) -> int:
     conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    row = conn.execute(VERSION).fetchone()
     return int(row[0]) if row else 0
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
     current = _version(conn)
-    for number, sql in migrations():
+    for number, sql in migrations("sqlite"):
         if number <= current:
             continue
         for statement in sql.split(";"):
             if statement.strip():
                 conn.execute(statement)
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(number),),
-        )
-
-
-def _write(conn: sqlite3.Connection, w: Write) -> None:
-    now = time.time()
-    for spec in w.agents:
-        conn.execute(
-            "INSERT INTO agents (name, spec, updated_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, "
-            "updated_at = excluded.updated_at",
-            (spec.name, spec.model_dump_json(), now),
-        )
-    s = w.session
-    if s is not None:
-        if w.create:
-            conn.execute(
-                "INSERT INTO sessions (id, agent, created_at, status, state) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (s.id, s.agent, s.created_at, s.status.value, s.model_dump_json()),
-            )
-        else:
-            conn.execute(
-                "UPDATE sessions SET status = ?, state = ? WHERE id = ?",
-                (s.status.value, s.model_dump_json(), s.id),
-            )
-        if w.message is not None:
-            conn.execute(
-                "INSERT INTO messages (session_id, message_id, number) VALUES (?, ?, ?)",
-                (s.id, w.message[0], w.message[1]),
-            )
-        if w.history:
-            conn.executemany(
-                "INSERT INTO history (session_id, seq, item) VALUES (?, ?, ?)",
-                [
-                    (s.id, w.history_start + i, ITEM.dump_json(item).decode())
-                    for i, item in enumerate(w.history)
-                ],
-            )
-        if w.ended_turn is not None:
-            conn.execute(
-                "INSERT INTO turns (session_id, number, status, turn) VALUES (?, ?, ?, ?)",
-                (
-                    s.id,
-                    w.ended_turn.number,
-                    w.ended_turn.status.value,
-                    w.ended_turn.model_dump_json(),
-                ),
-            )
-        if w.updated_turn is not None:
-            conn.execute(
-                "UPDATE turns SET status = ?, turn = ? WHERE session_id = ? AND number = ?",
-                (
-                    w.updated_turn.status.value,
-                    w.updated_turn.model_dump_json(),
-                    s.id,
-                    w.updated_turn.number,
-                ),
-            )
+        conn.execute(SET_VERSION, (str(number),))

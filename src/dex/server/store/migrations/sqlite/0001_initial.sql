@@ -1,4 +1,4 @@
--- Dex schema, version 1. Portable SQL: SQLite and PostgreSQL both run it.
+-- Dex schema for SQLite, version 1.
 CREATE TABLE agents (
     name TEXT PRIMARY KEY,
     spec TEXT NOT NULL,

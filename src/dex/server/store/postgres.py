@@ -1,0 +1,321 @@
+"""The PostgreSQL store: pipelined group commit on one writer connection, reads from a
+small pool, migrations under an advisory lock, and the lease fence on every batch.
+
+The writer task takes every ``Write`` queued, sends the whole batch (``BEGIN``, the
+fence check, each write's statements, ``COMMIT``) as one pipeline, and answers each
+caller after the commit. A batch that fails is run again with a savepoint per write, so
+the bad write fails alone and the rest commit. A connection lost while a batch was in
+flight raises ``CommitUnknown``: the ``COMMIT`` may have been applied.
+``synchronous_commit`` is set ``on`` for the writer: a commit is durable before anyone
+hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from dex.errors import CommitUnknown, Conflict, Fenced, StorageError
+from dex.server.store.base import migrations
+from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
+
+log = logging.getLogger("dex.store")
+
+LEADER_KEY = 4601000001
+"""The session advisory lock the active node holds (``dex.server.ha.Lease``)."""
+FENCE_KEY = 4601000002
+"""Taken shared by every fenced write batch, exclusively by a new leader bumping the
+epoch (the number is also in migration 0002's ``dex_fence``)."""
+MIGRATE_KEY = 4601000003
+"""Held while migrations run, so that two nodes starting at once run each file once."""
+FENCED_SQLSTATE = "DXF01"
+UNIQUE_VIOLATION = "23505"
+
+Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+Cursor = psycopg.AsyncCursor[tuple[Any, ...]]
+Pending = tuple[list[Statement], "asyncio.Future[None]"]
+
+CONNECT_OPTIONS: dict[str, Any] = {
+    "application_name": "dex",
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+"""Detect a dead server or network within seconds instead of the kernel's hours."""
+
+
+@functools.cache
+def pg(sql: str) -> LiteralString:
+    """A shared query (``?`` placeholders) in psycopg's style."""
+    return sql.replace("?", "%s")
+
+
+async def connect(url: str, **options: Any) -> Conn:
+    try:
+        return await psycopg.AsyncConnection.connect(
+            url, autocommit=True, **{**CONNECT_OPTIONS, **options}
+        )
+    except psycopg.Error as e:
+        raise StorageError(f"cannot connect to PostgreSQL: {e}", retryable=True) from e
+
+
+class PostgresStore(SqlStore):
+    def __init__(self, url: str, *, read_connections: int = 4) -> None:
+        self.url = url
+        self.read_connections = read_connections
+        self.fence_epoch: int | None = None
+        """When set, every batch first checks that this is still the lease's epoch and is
+        refused with ``Fenced`` otherwise (the node lost the lease)."""
+        self.on_fatal: Callable[[StorageError], None] | None = None
+        """Called when a batch is refused by the fence (``Fenced``) or its outcome is
+        unknown (``CommitUnknown``): the node must step down (the server sets the lease's
+        ``lose`` here)."""
+        self.commits = 0
+        self.operations = 0
+        self._conn: Conn | None = None
+        self._pool: AsyncConnectionPool[Conn] | None = None
+        self._queue: asyncio.Queue[Pending | None] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        try:
+            self._conn = await self._connect_writer()
+            await _migrate(self._conn)
+            self._pool = AsyncConnectionPool(
+                self.url,
+                min_size=1,
+                max_size=self.read_connections,
+                kwargs={"autocommit": True, **CONNECT_OPTIONS},
+                open=False,
+                name="dex-read",
+            )
+            await self._pool.open(wait=True, timeout=10)
+        except BaseException as e:
+            await self._close_connections()
+            if isinstance(e, psycopg.Error):
+                raise StorageError(f"cannot open the PostgreSQL store: {e}") from e
+            raise
+        self._queue = asyncio.Queue()
+        self._writer = asyncio.create_task(self._run(), name="dex-postgres-writer")
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            # Refuse new calls at once; what was queued before is still committed.
+            writer, self._writer = self._writer, None
+            self._queue.put_nowait(None)
+            await writer
+        await self._close_connections()
+
+    async def _close_connections(self) -> None:
+        conn, self._conn = self._conn, None
+        pool, self._pool = self._pool, None
+        if conn is not None:
+            await conn.close()
+        if pool is not None:
+            await pool.close()
+
+    async def _connect_writer(self) -> Conn:
+        conn = await connect(self.url)
+        try:
+            await conn.execute("SET synchronous_commit TO on")  # never lower it
+            # A node paused in the middle of a batch must not hold the fence lock (and with
+            # it a takeover) for long: PostgreSQL ends a transaction left idle this long.
+            await conn.execute("SET idle_in_transaction_session_timeout TO '3s'")
+        except psycopg.Error as e:
+            await conn.close()
+            raise StorageError(f"cannot set up the writer connection: {e}", retryable=True) from e
+        return conn
+
+    # --- the writer task -------------------------------------------------------------
+
+    async def _commit_write(self, statements: list[Statement]) -> None:
+        if self._writer is None:
+            raise StorageError("the store is not open")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((statements, fut))
+        await fut
+
+    async def _run(self) -> None:
+        stop = False
+        while not stop:
+            first = await self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            try:
+                results = await self._commit(batch)
+            except Exception as e:  # a bug here must not leave callers waiting forever
+                log.exception("group commit failed", extra={"action": "store.commit_failed"})
+                results = [StorageError(f"commit failed: {e}")] * len(batch)
+            fatal = next((e for e in results if isinstance(e, Fenced | CommitUnknown)), None)
+            if fatal is not None and self.on_fatal is not None:
+                self.on_fatal(fatal)
+            for (_, fut), error in zip(batch, results, strict=True):
+                if fut.done():
+                    continue
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+
+    async def _commit(self, batch: list[Pending]) -> list[Exception | None]:
+        n = len(batch)
+        epoch = self.fence_epoch
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = await self._connect_writer()
+        except StorageError as e:
+            return [e] * n
+        conn = self._conn
+        try:
+            async with conn.pipeline():
+                cur = conn.cursor()
+                await cur.execute("BEGIN")
+                if epoch is not None:
+                    await cur.execute("SELECT dex_fence(%s)", (epoch,))
+                for statements, _ in batch:
+                    await _execute(cur, statements)
+                await cur.execute("COMMIT")
+        except psycopg.Error as e:
+            if conn.broken or conn.closed:
+                return [self._unknown(e)] * n
+            if not await self._rollback(conn):
+                return [StorageError(f"commit failed: {e}", retryable=True)] * n
+            if e.sqlstate == FENCED_SQLSTATE or n == 1:
+                return [_translate(e)] * n
+            return await self._one_by_one(conn, batch, epoch)
+        self.commits += 1
+        self.operations += n
+        return [None] * n
+
+    async def _one_by_one(
+        self, conn: Conn, batch: list[Pending], epoch: int | None
+    ) -> list[Exception | None]:
+        """The batch again, each write in its own savepoint: the bad ones fail alone."""
+        results: list[Exception | None] = []
+        committing = False
+        try:
+            cur = conn.cursor()
+            await cur.execute("BEGIN")
+            if epoch is not None:
+                await cur.execute("SELECT dex_fence(%s)", (epoch,))
+            for statements, _ in batch:
+                await cur.execute("SAVEPOINT op")
+                try:
+                    await _execute(cur, statements)
+                except psycopg.Error as e:
+                    if conn.broken or conn.closed:
+                        raise
+                    await cur.execute("ROLLBACK TO SAVEPOINT op")
+                    results.append(_translate(e))
+                else:
+                    await cur.execute("RELEASE SAVEPOINT op")
+                    results.append(None)
+            committing = True
+            await cur.execute("COMMIT")
+        except psycopg.Error as e:
+            if committing and (conn.broken or conn.closed):
+                return [self._unknown(e)] * len(batch)
+            await self._rollback(conn)
+            return [_translate(e)] * len(batch)
+        self.commits += 1
+        self.operations += len(batch)
+        return results
+
+    def _unknown(self, e: psycopg.Error) -> CommitUnknown:
+        self._conn = None
+        log.error("connection lost during a commit", extra={"action": "store.commit_unknown"})
+        return CommitUnknown(f"the connection was lost during a commit: {e}", retryable=False)
+
+    async def _rollback(self, conn: Conn) -> bool:
+        """End a failed transaction; False when the connection is no longer usable."""
+        try:
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                await conn.execute("ROLLBACK")
+        except psycopg.Error:
+            self._conn = None
+            await conn.close()
+            return False
+        return True
+
+    # --- reads -----------------------------------------------------------------------
+
+    async def _read(self, queries: list[Query]) -> list[list[tuple[Any, ...]]]:
+        pool = self._pool
+        if pool is None or self._writer is None:
+            raise StorageError("the store is not open")
+        try:
+            async with pool.connection() as conn:
+                if len(queries) == 1:
+                    [(sql, params)] = queries
+                    cur = await conn.execute(pg(sql), params)
+                    return [await cur.fetchall()]
+                # one snapshot, one round trip
+                async with conn.pipeline():
+                    await conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    cursors = [await conn.execute(pg(sql), params) for sql, params in queries]
+                    await conn.execute("COMMIT")
+                return [await cur.fetchall() for cur in cursors]
+        except psycopg.Error as e:
+            raise StorageError(f"read failed: {e}", retryable=True) from e
+
+    async def schema_version(self) -> int:
+        rows = await self._rows(VERSION)
+        return int(rows[0][0]) if rows else 0
+
+
+async def _execute(cur: Cursor, statements: list[Statement]) -> None:
+    for sql, rows in statements:
+        if len(rows) == 1:
+            await cur.execute(pg(sql), rows[0])
+        else:
+            await cur.executemany(pg(sql), rows)
+
+
+def _translate(e: psycopg.Error) -> Exception:
+    if e.sqlstate == UNIQUE_VIOLATION:
+        return Conflict(f"already exists: {e.diag.message_primary or e}")
+    if e.sqlstate == FENCED_SQLSTATE:
+        return Fenced(str(e.diag.message_primary or e))
+    return StorageError(str(e), retryable=True)
+
+
+async def _migrate(conn: Conn) -> None:
+    """Run pending migrations, each file whole in its own transaction, one node at a time."""
+    await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_KEY,))
+    try:
+        await conn.execute(
+            'CREATE TABLE IF NOT EXISTS meta (key TEXT COLLATE "C" PRIMARY KEY, '
+            "value TEXT NOT NULL)"
+        )
+        cur = await conn.execute(VERSION)
+        row = await cur.fetchone()
+        current = int(row[0]) if row else 0
+        for number, sql in migrations("postgresql"):
+            if number <= current:
+                continue
+            async with conn.transaction():
+                await conn.execute(sql)
+                await conn.execute(pg(SET_VERSION), (str(number),))
+    finally:
+        if not conn.closed:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_KEY,))

@@ -1,0 +1,291 @@
+"""The lease and the fence against a real PostgreSQL (skipped only when it is unreachable).
+
+Two nodes here are two ``Lease`` objects (and their stores) in one process: each has its
+own connections, which is all PostgreSQL sees of a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from dex.errors import Fenced
+from dex.server.engine.state import SessionState
+from dex.server.ha.lease import Lease
+from dex.server.records import write
+from dex.server.store.postgres import LEADER_KEY, PostgresStore
+from dex.testing.wait import wait_until_async
+
+
+@pytest.fixture
+async def url(postgres_url: str) -> AsyncIterator[str]:
+    """An empty database with Dex's schema (the lease row at epoch 0)."""
+    store = PostgresStore(postgres_url)
+    await store.open()
+    await store.close()
+    yield postgres_url
+
+
+@pytest.fixture
+async def leases(url: str) -> AsyncIterator[list[Lease]]:
+    """Leases a test makes; released at the end."""
+    made: list[Lease] = []
+    yield made
+    for lease in made:
+        await lease.release()
+
+
+@pytest.fixture
+async def stores(url: str) -> AsyncIterator[list[PostgresStore]]:
+    made: list[PostgresStore] = []
+    yield made
+    for store in made:
+        await store.close()
+
+
+async def open_store(url: str, stores: list[PostgresStore], epoch: int) -> PostgresStore:
+    store = PostgresStore(url)
+    await store.open()
+    store.fence_epoch = epoch
+    stores.append(store)
+    return store
+
+
+def terminate(url: str, pid: int | None) -> None:
+    assert pid is not None
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+def lease_row(url: str) -> tuple[int, str]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT epoch, holder FROM dex_lease").fetchone()
+    assert row is not None
+    return int(row[0]), str(row[1])
+
+
+def lock_holders(url: str) -> list[int]:
+    """Backends holding the leader lock (a bigint key: classid high, objid low 32 bits)."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid::bigint = %s AND objid::bigint = %s",
+            (LEADER_KEY >> 32, LEADER_KEY & 0xFFFFFFFF),
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def session_ids(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {str(r[0]) for r in conn.execute("SELECT id FROM sessions").fetchall()}
+
+
+def idle(session_id: str) -> SessionState:
+    return SessionState(id=session_id, agent="helper", created_at=1.0)
+
+
+async def test_of_two_contenders_exactly_one_wins(url: str, leases: list[Lease]) -> None:
+    a, b = Lease(url, "a"), Lease(url, "b")
+    leases += [a, b]
+    tasks = {asyncio.create_task(a.acquire()): a, asyncio.create_task(b.acquire()): b}
+
+    done, pending = await asyncio.wait(tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+
+    [won] = done
+    winner = tasks[won]
+    assert won.result() == 1
+    assert lease_row(url) == (1, winner.holder)
+    assert lock_holders(url) == [winner.backend_pid]
+    assert winner.valid()
+    # the other keeps waiting while the winner holds the lock (a bounded check)
+    [waiting] = pending
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(waiting), 1.5)
+    assert winner.valid() and not winner.lost.is_set()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert lock_holders(url) == [winner.backend_pid]
+
+
+async def test_killing_the_holders_session_lets_the_other_win_with_a_higher_epoch(
+    url: str, leases: list[Lease]
+) -> None:
+    holder, standby = Lease(url, "holder"), Lease(url, "standby")
+    leases += [holder, standby]
+    assert await holder.acquire() == 1
+    contender = asyncio.create_task(standby.acquire())
+
+    killed = time.monotonic()
+    terminate(url, holder.backend_pid)
+
+    assert await asyncio.wait_for(contender, 5) == 2
+    took = time.monotonic() - killed
+    assert took < 2.0, f"the standby took {took:.2f}s"
+    assert lease_row(url) == (2, "standby")
+    await asyncio.wait_for(holder.lost.wait(), 2)  # the old holder notices by its ping
+    assert not holder.valid()
+
+
+async def test_release_frees_the_lock_at_once(url: str, leases: list[Lease]) -> None:
+    holder, standby = Lease(url, "holder"), Lease(url, "standby")
+    leases += [holder, standby]
+    await holder.acquire()
+    contender = asyncio.create_task(standby.acquire())
+
+    released = time.monotonic()
+    await holder.release()
+
+    assert not holder.valid()
+    assert await asyncio.wait_for(contender, 5) == 2
+    assert time.monotonic() - released < 1.0  # one retry interval, not a timeout
+    assert not holder.lost.is_set()  # a planned release is not a loss
+
+
+async def test_valid_until_is_kept_fresh_by_pings_and_shorter_than_a_takeover(
+    url: str, leases: list[Lease]
+) -> None:
+    lease = Lease(url, "a")
+    leases.append(lease)
+    before = time.monotonic()
+    await lease.acquire()
+    first = lease.valid_until
+    assert before < first <= time.monotonic() + lease.settings.valid_for
+    assert lease.settings.valid_for < lease.settings.session_timeout
+
+    await wait_until_async(
+        lambda: asyncio.sleep(0, lease.valid_until > first + 0.4), 5, what="pings refresh it"
+    )
+    assert lease.valid()
+
+
+async def test_a_store_with_a_stale_epoch_is_fenced_and_writes_nothing(
+    url: str, leases: list[Lease], stores: list[PostgresStore]
+) -> None:
+    old_lease, new_lease = Lease(url, "old"), Lease(url, "new")
+    leases += [old_lease, new_lease]
+    old = await open_store(url, stores, await old_lease.acquire())
+    await old.write(write(session=idle("before"), create=True))
+    contender = asyncio.create_task(new_lease.acquire())
+    terminate(url, old_lease.backend_pid)
+    new = await open_store(url, stores, await asyncio.wait_for(contender, 5))
+
+    with pytest.raises(Fenced, match="epoch"):
+        await old.write(write(session=idle("late"), create=True))
+    # a batch of several writes is refused whole
+    results = await asyncio.gather(
+        *(old.write(write(session=idle(f"late{i}"), create=True)) for i in range(8)),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, Fenced) for r in results), results
+
+    await new.write(write(session=idle("after"), create=True))
+    assert session_ids(url) == {"before", "after"}
+
+
+async def test_sixteen_writers_across_a_takeover_never_commit_with_the_old_epoch(
+    url: str, leases: list[Lease], stores: list[PostgresStore]
+) -> None:
+    old_lease, new_lease = Lease(url, "old"), Lease(url, "new")
+    leases += [old_lease, new_lease]
+    old = await open_store(url, stores, await old_lease.acquire())
+    acknowledged: list[str] = []
+
+    async def writer(n: int) -> str:
+        for i in range(100_000):
+            session_id = f"w{n:02}-{i:06}"
+            try:
+                await old.write(write(session=idle(session_id), create=True))
+            except Fenced:
+                return "fenced"
+            acknowledged.append(session_id)
+        return "never fenced"
+
+    writers = [asyncio.create_task(writer(n)) for n in range(16)]
+    await wait_until_async(
+        lambda: asyncio.sleep(0, len(acknowledged) >= 200), 20, what="writes flow"
+    )
+    contender = asyncio.create_task(new_lease.acquire())
+    terminate(url, old_lease.backend_pid)  # the old node's writers keep going
+    assert await asyncio.wait_for(contender, 5) == 2
+    # Everything the old epoch committed is in by now: the bump waited for batches in flight.
+    at_takeover = session_ids(url)
+
+    outcomes = await asyncio.wait_for(asyncio.gather(*writers), 20)
+
+    assert outcomes == ["fenced"] * 16
+    assert session_ids(url) == at_takeover  # nothing committed after the takeover
+    assert set(acknowledged) == at_takeover  # and every acknowledged write is there
+    assert len(at_takeover) >= 200
+
+
+HOLDER = """
+import asyncio, sys
+from dex.server.ha.lease import Lease
+
+async def main() -> None:
+    lease = Lease(sys.argv[1], "paused")
+    print("epoch", await lease.acquire(), flush=True)
+    await lease.lost.wait()
+    print("lost", flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_paused_holder_loses_the_lock_after_its_session_timeout_and_notices(
+    url: str, leases: list[Lease]
+) -> None:
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HOLDER, url, stdout=asyncio.subprocess.PIPE
+    )
+    assert holder.stdout is not None
+    try:
+        line = await asyncio.wait_for(holder.stdout.readline(), 20)
+        assert line == b"epoch 1\n"
+        standby = Lease(url, "standby")
+        leases.append(standby)
+
+        os.kill(holder.pid, signal.SIGSTOP)  # hung: its sockets stay open, it says nothing
+        stopped = time.monotonic()
+        assert await asyncio.wait_for(standby.acquire(), 10) == 2
+        took = time.monotonic() - stopped
+
+        # Not before the paused holder's valid_until ran out (it could not tell), and
+        # within its session timeout plus a ping and a retry.
+        settings = standby.settings
+        assert settings.valid_for < took < settings.session_timeout + 1.5, took
+        os.kill(holder.pid, signal.SIGCONT)
+        line = await asyncio.wait_for(holder.stdout.readline(), 10)
+        assert line == b"lost\n"  # its next ping failed: it knows
+    finally:
+        if holder.returncode is None:
+            holder.kill()
+        await holder.wait()
+
+
+async def test_a_fenced_write_loses_the_lease_at_once(
+    url: str, leases: list[Lease], stores: list[PostgresStore]
+) -> None:
+    """How the server wires them: the store's ``on_fatal`` is the lease's ``lose``."""
+    lease = Lease(url, "node")
+    leases.append(lease)
+    store = await open_store(url, stores, await lease.acquire())
+    store.on_fatal = lambda e: lease.lose(e.message)
+    await store.write(write(session=idle("s1"), create=True))
+    assert lease.valid() and not lease.lost.is_set()
+
+    with psycopg.connect(url, autocommit=True) as admin:  # another node took over
+        admin.execute("UPDATE dex_lease SET epoch = epoch + 1")
+    with pytest.raises(Fenced):
+        await store.write(write(session=idle("s2"), create=True))
+
+    assert lease.lost.is_set()
+    assert not lease.valid()
