@@ -110,3 +110,14 @@ def test_api_and_worker_input_still_refuses_unknown_fields() -> None:
         ModelToolCall.model_validate(call)
     with pytest.raises(ValidationError, match="surprise"):
         SessionState.model_validate({"id": "s", "agent": "a", "created_at": 1.0, "surprise": 1})
+
+
+def test_a_value_that_cannot_be_encoded_is_invalid_input_not_a_crash() -> None:
+    from dex.errors import InvalidInput
+    from dex.server import records
+    from dex.server.engine.state import SessionState
+    from dex.wire import NoteItem
+
+    state = SessionState(id="s", agent="a", created_at=0)
+    with pytest.raises(InvalidInput, match="cannot be stored"):
+        records.write(session=state, history=[NoteItem(text="\ud800")])  # a lone surrogate

@@ -15,7 +15,9 @@ from typing import Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
+from dex.errors import InvalidInput
 from dex.server.engine.state import SessionState, Turn
 from dex.server.store.base import SessionRecord, TurnRecord, Write
 from dex.wire import ITEM, ITEMS, AgentSpec, Item
@@ -44,7 +46,26 @@ def write(
     message: tuple[str, int] | None = None,
     agents: list[AgentSpec] | None = None,
 ) -> Write:
-    """A store ``Write`` from domain objects."""
+    """A store ``Write`` from domain objects. A value that cannot be stored (it cannot be
+    encoded as JSON) is an ``InvalidInput``: nothing is written."""
+    try:
+        return _write(
+            session, create, history, history_start, ended_turn, updated_turn, message, agents
+        )
+    except (PydanticSerializationError, TypeError, ValueError) as e:
+        raise InvalidInput(f"this cannot be stored: {e}") from None
+
+
+def _write(
+    session: SessionState | None,
+    create: bool,
+    history: list[Item] | None,
+    history_start: int,
+    ended_turn: Turn | None,
+    updated_turn: Turn | None,
+    message: tuple[str, int] | None,
+    agents: list[AgentSpec] | None,
+) -> Write:
     return Write(
         session=session_record(session) if session is not None else None,
         create=create,

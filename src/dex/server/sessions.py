@@ -669,15 +669,15 @@ class Sessions:
                     handed.append((step, worker))
         start = state.history_length
         state.history_length += len(t.history)  # before encoding: the stored state counts them
-        write = records.write(
-            session=state,
-            history=t.history,
-            history_start=start,
-            ended_turn=t.ended_turn,
-            updated_turn=updated_turn,
-            message=(message_id, state.messages_received) if message_id else None,
-        )
         try:
+            write = records.write(
+                session=state,
+                history=t.history,
+                history_start=start,
+                ended_turn=t.ended_turn,
+                updated_turn=updated_turn,
+                message=(message_id, state.messages_received) if message_id else None,
+            )
             await self.store.write(write)
         except BaseException:
             self._actors.pop(state.id, None)  # the state in memory ran ahead of storage
