@@ -7,18 +7,18 @@ import urllib.request
 import pytest
 
 from dex.testing import WorkerProcess, wait_until
-from tests.support.rig import TAKEOVER, Rig
+from tests.support.rig import SERVER_RESTART_POSTGRES, TAKEOVER, Rig
 
 WORKER_KILL = "Worker kill"
 SERVER_RESTART = "Server restart"
-SERVER_SIDE = (SERVER_RESTART, TAKEOVER)
+SERVER_SIDE = (SERVER_RESTART, SERVER_RESTART_POSTGRES, TAKEOVER)
 """The failures of the node: the Worker keeps running through them."""
 
 
 def columns(row: str, *, takeover: bool = False) -> pytest.MarkDecorator:
     """Parametrize a test over the failures, each marked as its cell of the matrix:
-    Worker kill and Server restart, and with ``takeover`` the Takeover of a hot standby
-    (two nodes on PostgreSQL)."""
+    Worker kill and Server restart (SQLite), and with ``takeover`` the Server restart of a
+    node on PostgreSQL and the Takeover of a hot standby (two nodes on PostgreSQL)."""
     params = [
         pytest.param(WORKER_KILL, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"),
         pytest.param(
@@ -26,7 +26,14 @@ def columns(row: str, *, takeover: bool = False) -> pytest.MarkDecorator:
         ),
     ]
     if takeover:
-        params.append(pytest.param(TAKEOVER, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"))
+        params += [
+            pytest.param(
+                SERVER_RESTART_POSTGRES,
+                marks=pytest.mark.crash(row, SERVER_RESTART),
+                id="server-restart-postgres",
+            ),
+            pytest.param(TAKEOVER, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"),
+        ]
     return pytest.mark.parametrize("column", params)
 
 

@@ -5,6 +5,8 @@ the recorded resolution."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -19,7 +21,7 @@ from tests.crash.helpers import (
     interrupt,
     interrupt_and_reconnect,
 )
-from tests.support.rig import Rig, attempts, results
+from tests.support.rig import TAKEOVER, Rig, attempts, results
 
 
 def waits(rig: Rig, sid: str) -> list[dict[str, Any]]:
@@ -44,7 +46,7 @@ def assert_nothing_ran_again(before: dict[str, Any], after: dict[str, Any]) -> N
 ONE = [(1, "succeeded")]
 
 
-@columns("await_tool_approval.waiting")
+@columns("await_tool_approval.waiting", takeover=True)
 def test_approval_wait_survives_and_a_later_approval_runs_the_tool_once(
     rig: Rig, column: str
 ) -> None:
@@ -81,7 +83,7 @@ def test_approval_wait_survives_and_a_later_approval_runs_the_tool_once(
     ]
 
 
-@columns("await_question_answer.waiting")
+@columns("await_question_answer.waiting", takeover=True)
 def test_question_wait_survives_and_a_later_answer_resumes_the_turn(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()
@@ -143,7 +145,7 @@ def assert_timer_fired_once(t: dict[str, Any], rig: Rig) -> dict[str, Any]:
     return dict(timer["wait"])
 
 
-@columns("await_timer.waiting")
+@columns("await_timer.waiting", takeover=True)
 def test_timer_wait_survives_and_the_timer_fires_once(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()
@@ -184,6 +186,37 @@ def test_timer_that_came_due_while_the_server_was_down_fires_once_when_it_is_bac
     assert fired["resolved_at"] >= back_at  # it fired once the server was back
 
 
+@pytest.mark.parametrize(
+    "column", [pytest.param(TAKEOVER, marks=pytest.mark.crash("await_timer.waiting", TAKEOVER))]
+)
+def test_timer_that_came_due_while_no_node_served_fires_once_on_the_new_leader(
+    rig: Rig, column: str
+) -> None:
+    """The active node dies while the standby is paused (SIGSTOP) past the timer's
+    deadline: nobody serves when it comes due. The standby, resumed, takes over and fires
+    it once."""
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("waiter")
+    turn = rig.call(sid, ("remind", {"seconds": 1.0}))
+    (wait,) = wait_until(lambda: waits(rig, sid), 10, what="the timer waits")
+
+    (standby,) = [node for node in rig.nodes if node is not rig.server]
+    os.kill(standby.pid, signal.SIGSTOP)
+    rig.server.kill()
+    assert time.time() < wait["deadline"], "the leader died only after the timer was due"
+    wait_until(lambda: time.time() > wait["deadline"] + 0.2, 5, what="due, nobody serving")
+    back_at = time.time()
+    os.kill(standby.pid, signal.SIGCONT)
+    wait_until(standby.ready, 30, what="the resumed standby took over")
+    rig.server = standby
+    t = rig.wait_turn(sid, turn)
+
+    fired = assert_timer_fired_once(t, rig)
+    assert fired["deadline"] == wait["deadline"]
+    assert fired["resolved_at"] >= back_at  # it fired once the new leader served
+
+
 # --- the handler that moves the turn on after a wait ended ---------------------------------
 
 
@@ -217,7 +250,7 @@ WAIT_STEPS = {
 
 
 @pytest.mark.parametrize("wait", ["approval", "answer", "timer"])
-@columns("wait_handler.running")
+@columns("wait_handler.running", takeover=True)
 def test_wait_handler_interrupted_runs_again_and_the_resolution_stays_recorded(
     rig: Rig, column: str, wait: str
 ) -> None:
@@ -276,7 +309,7 @@ def test_wait_handler_interrupted_runs_again_and_the_resolution_stays_recorded(
 # --- an idle session -------------------------------------------------------------------------
 
 
-@columns("idle.waiting_for_message")
+@columns("idle.waiting_for_message", takeover=True)
 def test_idle_session_interrupted_runs_nothing_and_the_next_message_starts_a_turn(
     rig: Rig, column: str
 ) -> None:

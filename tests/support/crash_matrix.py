@@ -187,8 +187,12 @@ moment and checks the outcome against the tool's own ledger of side effects:
 - **Worker kill**: the Worker gets SIGKILL and a new Worker starts.
 - **Server restart**: the Dex Server node gets SIGKILL and restarts on its data
   directory; the Worker keeps running and reconnects by itself.
-- **Takeover**: the active node gets SIGKILL and a hot standby takes the lease (needs
-  the PostgreSQL backend, not built yet).
+- **Takeover**: two nodes on one PostgreSQL database; the active node gets SIGKILL and
+  the hot standby takes the lease, recovers and serves; the Worker and the client follow
+  it by themselves (they know both addresses), and the killed node rejoins as the standby.
+
+The Server restart cells are tested on SQLite and again on PostgreSQL (one node,
+`--database postgresql://...`).
 
 "Not tested" means no test covers the cell yet, so its text states the design, not a
 checked result. "Decided by" names the functions whose code decides the row (handlers

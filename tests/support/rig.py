@@ -21,7 +21,7 @@ class Rig:
     """One node on SQLite; or, given ``database`` (a PostgreSQL URL), two nodes on it: the
     active one (``server``) and a hot standby, which Workers and clients both know."""
 
-    def __init__(self, tmp: Path, database: str | None = None) -> None:
+    def __init__(self, tmp: Path, database: str | None = None, *, standby: bool = True) -> None:
         self.tmp = tmp
         self.gates = tmp / "gates"
         self.failpoints = tmp / "failpoints"
@@ -30,7 +30,7 @@ class Rig:
         self.ledger = Ledger(tmp / "ledger.jsonl")
         self.nodes = [
             ServerProcess(tmp / name, heartbeat_timeout=HEARTBEAT_TIMEOUT, database=database)
-            for name in (("data", "data-b") if database else ("data",))
+            for name in (("data", "data-b") if database and standby else ("data",))
         ]
         self.server = self.nodes[0]
         """The node that serves (in HA, the active one)."""
@@ -157,16 +157,19 @@ class Rig:
 
 
 TAKEOVER = "Takeover"
+SERVER_RESTART_POSTGRES = "Server restart on PostgreSQL"
 
 
 @pytest.fixture
 def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
-    """A rig of real processes; a test parametrized with ``column == "Takeover"`` gets two
-    nodes on a fresh PostgreSQL database (skipped where PostgreSQL cannot be reached)."""
+    """A rig of real processes. A test parametrized with ``column`` "Takeover" gets two
+    nodes on a fresh PostgreSQL database, with "Server restart on PostgreSQL" one node on
+    it (skipped where PostgreSQL cannot be reached); any other, one node on SQLite."""
     callspec = getattr(request.node, "callspec", None)
-    takeover = callspec is not None and callspec.params.get("column") == TAKEOVER
-    database = request.getfixturevalue("postgres_url") if takeover else None
-    r = Rig(tmp_path, database)
+    column = callspec.params.get("column") if callspec is not None else None
+    on_postgres = column in (TAKEOVER, SERVER_RESTART_POSTGRES)
+    database = request.getfixturevalue("postgres_url") if on_postgres else None
+    r = Rig(tmp_path, database, standby=column == TAKEOVER)
     try:
         yield r
     finally:
