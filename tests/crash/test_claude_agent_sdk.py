@@ -17,7 +17,7 @@ import pytest
 from dex.testing import WorkerProcess, wait_until
 from dex.testing.fake_providers import Entry, FakeAnthropic, Reply, ScriptedCall
 from tests.crash.helpers import WORKER_KILL, columns, interrupt
-from tests.support.rig import Rig, attempts
+from tests.support.rig import Rig, attempts, make_rig
 
 CLAUDE_AGENTS = str(Path(__file__).parent.parent / "support" / "claude_agents.py")
 Script = Callable[[dict[str, Any]], Entry]
@@ -61,9 +61,9 @@ def model(script: list[Script]) -> Iterator[FakeAnthropic]:
 
 
 @pytest.fixture
-def rig(model: FakeAnthropic, tmp_path: Path) -> Iterator[Rig]:
+def rig(model: FakeAnthropic, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
     """The rig, made once the fake model listens: its server's port is then surely free."""
-    r = Rig(tmp_path)
+    r = make_rig(tmp_path, request)
     r.worker_module = CLAUDE_AGENTS
     r.worker_env = {
         "DEX_TEST_PROVIDER_URL": model.base_url,
@@ -108,7 +108,7 @@ def outputs(turn: dict[str, Any]) -> list[str]:
     return parsed
 
 
-@columns("claude_agent_sdk.segment")
+@columns("claude_agent_sdk.segment", takeover=True)
 def test_a_segment_repeats_with_its_cli_tools_and_not_its_deferred_calls(
     rig: Rig, script: list[Script], column: str
 ) -> None:

@@ -16,7 +16,7 @@ from dex.testing import WorkerProcess
 from dex.testing.fake_providers import FakeOpenAI
 from tests.crash.helpers import columns, interrupt, interrupt_and_reconnect
 from tests.support.framework_agents import script
-from tests.support.rig import Rig, attempts
+from tests.support.rig import Rig, attempts, make_rig
 
 FRAMEWORK_AGENTS = str(Path(__file__).parent.parent / "support" / "framework_agents.py")
 
@@ -28,9 +28,9 @@ def model() -> Iterator[FakeOpenAI]:
 
 
 @pytest.fixture
-def rig(model: FakeOpenAI, tmp_path: Path) -> Iterator[Rig]:
+def rig(model: FakeOpenAI, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
     """The rig, made once the fake model listens: its server's port is then surely free."""
-    r = Rig(tmp_path)
+    r = make_rig(tmp_path, request)
     try:
         yield r
     finally:
@@ -63,7 +63,7 @@ def ask(rig: Rig, session: str, *calls: tuple[str, dict[str, Any]]) -> int:
     return turn
 
 
-@columns("framework_tool.running")
+@columns("framework_tool.running", takeover=True)
 def test_a_tool_the_framework_runs_inline_runs_again_with_its_segment(
     rig: Rig, model: FakeOpenAI, column: str
 ) -> None:

@@ -72,11 +72,14 @@ def lease_row(url: str) -> tuple[int, str]:
 
 
 def lock_holders(url: str) -> list[int]:
-    """Backends holding the leader lock (a bigint key: classid high, objid low 32 bits)."""
+    """Backends holding the leader lock of this database (a bigint key: classid high, objid
+    low 32 bits; other databases on the server, other tests' or benchmarks', have their
+    own lock under the same key)."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND classid::bigint = %s AND objid::bigint = %s",
+            "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database() "
+            "AND l.classid::bigint = %s AND l.objid::bigint = %s",
             (LEADER_KEY >> 32, LEADER_KEY & 0xFFFFFFFF),
         ).fetchall()
     return [int(r[0]) for r in rows]

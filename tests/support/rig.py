@@ -160,8 +160,7 @@ TAKEOVER = "Takeover"
 SERVER_RESTART_POSTGRES = "Server restart on PostgreSQL"
 
 
-@pytest.fixture
-def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+def make_rig(tmp_path: Path, request: pytest.FixtureRequest) -> Rig:
     """A rig of real processes. A test parametrized with ``column`` "Takeover" gets two
     nodes on a fresh PostgreSQL database, with "Server restart on PostgreSQL" one node on
     it (skipped where PostgreSQL cannot be reached); any other, one node on SQLite."""
@@ -169,7 +168,13 @@ def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
     column = callspec.params.get("column") if callspec is not None else None
     on_postgres = column in (TAKEOVER, SERVER_RESTART_POSTGRES)
     database = request.getfixturevalue("postgres_url") if on_postgres else None
-    r = Rig(tmp_path, database, standby=column == TAKEOVER)
+    return Rig(tmp_path, database, standby=column == TAKEOVER)
+
+
+@pytest.fixture
+def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """``make_rig``, closed after the test."""
+    r = make_rig(tmp_path, request)
     try:
         yield r
     finally:

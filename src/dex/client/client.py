@@ -23,6 +23,12 @@ from dex.errors import (
     Unavailable,
 )
 
+LONG_POLL = 2.0
+"""A request that waits for a turn waits at most this long on the server, then asks again:
+a node that hung (paused, cut off) holds a client no longer than this plus the slack
+before it moves on to the next address."""
+LONG_POLL_SLACK = 2.0
+
 _ERRORS: dict[int, type[DexError]] = {
     401: AuthError,
     403: AuthError,
@@ -102,12 +108,13 @@ class Client:
         if message_id is not None:
             body["message_id"] = message_id
         if wait:
-            body["wait_seconds"] = timeout
+            body["wait_seconds"] = min(timeout, LONG_POLL)
         result = await self._request(
             "POST",
             f"/v1/sessions/{session_id}/messages",
             body,
-            read_timeout=timeout + 10,
+            read_timeout=timeout + LONG_POLL_SLACK,
+            per_try=(min(timeout, LONG_POLL) if wait else 0) + LONG_POLL_SLACK,
             retry=message_id is not None,  # the same id again returns the first send's turn
         )
         if wait and result["status"] == "running":
@@ -125,11 +132,13 @@ class Client:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             remaining = max(0.0, deadline - time.monotonic())
+            chunk = min(remaining, LONG_POLL)
             result = await self._request(
                 "GET",
                 f"/v1/sessions/{session_id}/turns/{turn}",
-                params={"wait_seconds": min(remaining, 60.0)},
-                read_timeout=remaining + 10,
+                params={"wait_seconds": chunk},
+                read_timeout=remaining + LONG_POLL_SLACK,
+                per_try=chunk + LONG_POLL_SLACK,
             )
             if result["status"] != "running" or time.monotonic() >= deadline:
                 return result
@@ -275,6 +284,7 @@ class Client:
         *,
         params: dict[str, Any] | None = None,
         read_timeout: float | None = None,
+        per_try: float | None = None,
         retry: bool | None = None,
     ) -> dict[str, Any]:
         """One request to whichever node serves. A request that is safe to repeat (a read,
@@ -283,7 +293,7 @@ class Client:
         taking over is a gap, not an error. Others try each address once."""
         http = self._session()
         data = orjson.dumps(body) if body is not None else None
-        timeout = aiohttp.ClientTimeout(total=read_timeout or self.timeout)
+        timeout = aiohttp.ClientTimeout(total=per_try or read_timeout or self.timeout)
         safe = method == "GET" if retry is None else retry
         deadline = time.monotonic() + (read_timeout or self.timeout)
         delay = 0.05

@@ -56,7 +56,9 @@ class WorkerConfig:
     """On shutdown, how long running attempts may take to finish."""
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
-    ping_interval: float = 5.0
+    connect_timeout: float = 3.0
+    """How long a connection's WebSocket upgrade may take before the next address is tried."""
+    ping_interval: float = 2.0
     """WebSocket pings: a node that stops answering them (hung, cut off) is left for the
     next address after half this long without a pong."""
     worker_id: str | None = None
@@ -209,13 +211,19 @@ class Worker:
             index += 1
             url = base.replace("http://", "ws://").replace("https://", "wss://")
             try:
-                async with http.ws_connect(
-                    url + "/v1/workers/connect",
-                    max_msg_size=64 << 20,
-                    autoping=True,
-                    heartbeat=self.config.ping_interval,
-                    headers=self._auth,
-                ) as ws:
+                # a node that hung accepts the TCP connection and never answers the upgrade:
+                # give up on it after a while and try the next address
+                ws = await asyncio.wait_for(
+                    http.ws_connect(
+                        url + "/v1/workers/connect",
+                        max_msg_size=64 << 20,
+                        autoping=True,
+                        heartbeat=self.config.ping_interval,
+                        headers=self._auth,
+                    ),
+                    self.config.connect_timeout,
+                )
+                async with ws:
                     delay = self.config.reconnect_initial
                     await self._serve(ws)
             except aiohttp.WSServerHandshakeError as e:
