@@ -198,14 +198,16 @@ class FakeWorker:
 
 
 @contextlib.contextmanager
-def connect_fake_worker(api: Api, worker_id: str = "w-test") -> Iterator[FakeWorker]:
+def connect_fake_worker(
+    api: Api, worker_id: str = "w-test", agents: list[AgentSpec] | None = None
+) -> Iterator[FakeWorker]:
     with api.http.websocket_connect("/v1/workers/connect") as ws:
         fake = FakeWorker(ws)
         fake.send(
             {
                 "t": "hello",
                 "worker_id": worker_id,
-                "agents": [AGENT.model_dump(mode="json")],
+                "agents": [a.model_dump(mode="json") for a in agents or [AGENT]],
                 "capacity": 8,
             }
         )

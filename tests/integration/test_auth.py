@@ -6,8 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from starlette.testclient import TestClient
-from starlette.websockets import WebSocketDisconnect
+from starlette.testclient import TestClient, WebSocketDenialResponse
 
 from dex.server.api.auth import Role, role_for
 from dex.server.app import asgi
@@ -63,18 +62,29 @@ def test_probes_and_the_api_description_stay_open(http: TestClient) -> None:
 
 
 def test_the_worker_channel_needs_a_worker_token(http: TestClient) -> None:
+    # the handshake is refused with an HTTP answer, as the docs say: 401 without a valid
+    # token, 403 with one of another role, each with the JSON error body
     with (
-        pytest.raises(WebSocketDisconnect) as refused,
-        http.websocket_connect("/v1/workers/connect", headers=bearer(CLIENT)),
-    ):
-        pass
-    assert refused.value.code == 4403
-    with (
-        pytest.raises(WebSocketDisconnect) as missing,
+        pytest.raises(WebSocketDenialResponse) as missing,
         http.websocket_connect("/v1/workers/connect"),
     ):
         pass
-    assert missing.value.code == 4401
+    assert missing.value.status_code == 401
+    assert missing.value.json()["error"]["code"] == "unauthorized"
+    assert missing.value.headers["www-authenticate"] == "Bearer"
+    with (
+        pytest.raises(WebSocketDenialResponse) as wrong,
+        http.websocket_connect("/v1/workers/connect", headers=bearer("not-a-token")),
+    ):
+        pass
+    assert wrong.value.status_code == 401
+    with (
+        pytest.raises(WebSocketDenialResponse) as refused,
+        http.websocket_connect("/v1/workers/connect", headers=bearer(CLIENT)),
+    ):
+        pass
+    assert refused.value.status_code == 403
+    assert "needs a worker token" in refused.value.json()["error"]["message"]
     with http.websocket_connect("/v1/workers/connect", headers=bearer(WORKER)) as ws:
         ws.send_bytes(b'[{"t": "hello", "worker_id": "w1", "agents": [], "capacity": 1}]')
         assert b'"welcome"' in ws.receive_bytes()

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
@@ -201,7 +201,19 @@ async def reconcile(
 
 
 @router.get("/sessions/{session_id}/events", tags=["sessions"])
-async def stream_events(session_id: str, request: Request) -> StreamingResponse:
+async def stream_events(
+    session_id: str,
+    request: Request,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            pattern=r"^[0-9]{1,19}$",
+            description="Resume after this event (the `id` of the last one you saw). An id "
+            "this node never sent (numbering restarts with the node) replays every buffered "
+            "event. Anything but 1-19 ASCII digits is a 422.",
+        ),
+    ] = None,
+) -> StreamingResponse:
     """Server-Sent Events: the session's new history items, turn and wait lifecycle
     events, and live model output (``model.delta``). Resume with ``Last-Event-ID``.
 
@@ -209,8 +221,7 @@ async def stream_events(session_id: str, request: Request) -> StreamingResponse:
     and the durable history (the snapshot) has everything but the lost partial output."""
     sessions = _sessions(request)
     await sessions.snapshot(session_id)  # 404 for an unknown session, before streaming
-    header = request.headers.get("last-event-id", "")
-    after = int(header) if header.isdigit() else None
+    after = int(last_event_id) if last_event_id is not None else None
 
     async def body() -> AsyncIterator[bytes]:
         async for event in sessions.streams.subscribe(session_id, after):

@@ -9,6 +9,7 @@ so batching buys speed without trading durability.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import sqlite3
 import threading
@@ -24,6 +25,7 @@ from dex.server.engine.state import SessionState, Turn
 from dex.server.store.base import SessionRow, Store, Write, migrations
 from dex.wire import ITEM, ITEMS, AgentSpec, Item
 
+log = logging.getLogger("dex.store")
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
 
@@ -122,7 +124,8 @@ class SqliteStore(Store):
         except sqlite3.Error as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            error = StorageError(f"commit failed: {e}", retryable=True)
+            log.error("commit failed", extra={"action": "store.commit_failed", "error": str(e)})
+            error = StorageError("the store could not commit; nothing was written", retryable=True)
             return [(fut, None, error) for _, fut in batch]
         self.commits += 1
         self.operations += len(batch)
@@ -221,10 +224,14 @@ def _deliver(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]
 
 
 def _translate(e: Exception) -> Exception:
+    """A driver error as a Dex error whose message names no table, column or statement
+    (the driver's own words go to the log)."""
     if isinstance(e, sqlite3.IntegrityError):
-        return Conflict(f"already exists: {e}")
+        log.warning("write refused", extra={"action": "store.conflict", "error": str(e)})
+        return Conflict("the write conflicts with what is stored")
     if isinstance(e, sqlite3.Error):
-        return StorageError(str(e), retryable=True)
+        log.error("write failed", extra={"action": "store.error", "error": str(e)})
+        return StorageError("the store could not complete the operation", retryable=True)
     return e
 
 
@@ -261,11 +268,14 @@ def _write(conn: sqlite3.Connection, w: Write) -> None:
     s = w.session
     if s is not None:
         if w.create:
-            conn.execute(
-                "INSERT INTO sessions (id, agent, created_at, status, state) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (s.id, s.agent, s.created_at, s.status.value, s.model_dump_json()),
-            )
+            try:
+                conn.execute(
+                    "INSERT INTO sessions (id, agent, created_at, status, state) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (s.id, s.agent, s.created_at, s.status.value, s.model_dump_json()),
+                )
+            except sqlite3.IntegrityError:
+                raise Conflict(f"session {s.id!r} already exists", session_id=s.id) from None
         else:
             conn.execute(
                 "UPDATE sessions SET status = ?, state = ? WHERE id = ?",
