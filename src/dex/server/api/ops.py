@@ -5,24 +5,37 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
+from dex.server.api import models
+from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], responses=errors(500))
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=models.Health)
 async def healthz() -> ORJSONResponse:
     return ORJSONResponse({"status": "ok"})
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=models.Readiness,
+    responses={503: {"model": models.Readiness, "description": "The node is starting."}},
+)
 async def readyz(request: Request) -> ORJSONResponse:
     if request.app.state.ready:
         return ORJSONResponse({"status": "ready", "role": "active"})
     return ORJSONResponse({"status": "starting"}, 503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **errors(401, 403),
+    },
+)
 async def metrics(request: Request) -> PlainTextResponse:
     state = request.app.state
     dispatcher = state.dispatcher
