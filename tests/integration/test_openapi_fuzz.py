@@ -108,7 +108,9 @@ def _operations(schema: Any) -> list[Any]:
 
 def _fuzz(operation: Any) -> None:
     """Positive and negative cases of one operation, each answer checked."""
-    kwargs = {"timeout": STREAM_SECONDS} if operation.path.endswith("/events") else {}
+    kwargs: dict[str, Any] = (
+        {"timeout": STREAM_SECONDS} if operation.path.endswith("/events") else {}
+    )
 
     @given(case=st.one_of([operation.as_strategy(mode) for mode in GenerationMode]))
     @SETTINGS
