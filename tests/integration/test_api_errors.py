@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
+from starlette.types import Message, Scope
 
 from dex.server.api.errors import BodyLimit
 from dex.wire import Approval, ModelToolCall, ToolKind, ToolSpec
@@ -220,3 +222,28 @@ def test_a_body_the_json_parser_cannot_read_is_400(api_with_agent: Api, body: by
     )
     assert_error(response, 400, "http_error")
     assert api_with_agent.all_sessions() == []
+
+
+@pytest.mark.parametrize("declared", [b"9" * 5000, b"99999999999999999999"])
+def test_a_huge_declared_content_length_is_413(declared: bytes) -> None:
+    sent: list[Message] = []
+    ran: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        ran.append(True)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"{}"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope: Scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/sessions",
+        "headers": [(b"content-length", declared)],
+    }
+    anyio.run(BodyLimit(app, 1024), scope, receive, send)
+    assert not ran
+    assert sent[0]["status"] == 413
