@@ -52,7 +52,6 @@ def create_app(config: ServerConfig) -> FastAPI:
         default_response_class=ORJSONResponse,
         lifespan=lifespan,
         generate_unique_id_function=lambda route: route.name,
-        separate_input_output_schemas=True,
     )
     app.state.config = config
     app.state.ready = False
