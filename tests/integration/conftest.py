@@ -204,15 +204,20 @@ class FakeWorker:
 
 
 @contextlib.contextmanager
-def connect_fake_worker(api: Api, worker_id: str = "w-test", **hello: Any) -> Iterator[FakeWorker]:
-    """A connection that said hello (``hello`` adds fields: attempts, resume, agents...)."""
+def connect_fake_worker(
+    api: Api, worker_id: str = "w-test", agents: list[AgentSpec] | None = None, **hello: Any
+) -> Iterator[FakeWorker]:
+    """A connection that said hello, serving ``agents`` (default: ``AGENT``); ``hello`` adds
+    fields (attempts, resume, history_cache...)."""
     with api.http.websocket_connect("/v1/workers/connect") as ws:
         fake = FakeWorker(ws)
         fake.send(
             {
                 "t": "hello",
                 "worker_id": worker_id,
-                "agents": [AGENT.model_dump(mode="json")],
+                "agents": [
+                    a.model_dump(mode="json") for a in ([AGENT] if agents is None else agents)
+                ],
                 "capacity": 8,
                 **hello,
             }

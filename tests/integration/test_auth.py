@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
-from starlette.testclient import TestClient
-from starlette.websockets import WebSocketDisconnect
+from starlette.testclient import TestClient, WebSocketDenialResponse
 
 from dex.server.api.auth import Role, role_for
 from dex.server.app import asgi
 from dex.server.config import ServerConfig
+from tests.integration.conftest import run_server
 
 CLIENT, WORKER, ADMIN = "client-secret", "worker-secret", "admin-secret"
 
@@ -63,18 +64,45 @@ def test_probes_and_the_api_description_stay_open(http: TestClient) -> None:
 
 
 def test_the_worker_channel_needs_a_worker_token(http: TestClient) -> None:
+    # the handshake is refused with an HTTP answer, as the docs say: 401 without a valid
+    # token, 403 with one of another role, each with the JSON error body
     with (
-        pytest.raises(WebSocketDisconnect) as refused,
-        http.websocket_connect("/v1/workers/connect", headers=bearer(CLIENT)),
-    ):
-        pass
-    assert refused.value.code == 4403
-    with (
-        pytest.raises(WebSocketDisconnect) as missing,
+        pytest.raises(WebSocketDenialResponse) as missing,
         http.websocket_connect("/v1/workers/connect"),
     ):
         pass
-    assert missing.value.code == 4401
+    assert missing.value.status_code == 401
+    assert missing.value.json()["error"]["code"] == "unauthorized"
+    assert missing.value.headers["www-authenticate"] == "Bearer"
+    with (
+        pytest.raises(WebSocketDenialResponse) as wrong,
+        http.websocket_connect("/v1/workers/connect", headers=bearer("not-a-token")),
+    ):
+        pass
+    assert wrong.value.status_code == 401
+    with (
+        pytest.raises(WebSocketDenialResponse) as refused,
+        http.websocket_connect("/v1/workers/connect", headers=bearer(CLIENT)),
+    ):
+        pass
+    assert refused.value.status_code == 403
+    assert "needs a worker token" in refused.value.json()["error"]["message"]
     with http.websocket_connect("/v1/workers/connect", headers=bearer(WORKER)) as ws:
         ws.send_bytes(b'[{"t": "hello", "worker_id": "w1", "agents": [], "capacity": 1}]')
         assert b'"welcome"' in ws.receive_bytes()
+
+
+async def test_a_real_server_refuses_a_worker_handshake_with_401_or_403(tmp_path: Path) -> None:
+    """Through uvicorn, as a Worker's aiohttp client sees it."""
+    tokens = {"client_token": CLIENT, "worker_token": WORKER, "admin_token": ADMIN}
+    async with run_server(tmp_path / "data", **tokens) as address:
+        url = address.replace("http://", "ws://") + "/v1/workers/connect"
+        async with aiohttp.ClientSession() as http:
+            for headers, status in [({}, 401), (bearer("nope"), 401), (bearer(CLIENT), 403)]:
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    async with http.ws_connect(url, headers=headers):
+                        pass
+                assert refused.value.status == status, headers
+            async with http.ws_connect(url, headers=bearer(WORKER)) as ws:
+                await ws.send_bytes(b'[{"t": "hello", "worker_id": "w1", "agents": []}]')
+                assert b'"welcome"' in await ws.receive_bytes(timeout=10)

@@ -71,6 +71,7 @@ def create_app(
         summary="A durable runtime for AI agents.",
         default_response_class=ORJSONResponse,
         lifespan=lifespan,
+        generate_unique_id_function=lambda route: route.name,
     )
     app.state.config = config
     app.state.node = None

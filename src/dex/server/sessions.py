@@ -61,7 +61,9 @@ from dex.wire import (
 log = logging.getLogger("dex.sessions")
 
 RECENT_TURNS = 4
-ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+CALL_ID = re.compile(r"([1-9][0-9]{0,17})\.[1-9][0-9]{0,17}")
+"""A tool call's id: its turn's number, a dot, its place in the turn."""
 T = TypeVar("T")
 
 
@@ -220,12 +222,17 @@ class Sessions:
         self._spec(agent)
         if session_id is None:
             session_id = "s_" + secrets.token_hex(8)
-        elif not ID_PATTERN.match(session_id):
+        elif not ID_PATTERN.fullmatch(session_id):
             raise InvalidInput(
                 "a session id is 1-128 letters, digits or _.:-", session_id=session_id
             )
         state = SessionState(id=session_id, agent=agent, created_at=time.time())
-        await self.store.write(records.write(session=state, create=True))
+        try:
+            await self.store.write(records.write(session=state, create=True))
+        except Conflict:  # a new session's row conflicts only on its id
+            raise Conflict(
+                f"session {session_id!r} already exists", session_id=session_id
+            ) from None
         return state
 
     async def list_rows(self, limit: int, after: str | None) -> list[SessionRow]:
@@ -348,7 +355,20 @@ class Sessions:
             handlers.record_input(s, entry, now)
             return Transition()
 
-        await self._apply(actor, record)
+        try:
+            await self._apply(actor, record)
+        except NotFound:
+            ended = await self._ended_call(actor, entry["call_id"])
+            if ended is None:
+                raise
+            turn, call = ended
+            raise Conflict(
+                f"tool call {call.id} is not waiting any more: its turn {turn.number} has "
+                f"ended ({turn.status.value}), and the call is {call.status.value}",
+                call_id=call.id,
+                turn=turn.number,
+                call_status=call.status.value,
+            ) from None
         self._spawn(
             self._retrying(
                 "applying a recorded input",
@@ -356,6 +376,21 @@ class Sessions:
                 session_id=session_id,
             )
         )
+
+    async def _ended_call(self, actor: Actor, call_id: str) -> tuple[Turn, ToolCall] | None:
+        """The ended turn that holds tool call ``call_id``, with the call; None if no turn
+        of the session has it. The cached copy of the turn, if any, is the one waiters read."""
+        match = CALL_ID.fullmatch(call_id)
+        if match is None:
+            return None
+        number = int(match[1])
+        if number > actor.state.messages_received:
+            return None  # no such turn, and a number storage could not even look up
+        turn = actor.ended.get(number) or records.maybe_turn(
+            await self.store.load_turn(actor.state.id, number)
+        )
+        call = turn.tool_call(call_id) if turn is not None else None
+        return (turn, call) if turn is not None and call is not None else None
 
     async def fire_timer(self, session_id: str, step_id: str) -> None:
         async def fire() -> None:
@@ -410,17 +445,10 @@ class Sessions:
             if turn is not None and turn.tool_call(call_id) is not None:
                 updated: Turn | None = None
             else:
-                try:
-                    number = int(call_id.split(".", 1)[0])
-                except ValueError:
-                    raise NotFound(f"unknown tool call {call_id!r}") from None
-                # the cached copy, if any, is the one waiters read: change that one
-                updated = actor.ended.get(number) or records.maybe_turn(
-                    await self.store.load_turn(session_id, number)
-                )
-                if updated is None or updated.tool_call(call_id) is None:
+                ended = await self._ended_call(actor, call_id)
+                if ended is None:
                     raise NotFound(f"session {session_id} has no tool call {call_id!r}")
-                turn = updated
+                updated = turn = ended[0]
             call = turn.tool_call(call_id)
             assert call is not None
 

@@ -5,8 +5,10 @@ Auth is on when any token is configured. Then every request carries
 client API a client token, ``/metrics`` an admin token, and an admin token opens
 everything. ``/healthz`` and ``/readyz`` stay open for probes, and so does the API
 description (``/openapi.json``, ``/docs``). A missing or unknown token is a 401, a
-token of the wrong role a 403, each with a JSON error body; a refused WebSocket is
-closed before it is accepted.
+token of the wrong role a 403, each with a JSON error body. A refused WebSocket
+handshake gets the same HTTP answer (401 or 403 with the JSON body) instead of the
+upgrade; on a server without the ASGI denial-response extension it is closed before it
+is accepted (code 4401 or 4403), which the server sends as a 403.
 """
 
 from __future__ import annotations
@@ -84,12 +86,16 @@ class Auth:
 
 
 async def _refuse(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
-    if scope["type"] == "websocket":
-        await send({"type": "websocket.close", "code": 4000 + status, "reason": message})
-        return
     body = orjson.dumps(error_body(code, message))
     headers = [(b"content-type", b"application/json")]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    kind = "http"
+    if scope["type"] == "websocket":
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            # a server that cannot send a handshake answer of our choosing answers 403
+            await send({"type": "websocket.close", "code": 4000 + status, "reason": message})
+            return
+        kind = "websocket.http"  # the handshake's own HTTP answer, before any upgrade
+    await send({"type": f"{kind}.response.start", "status": status, "headers": headers})
+    await send({"type": f"{kind}.response.body", "body": body})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from dex.errors import DexError
 from dex.server.api.responses import ORJSONResponse
 from dex.wire import error_body
+
+log = logging.getLogger("dex.server.api")
 
 
 def install(app: FastAPI) -> None:
@@ -33,6 +36,46 @@ def install(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return ORJSONResponse(error_body(code, str(exc.detail)), exc.status_code)
 
+    app.add_middleware(CatchAll)
+
+
+class CatchAll:
+    """An exception no handler knows still answers JSON: a 500 ``internal_error`` that
+    names no internals, with the traceback in the log."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            log.exception(
+                "request failed",
+                extra={
+                    "action": "http.unhandled",
+                    "method": scope["method"],
+                    "path": scope["path"],
+                },
+            )
+            if started:
+                raise  # part of the answer is out: the server ends the connection
+            response = ORJSONResponse(
+                error_body("internal_error", "the server failed to handle the request"), 500
+            )
+            await response(scope, receive, send)
+
 
 class BodyLimit:
     """Refuse request bodies over ``limit`` bytes with 413, declared or streamed."""
@@ -47,7 +90,8 @@ class BodyLimit:
             return
         for name, value in scope["headers"]:
             if name == b"content-length":
-                if value.isdigit() and int(value) > self.limit:
+                # past 18 digits it is over any limit, and int() may refuse it (5,000 digits)
+                if value.isdigit() and (len(value) > 18 or int(value) > self.limit):
                     await _too_large(send, self.limit)
                     return
                 await self.app(scope, receive, send)  # the server holds it to that length

@@ -6,17 +6,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from dex.server.api import models
+from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], responses=errors(500))
 
 
-@router.get("/healthz")
+@router.get("/healthz", response_model=models.Health)
 async def healthz() -> ORJSONResponse:
     return ORJSONResponse({"status": "ok"})
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=models.Readiness,
+    responses={503: {"model": models.Readiness, "description": "The node is starting."}},
+)
 async def readyz(request: Request) -> ORJSONResponse:
     node = request.app.state.node
     role = node.role if node is not None else "starting"
@@ -25,7 +31,14 @@ async def readyz(request: Request) -> ORJSONResponse:
     return ORJSONResponse({"status": "not ready", "role": role}, 503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+        **errors(401, 403),
+    },
+)
 async def metrics(request: Request) -> Response:
     """Prometheus text: attempts and turns by outcome, latencies, queue depths, Workers,
     the store's commits, the node's role and epoch."""

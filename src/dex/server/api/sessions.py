@@ -6,15 +6,21 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
+from dex.server.api import models
+from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
+from dex.server.engine.state import ToolCall
 from dex.server.sessions import Sessions
 from dex.wire import Wire
 
-router = APIRouter(prefix="/v1", tags=["sessions"])
+router = APIRouter(prefix="/v1", tags=["sessions"], responses=errors(401, 403, 500, 503))
+BODY = errors(400, 413, 422)
+"""What any route with a JSON body may answer before it runs."""
+WAIT = {**BODY, **errors(404, 409, 503)}
 
 
 class CreateSession(Wire):
@@ -87,7 +93,12 @@ def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
     }
 
 
-@router.post("/sessions", status_code=201)
+@router.post(
+    "/sessions",
+    status_code=201,
+    response_model=models.Session,
+    responses={201: {"links": models.SESSION_LINKS}, **BODY, **errors(404, 409, 503)},
+)
 async def create_session(body: CreateSession, request: Request) -> ORJSONResponse:
     state = await _sessions(request).create(body.agent, body.session_id)
     return ORJSONResponse(
@@ -101,7 +112,7 @@ async def create_session(body: CreateSession, request: Request) -> ORJSONRespons
     )
 
 
-@router.get("/sessions")
+@router.get("/sessions", response_model=models.SessionList, responses=errors(422))
 async def list_sessions(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -111,14 +122,28 @@ async def list_sessions(
     return ORJSONResponse({"sessions": [row.__dict__ for row in rows]})
 
 
-@router.get("/sessions/{session_id}")
+@router.get("/sessions/{session_id}", response_model=models.Snapshot, responses=errors(404, 422))
 async def get_agent_snapshot(session_id: str, request: Request) -> ORJSONResponse:
     """History, state, the current turn with its Steps and attempts, waits, and every tool
     call of the session with its status."""
     return ORJSONResponse(await _sessions(request).snapshot(session_id))
 
 
-@router.post("/sessions/{session_id}/messages")
+@router.post(
+    "/sessions/{session_id}/messages",
+    status_code=201,
+    response_model=models.SentMessage,
+    responses={
+        201: {"links": models.TURN_LINKS},
+        200: {
+            "model": models.SentMessage,
+            "description": "This `message_id` was sent before: the first send's turn, "
+            "unchanged (`created` is false).",
+        },
+        **BODY,
+        **errors(404, 409, 503),
+    },
+)
 async def send_message(session_id: str, body: SendMessage, request: Request) -> ORJSONResponse:
     sessions = _sessions(request)
     number, created = await sessions.send(session_id, body.text, body.message_id)
@@ -131,7 +156,11 @@ async def send_message(session_id: str, body: SendMessage, request: Request) -> 
     return ORJSONResponse(result, 201 if created else 200)
 
 
-@router.get("/sessions/{session_id}/turns/{number}")
+@router.get(
+    "/sessions/{session_id}/turns/{number}",
+    response_model=models.TurnResult,
+    responses=errors(404, 422),
+)
 async def get_turn(
     session_id: str,
     number: int,
@@ -144,19 +173,29 @@ async def get_turn(
     return ORJSONResponse(_turn_body(session_id, number, turn))
 
 
-@router.get("/agents", tags=["agents"])
+@router.get("/agents", tags=["agents"], response_model=models.AgentList)
 async def list_agents(request: Request) -> ORJSONResponse:
     agents = _sessions(request).agents.values()
     return ORJSONResponse({"agents": [a.model_dump(mode="json") for a in agents]})
 
 
-@router.get("/sessions/{session_id}/approvals", tags=["waits"])
+@router.get(
+    "/sessions/{session_id}/approvals",
+    tags=["waits"],
+    response_model=models.ApprovalList,
+    responses=errors(404, 422),
+)
 async def list_approvals(session_id: str, request: Request) -> ORJSONResponse:
     """Tool calls waiting for approval, with the arguments and their hash."""
     return ORJSONResponse({"approvals": await _sessions(request).approvals(session_id)})
 
 
-@router.post("/sessions/{session_id}/tool_calls/{call_id}/approve", tags=["waits"])
+@router.post(
+    "/sessions/{session_id}/tool_calls/{call_id}/approve",
+    tags=["waits"],
+    response_model=models.Approved,
+    responses=WAIT,
+)
 async def approve(session_id: str, call_id: str, body: Approve, request: Request) -> ORJSONResponse:
     entry = {
         "kind": "approve",
@@ -168,28 +207,48 @@ async def approve(session_id: str, call_id: str, body: Approve, request: Request
     return ORJSONResponse({"call_id": call_id, "approved": True})
 
 
-@router.post("/sessions/{session_id}/tool_calls/{call_id}/deny", tags=["waits"])
+@router.post(
+    "/sessions/{session_id}/tool_calls/{call_id}/deny",
+    tags=["waits"],
+    response_model=models.Approved,
+    responses=WAIT,
+)
 async def deny(session_id: str, call_id: str, body: Deny, request: Request) -> ORJSONResponse:
     entry = {"kind": "deny", "call_id": call_id, "by": body.by, "reason": body.reason}
     await _sessions(request).resolve(session_id, entry)
     return ORJSONResponse({"call_id": call_id, "approved": False})
 
 
-@router.post("/sessions/{session_id}/tool_calls/{call_id}/answer", tags=["waits"])
+@router.post(
+    "/sessions/{session_id}/tool_calls/{call_id}/answer",
+    tags=["waits"],
+    response_model=models.Answered,
+    responses=WAIT,
+)
 async def answer(session_id: str, call_id: str, body: Answer, request: Request) -> ORJSONResponse:
     entry = {"kind": "answer", "call_id": call_id, "by": body.by, "answer": body.answer}
     await _sessions(request).resolve(session_id, entry)
     return ORJSONResponse({"call_id": call_id, "answered": True})
 
 
-@router.post("/sessions/{session_id}/cancel", tags=["sessions"])
+@router.post(
+    "/sessions/{session_id}/cancel",
+    tags=["sessions"],
+    response_model=models.Cancelled,
+    responses=WAIT,
+)
 async def cancel(session_id: str, body: Cancel, request: Request) -> ORJSONResponse:
     """Cancel the running turn: queued Steps fail as NOT_STARTED, running attempts stop."""
     number = await _sessions(request).cancel(session_id, body.reason)
     return ORJSONResponse({"session_id": session_id, "turn": number, "status": "cancelled"})
 
 
-@router.post("/sessions/{session_id}/tool_calls/{call_id}/reconcile", tags=["waits"])
+@router.post(
+    "/sessions/{session_id}/tool_calls/{call_id}/reconcile",
+    tags=["waits"],
+    response_model=ToolCall,
+    responses=WAIT,
+)
 async def reconcile(
     session_id: str, call_id: str, body: Reconcile, request: Request
 ) -> ORJSONResponse:
@@ -200,8 +259,31 @@ async def reconcile(
     return ORJSONResponse(call.model_dump(mode="json"))
 
 
-@router.get("/sessions/{session_id}/events", tags=["sessions"])
-async def stream_events(session_id: str, request: Request) -> StreamingResponse:
+@router.get(
+    "/sessions/{session_id}/events",
+    tags=["sessions"],
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "The event stream, until the client disconnects.",
+            "content": {"text/event-stream": {"itemSchema": models.SSE_EVENT}},
+        },
+        **errors(404, 422),
+    },
+)
+async def stream_events(
+    session_id: str,
+    request: Request,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            pattern=r"^[0-9]{1,19}$",
+            description="Resume after this event (the `id` of the last one you saw). An id "
+            "this node never sent (numbering restarts with the node) replays every buffered "
+            "event. Anything but 1-19 ASCII digits is a 422.",
+        ),
+    ] = None,
+) -> StreamingResponse:
     """Server-Sent Events: the session's new history items, turn and wait lifecycle
     events, and live model output (``model.delta``). Resume with ``Last-Event-ID``.
 
@@ -209,8 +291,7 @@ async def stream_events(session_id: str, request: Request) -> StreamingResponse:
     and the durable history (the snapshot) has everything but the lost partial output."""
     sessions = _sessions(request)
     await sessions.snapshot(session_id)  # 404 for an unknown session, before streaming
-    header = request.headers.get("last-event-id", "")
-    after = int(header) if header.isdigit() else None
+    after = int(last_event_id) if last_event_id is not None else None
 
     async def body() -> AsyncIterator[bytes]:
         async for event in sessions.streams.subscribe(session_id, after):

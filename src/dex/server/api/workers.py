@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from dex.errors import DexError
+from dex.server.api import models
 from dex.server.api.responses import ORJSONResponse
 from dex.server.dispatch.dispatcher import WorkerConn, WorkerIdInUse
 from dex.server.ha.node import Node
@@ -279,7 +280,12 @@ async def _acked(
         outbox.put({"t": "ack", "attempt_id": attempt, "ok": True})
 
 
-@router.get("/v1/workers", tags=["workers"])
+@router.get(
+    "/v1/workers",
+    tags=["workers"],
+    response_model=models.WorkerList,
+    responses=models.errors(401, 403, 500, 503),
+)
 async def list_workers(request: Request) -> ORJSONResponse:
     """The Workers connected to this node: their agents, tools, capacity and the attempts
     they run."""

@@ -24,7 +24,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dex.errors import Conflict, NotFound
+import orjson
+
+from dex.errors import Conflict, InvalidInput, NotFound
 from dex.server.engine.state import (
     Attempt,
     QueuedMessage,
@@ -201,6 +203,9 @@ def reconcile(
     call: ToolCall, status: str, result: Any, error: str | None, by: str | None, now: float
 ) -> NoteItem:
     """Record what really happened to an ``outcome_unknown`` call; the model is told."""
+    problem = json_problem(result)
+    if problem is not None:
+        raise InvalidInput(f"the result cannot be recorded: {problem}")
     if call.status != ToolCallStatus.OUTCOME_UNKNOWN or call.checking:
         raise Conflict(f"tool call {call.id} is {call.status.value}, not outcome_unknown")
     if status not in ("succeeded", "failed"):
@@ -219,6 +224,29 @@ def reconcile(
         text=f"The outcome of tool call {call.name}({json.dumps(call.arguments, sort_keys=True)})"
         f" (call {call.model_call_id}) was unknown; it was reconciled{who}: {outcome}."
     )
+
+
+MAX_JSON_DEPTH = 64
+"""How deeply a client's JSON value (a reconciled result) may nest arrays and objects: it
+is stored inside a turn's record, which must read back and render as JSON."""
+
+
+def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why ``value`` cannot be stored and rendered as JSON (too deep, a lone surrogate in a
+    string, an integer beyond 64 bits), or None if it can."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= max_depth:
+                return f"it nests arrays and objects more than {max_depth} levels deep"
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as e:
+        return f"it is not representable as JSON ({e})"
+    return None
 
 
 # --- inputs from the dispatcher and Workers ------------------------------------------

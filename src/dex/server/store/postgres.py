@@ -292,11 +292,15 @@ async def _execute(cur: Cursor, statements: list[Statement]) -> None:
 
 
 def _translate(e: psycopg.Error) -> Exception:
+    """A driver error as a Dex error whose message names no table, column or statement
+    (the driver's own words go to the log)."""
     if e.sqlstate == UNIQUE_VIOLATION:
-        return Conflict(f"already exists: {e.diag.message_primary or e}")
+        log.warning("write refused", extra={"action": "store.conflict", "error": str(e)})
+        return Conflict("the write conflicts with what is stored")
     if e.sqlstate == FENCED_SQLSTATE:
         return Fenced(str(e.diag.message_primary or e))
-    return StorageError(str(e), retryable=True)
+    log.error("write failed", extra={"action": "store.error", "error": str(e)})
+    return StorageError("the store could not complete the operation", retryable=True)
 
 
 async def _migrate(conn: Conn) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import os
 import queue
 import sqlite3
@@ -22,6 +23,7 @@ from dex.errors import Conflict, StorageError
 from dex.server.store.base import migrations
 from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
 
+log = logging.getLogger("dex.store")
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
 
@@ -192,10 +194,14 @@ def _deliver(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]
 
 
 def _translate(e: Exception) -> Exception:
+    """A driver error as a Dex error whose message names no table, column or statement
+    (the driver's own words go to the log)."""
     if isinstance(e, sqlite3.IntegrityError):
-        return Conflict(f"already exists: {e}")
+        log.warning("write refused", extra={"action": "store.conflict", "error": str(e)})
+        return Conflict("the write conflicts with what is stored")
     if isinstance(e, sqlite3.Error):
-        return StorageError(str(e), retryable=True)
+        log.error("write failed", extra={"action": "store.error", "error": str(e)})
+        return StorageError("the store could not complete the operation", retryable=True)
     return e
 
 

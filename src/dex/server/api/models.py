@@ -1,0 +1,251 @@
+"""What each route answers, for the OpenAPI document.
+
+The routes render plain dicts with ``ORJSONResponse``; FastAPI does not validate a
+response a route returns itself, so these models cost nothing on the hot path. They
+describe the JSON exactly: ``tests/integration/test_openapi_fuzz.py`` checks every
+response against them. The records of a turn (``Turn``, ``Step``, ``ToolCall``, ...) are
+the engine's own models, so the document follows them when they change.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from dex.server.engine.state import QueuedMessage, SessionStatus, Step, ToolCall, Turn, TurnStatus
+from dex.wire import AgentSpec, Item
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable and machine-readable: see the table in docs/api.md.")
+    message: str = Field(description="What was refused and why, for a person.")
+    details: dict[str, Any] | None = Field(
+        None,
+        description="Facts about the refusal: for a 422 `invalid_request`, `problems` "
+        "(a list of `{where, problem}`).",
+    )
+
+
+class ErrorResponse(BaseModel):
+    """Every error the server answers."""
+
+    error: ErrorDetail
+
+
+WHEN = {
+    400: "The body is not readable JSON (invalid UTF-8, or nested too deep): `http_error`.",
+    401: "Auth is on and the request has no valid bearer token: `unauthorized`.",
+    403: "Auth is on and the token's role may not use this route: `forbidden`.",
+    404: "An unknown session, agent, turn or tool call: `not_found`.",
+    409: "The state refuses the change: `conflict`.",
+    413: "The body is over the server's limit: `body_too_large`.",
+    422: "The body, a parameter or a header is not valid (`invalid_request`, with "
+    "`details.problems`), or valid but unusable (`invalid_input`).",
+    500: "A bug in the server, logged with its traceback: `internal_error`.",
+    503: "The node does not serve now (starting, a standby, stepped down: `unavailable`, "
+    "with the `x-dex-role` header; try another address), or the store could not commit "
+    "(nothing was written, retry: `storage_error`).",
+}
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` entry for these error statuses, each with the error body."""
+    return {s: {"model": ErrorResponse, "description": WHEN[s]} for s in statuses}
+
+
+# --- sessions ------------------------------------------------------------------------------
+
+
+class Session(BaseModel):
+    id: str
+    agent: str
+    status: SessionStatus
+    created_at: float
+
+
+class SessionList(BaseModel):
+    sessions: list[Session]
+
+
+class SnapshotSession(Session):
+    messages_received: int
+    queued_messages: list[QueuedMessage]
+
+
+class QueuedStep(BaseModel):
+    step_id: str
+    queue: str
+    not_before: float | None
+    waiting_for: str = Field(description="`backoff`, `a free Worker`, or the queue nobody serves.")
+
+
+class WaitInfo(BaseModel):
+    step_id: str
+    type: str
+    call_id: str | None
+    since: float
+    deadline: float | None
+    question: str | None
+    choices: list[str] | None
+    resolution_recorded: bool
+
+
+class PendingApproval(BaseModel):
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    arguments_hash: str
+    since: float
+
+
+class RunningAttempt(BaseModel):
+    attempt_id: str
+    worker_id: str
+    output_chars: int
+
+
+class SessionToolCall(ToolCall):
+    turn: int
+
+
+class Snapshot(BaseModel):
+    session: SnapshotSession
+    current_turn: Turn | None
+    waiting: list[QueuedStep]
+    waits: list[WaitInfo]
+    approvals: list[PendingApproval]
+    running: list[RunningAttempt]
+    history: list[Item]
+    tool_calls: list[SessionToolCall]
+
+
+class TurnResult(BaseModel):
+    """A turn: only `session_id`, `turn` and `status` while it runs."""
+
+    session_id: str
+    turn: int
+    status: TurnStatus
+    text: str | None = None
+    error: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    steps: list[Step] = Field(default_factory=list)
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+class SentMessage(TurnResult):
+    created: bool = Field(
+        description="False when this `message_id` was sent before: the first send's turn."
+    )
+
+
+class AgentList(BaseModel):
+    agents: list[AgentSpec]
+
+
+class WorkerAgent(BaseModel):
+    name: str
+    tools: list[str]
+
+
+class ConnectedWorker(BaseModel):
+    worker_id: str
+    connected_at: float = Field(description="Unix time of the connection.")
+    capacity: int = Field(description="How many attempts it runs at once.")
+    draining: bool
+    agents: list[WorkerAgent] = Field(description="The agents it serves, with their tools.")
+    running: list[str] = Field(description="The attempts it holds now.")
+
+
+class WorkerList(BaseModel):
+    workers: list[ConnectedWorker]
+
+
+# --- waits -----------------------------------------------------------------------------------
+
+
+class ApprovalList(BaseModel):
+    approvals: list[PendingApproval]
+
+
+class Approved(BaseModel):
+    call_id: str
+    approved: bool
+
+
+class Answered(BaseModel):
+    call_id: str
+    answered: bool
+
+
+class Cancelled(BaseModel):
+    session_id: str
+    turn: int
+    status: TurnStatus
+
+
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "One Server-Sent Event (keep-alive comments are not events).",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "For Last-Event-ID."},
+        "event": {
+            "type": "string",
+            "description": "history.item, turn.started, turn.completed, turn.failed, "
+            "turn.cancelled, wait.started, message.queued, model.delta",
+        },
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+    "required": ["id", "event", "data"],
+}
+
+
+# --- operations ------------------------------------------------------------------------------
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="`ready`, or `not ready` (with a 503).")
+    role: str | None = Field(
+        None,
+        description="The node's role: `active` (ready), or `starting`, `standby`, "
+        "`recovering`, `draining`, `stopped`, `stepped-down`.",
+    )
+    epoch: int | None = Field(None, description="The lease epoch of an active node.")
+
+
+# --- links: what a response's ids open (OpenAPI links; Schemathesis follows them) --------------
+
+
+def _links(source: str, targets: list[str], **extra: str) -> dict[str, Any]:
+    return {
+        f"{target}": {"operationId": target, "parameters": {"session_id": source, **extra}}
+        for target in targets
+    }
+
+
+SESSION_LINKS = _links(
+    "$response.body#/id",
+    [
+        "get_agent_snapshot",
+        "send_message",
+        "list_approvals",
+        "stream_events",
+        "cancel",
+        "approve",
+        "deny",
+        "answer",
+        "reconcile",
+    ],
+)
+"""A created session's id, for every route about one session."""
+
+TURN_LINKS = {
+    **_links("$response.body#/session_id", ["get_turn"], number="$response.body#/turn"),
+    **_links("$response.body#/session_id", ["cancel", "approve", "deny", "answer", "reconcile"]),
+}
+"""A sent message's turn, and its session's waits."""
