@@ -225,6 +225,36 @@ def workers(address: Address = DEFAULT_ADDRESS, json_output: JsonFlag = False) -
     _call(address, show)
 
 
+@app.command("step-down")
+def step_down(
+    address: Annotated[
+        str, typer.Option(envvar="DEX_ADDRESS", help="The address of the node to step down.")
+    ] = DEFAULT_ADDRESS,
+) -> None:
+    """Step the active node down on purpose (a deploy): it drains, gives the lease up at once
+    and exits; a standby takes over. Sends DEX_ADMIN_TOKEN when set."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    token = os.environ.get("DEX_ADMIN_TOKEN")
+    request = urllib.request.Request(
+        address.split(",")[0].rstrip("/") + "/admin/step-down",
+        method="POST",
+        headers={"authorization": f"Bearer {token}"} if token else {},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            _print(json.loads(response.read()))
+    except urllib.error.HTTPError as e:
+        message = json.loads(e.read() or b"{}").get("error", {}).get("message", str(e))
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(1) from None
+    except OSError as e:
+        typer.echo(f"error: cannot reach {address}: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
 @app.command()
 def new(agent: str, address: Address = DEFAULT_ADDRESS) -> None:
     """Create a session with AGENT and print it."""

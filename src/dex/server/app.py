@@ -131,15 +131,22 @@ class _Server(uvicorn.Server):
         self.app = app
         self.drain_timeout = drain_timeout
         self._draining: asyncio.Task[None] | None = None
+        app.state.step_down = self.step_down
 
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+    def step_down(self) -> bool:
+        """A planned step-down (``POST /admin/step-down``, or the first SIGTERM): drain,
+        give the lease up, exit. False if the node is not active (nothing to step down)."""
         node: Node | None = self.app.state.node
         if self._draining is not None or node is None or node.role != "active":
+            return False
+        self._draining = asyncio.get_event_loop().create_task(self._drain_then_exit(node))
+        return True
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.step_down():
             self.should_exit = True
             if sig == signal.SIGINT and self._draining is not None:
                 self.force_exit = True
-            return
-        self._draining = asyncio.get_event_loop().create_task(self._drain_then_exit(node))
 
     async def _drain_then_exit(self, node: Node) -> None:
         try:

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from dex.errors import Conflict
 from dex.server.api import models
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
@@ -44,3 +45,21 @@ async def metrics(request: Request) -> Response:
     the store's commits, the node's role and epoch."""
     sessions = request.app.state.sessions
     return Response(generate_latest(sessions.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post(
+    "/admin/step-down",
+    status_code=202,
+    response_model=models.Readiness,
+    responses=errors(401, 403, 409),
+)
+async def step_down(request: Request) -> ORJSONResponse:
+    """A planned step-down: the node drains (running attempts finish within its drain
+    timeout), gives the lease up at once, and exits; a standby takes over. Needs the admin
+    token when auth is on."""
+    step_down = getattr(request.app.state, "step_down", None)
+    if step_down is None or not step_down():
+        node = request.app.state.node
+        role = node.role if node is not None else "starting"
+        raise Conflict(f"this node is {role}: only an active node run by `dex server` steps down")
+    return ORJSONResponse({"status": "stepping down", "role": "draining"}, 202)
