@@ -292,3 +292,16 @@ async def test_a_fenced_write_loses_the_lease_at_once(
 
     assert lease.lost.is_set()
     assert not lease.valid()
+
+
+async def test_the_lease_corrects_the_nodes_clock_to_the_databases(url: str) -> None:
+    from dex.server.clock import Clock
+
+    clock = Clock()
+    clock.offset = 1e6  # nonsense until the first reading
+    lease = Lease(url, holder="clocked", clock=clock)
+    try:
+        await lease.acquire()
+        assert abs(clock.offset) < 1.0  # the database runs on this host: near 0
+    finally:
+        await lease.release()

@@ -22,6 +22,7 @@ from dex.server.api import errors, ops, sessions, workers
 from dex.server.api.auth import Auth, Role
 from dex.server.api.gate import StandbyGate
 from dex.server.api.responses import ORJSONResponse
+from dex.server.clock import Clock
 from dex.server.config import ServerConfig
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.ha.leadership import Leadership, Solo
@@ -51,7 +52,7 @@ def create_app(
             raise
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
         domain = Sessions(store, dispatcher)
-        lead = leadership or _leadership(config.database_url, store)
+        lead = leadership or _leadership(config.database_url, store, dispatcher.clock)
         node = Node(store, dispatcher, domain, lead, on_step_down)
         app.state.store = store
         app.state.dispatcher = dispatcher
@@ -83,7 +84,7 @@ def create_app(
     return app
 
 
-def _leadership(database_url: str, store: Store) -> Leadership:
+def _leadership(database_url: str, store: Store, clock: Clock) -> Leadership:
     """The embedded SQLite node leads from the start; nodes sharing PostgreSQL compete for
     its lease, and a write that was fenced or whose commit is unknown loses it."""
     if database_url.startswith(("postgresql://", "postgres://")):
@@ -91,7 +92,7 @@ def _leadership(database_url: str, store: Store) -> Leadership:
         from dex.server.store.postgres import PostgresStore
 
         assert isinstance(store, PostgresStore)
-        lease = Lease(store.url)
+        lease = Lease(store.url, clock=clock)
         store.on_fatal = lambda e: lease.lose(f"{e.code}: {e.message}")
         return lease
     return Solo()

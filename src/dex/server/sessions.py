@@ -91,6 +91,7 @@ class Sessions:
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
+        self.clock = dispatcher.clock
         self.streams = streams or MemoryStreams()
         self.metrics = metrics or Metrics()
         self.max_cached = max_cached
@@ -226,7 +227,7 @@ class Sessions:
             raise InvalidInput(
                 "a session id is 1-128 letters, digits or _.:-", session_id=session_id
             )
-        state = SessionState(id=session_id, agent=agent, created_at=time.time())
+        state = SessionState(id=session_id, agent=agent, created_at=self.clock.now())
         try:
             await self.store.write(records.write(session=state, create=True))
         except Conflict:  # a new session's row conflicts only on its id
@@ -683,7 +684,7 @@ class Sessions:
         if self._actors.get(actor.state.id) is not actor:
             raise Conflict("the session was reloaded; try again", retryable=True)
         state = actor.state
-        now = time.time()
+        now = self.clock.now()
         t = handle(state, now)
         # Hand a new Step to a Worker that is free right now in this same commit.
         handed: list[tuple[Step, WorkerConn]] = []

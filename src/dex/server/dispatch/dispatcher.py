@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dex import _failpoints as failpoints
+from dex.server.clock import Clock
 from dex.wire.protocol import CLOSE_ID_IN_USE
 
 log = logging.getLogger("dex.dispatch")
@@ -110,7 +111,11 @@ Fire = Callable[[str, str], Coroutine[Any, Any, None]]
 
 
 class Dispatcher:
-    def __init__(self, heartbeat_timeout: float, reconnect_grace: float = 1.0) -> None:
+    def __init__(
+        self, heartbeat_timeout: float, reconnect_grace: float = 1.0, clock: Clock | None = None
+    ) -> None:
+        self.clock = clock or Clock()
+        """Durable deadlines (timers, retry backoffs) are on this clock: the database's."""
         self.heartbeat_timeout = heartbeat_timeout
         self.reconnect_grace = reconnect_grace
         self.workers: dict[str, WorkerConn] = {}
@@ -281,7 +286,7 @@ class Dispatcher:
 
     def offer(self, session_id: str, step_id: str, queue: str, not_before: float | None) -> None:
         """A Step is queued: hand it out when a Worker is free and its backoff is over."""
-        if not_before is not None and not_before > time.time():
+        if not_before is not None and not_before > self.clock.now():
             heapq.heappush(self._delayed, (not_before, next(self._seq), session_id, step_id, queue))
         else:
             self._ready.setdefault(queue, deque()).append((session_id, step_id))
@@ -336,7 +341,7 @@ class Dispatcher:
     async def _run(self) -> None:
         while True:
             self._wake.clear()
-            now_wall = time.time()
+            now_wall = self.clock.now()
             while self._delayed and self._delayed[0][0] <= now_wall:
                 _, _, sid, step_id, queue = heapq.heappop(self._delayed)
                 self._ready.setdefault(queue, deque()).append((sid, step_id))
@@ -346,7 +351,7 @@ class Dispatcher:
             timeout = 0.25
             for heap in (self._delayed, self._timers):
                 if heap:
-                    timeout = min(timeout, max(0.0, heap[0][0] - time.time()))
+                    timeout = min(timeout, max(0.0, heap[0][0] - self.clock.now()))
             if self._deadlines:
                 timeout = min(timeout, max(0.0, self._deadlines[0][0] - time.monotonic()))
             try:

@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 
 from dex.errors import StorageError
+from dex.server.clock import Clock
 from dex.server.store.postgres import FENCE_KEY, LEADER_KEY
 
 log = logging.getLogger("dex.ha")
@@ -76,9 +77,15 @@ class Lease:
     (the new epoch), ``lost`` (an event), ``valid()``, ``await release()``."""
 
     def __init__(
-        self, url: str, holder: str | None = None, settings: LeaseSettings | None = None
+        self,
+        url: str,
+        holder: str | None = None,
+        settings: LeaseSettings | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.url = url
+        self.clock = clock
+        """Corrected to the database's clock at every ping (the node's durable deadlines)."""
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
         self.settings = settings or LeaseSettings()
         self.epoch: int | None = None
@@ -114,6 +121,7 @@ class Lease:
                     if row is not None and row[0]:
                         sent = time.monotonic()
                         epoch = await self._bump(conn)
+                        await self._read_clock(conn)  # right before recovery arms timers
                         break
                 except psycopg.Error as e:
                     log.warning(
@@ -191,6 +199,14 @@ class Lease:
             raise StorageError("no lease row: open the PostgreSQL store first (migrations)")
         return int(row[0])
 
+    async def _read_clock(self, conn: Conn) -> None:
+        """One round trip: the database's clock, to correct the node's (``clock``)."""
+        sent = time.time()
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        row = await cur.fetchone()
+        if self.clock is not None and row is not None:
+            self.clock.observe(float(row[0]), sent, time.time())
+
     async def _ping(self, conn: Conn) -> None:
         s = self.settings
         while True:
@@ -198,7 +214,7 @@ class Lease:
             sent = time.monotonic()
             try:
                 async with asyncio.timeout(s.ping_timeout):
-                    await conn.execute("SELECT 1")
+                    await self._read_clock(conn)  # the ping reads the database's clock
             except (psycopg.Error, TimeoutError) as e:
                 self.lose(f"the lock connection failed a ping: {e!r}")
                 with contextlib.suppress(psycopg.Error, TimeoutError):
