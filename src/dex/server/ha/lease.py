@@ -95,6 +95,7 @@ class Lease:
         """``time.monotonic()`` before which the lease is surely held."""
         self._conn: Conn | None = None
         self._pinger: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     def valid(self) -> bool:
         """Whether the lock is surely still held now (``Leadership.valid``)."""
@@ -139,6 +140,7 @@ class Lease:
         self.lost.clear()
         self.valid_until = sent + self.settings.valid_for
         self._pinger = asyncio.create_task(self._ping(conn), name="dex-lease-ping")
+        self._watchdog = asyncio.create_task(self._watch(), name="dex-lease-watchdog")
         log.info(
             "lease acquired",
             extra={"action": "lease.acquired", "epoch": epoch, "holder": self.holder},
@@ -147,6 +149,9 @@ class Lease:
 
     async def release(self) -> None:
         """Free the lock at once (a planned step-down); the next node wins without waiting."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
         self.valid_until = 0.0
         pinger, self._pinger = self._pinger, None
         if pinger is not None:
@@ -222,6 +227,16 @@ class Lease:
                         await conn.close()
                 return
             self.valid_until = sent + s.valid_for
+
+    async def _watch(self) -> None:
+        """Lose the lease as soon as ``valid_until`` passes without a ping coming back. A
+        ping to a database that went silent (a partition) may take far longer than its
+        timeout to give up (the driver's cancel request hangs too); the node must not wait
+        for it."""
+        while not self.lost.is_set():
+            await asyncio.sleep(0.1)
+            if time.monotonic() > self.valid_until:
+                self.lose(f"no ping came back within {self.settings.valid_for:g}s")
 
     def lose(self, reason: str) -> None:
         """Take the lease as lost (a ping failed, or the store was fenced or lost a
