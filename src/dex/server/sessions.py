@@ -151,24 +151,29 @@ class Sessions:
 
     # --- start -----------------------------------------------------------------------
 
-    async def start(self, reason: str = "the server restarted") -> int:
+    async def start(self, reason: str = "the server restarted", parallel: int = 64) -> int:
         """Load agents, fail every attempt left running, apply recorded inputs, arm timers,
-        and queue what was queued. Returns how many attempts were failed."""
+        and queue what was queued, for up to ``parallel`` sessions at once (their commits
+        group). Returns how many attempts were failed."""
         self.agents = {a.name: a for a in map(records.agent, await self.store.load_agents())}
-        failed = 0
-        for session_id in await self.store.running_sessions():
-            actor = await self._actor(session_id)
-            queued = {step.id for step in actor.state.queued_steps()}
-            running = await self._recover(actor, reason)
-            failed += running
-            for step in actor.state.queued_steps():
-                if step.id in queued:  # retries that recover() queued are offered already
-                    self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
-            for step in actor.state.waiting_steps():
-                if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
-                    self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
-            await self._process_inbox(session_id)
-        return failed
+        room = asyncio.Semaphore(parallel)
+
+        async def recover(session_id: str) -> int:
+            async with room:
+                actor = await self._actor(session_id)
+                queued = {step.id for step in actor.state.queued_steps()}
+                running = await self._recover(actor, reason)
+                for step in actor.state.queued_steps():
+                    if step.id in queued:  # retries that recover() queued are offered already
+                        self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
+                for step in actor.state.waiting_steps():
+                    if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
+                        self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
+                await self._process_inbox(session_id)
+                return running
+
+        sessions = await self.store.running_sessions()
+        return sum(await asyncio.gather(*(recover(s) for s in sessions)))
 
     async def _recover(self, actor: Actor, reason: str) -> int:
         """Fail every attempt of the session that storage calls running (NOT_COMPLETED);
