@@ -33,6 +33,14 @@ class TcpProxy:
     def restore(self) -> None:
         self.severed = False
 
+    def retarget(self, host: str, port: int) -> None:
+        """Send new connections elsewhere (what a balancer following a readiness probe
+        does); the open ones are closed, as the old target went away."""
+        self.target = (host, port)
+        if self._loop is not None:
+            for writer in list(self._writers):
+                self._loop.call_soon_threadsafe(writer.close)
+
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
