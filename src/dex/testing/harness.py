@@ -87,7 +87,7 @@ class ServerProcess(_Process):
         return f"http://127.0.0.1:{self.port}"
 
     def start(
-        self, env: Mapping[str, str] | None = None, timeout: float = 20.0, *, ready: bool = True
+        self, env: Mapping[str, str] | None = None, timeout: float = 30.0, *, ready: bool = True
     ) -> ServerProcess:
         """Start the node and wait until it serves (``ready``), or, for a node that may
         come up a standby, until it answers ``/healthz``."""
@@ -106,7 +106,12 @@ class ServerProcess(_Process):
             {**self.env, **(env or {})},
         )
         probe = self.ready if ready else self.answers
-        wait_until(lambda: probe() or not self.alive, timeout, 0.02, "server up")
+        try:
+            wait_until(lambda: probe() or not self.alive, timeout, 0.02, "server up")
+        except TimeoutError:
+            raise TimeoutError(
+                f"the server did not come up within {timeout}s:\n{self.output()[-3000:]}"
+            ) from None
         if not self.alive:
             raise RuntimeError(f"server exited:\n{self.output()[-3000:]}")
         return self
