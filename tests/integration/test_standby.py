@@ -12,6 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from dex.errors import StorageError
 from dex.server.app import _wrap, create_app
 from dex.server.config import ServerConfig
 from dex.testing import wait_until
@@ -144,3 +145,38 @@ def test_a_node_that_lost_the_lead_steps_down_at_once(standby: Standby) -> None:
     ready = standby.http.get("/readyz")
     assert ready.status_code == 503 and ready.json()["role"] == "stepped-down"
     assert standby.http.get("/v1/sessions").status_code == 503
+
+
+def test_recovery_that_fails_to_reach_storage_is_tried_again_until_it_commits(
+    standby: Standby, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions = standby.api.sessions
+    real = sessions.start
+    failures = [StorageError("the database is restarting", retryable=True)] * 2
+
+    async def flaky_start(reason: str = "", parallel: int = 64) -> int:
+        if failures:
+            raise failures.pop()
+        return await real(reason)
+
+    monkeypatch.setattr(sessions, "start", flaky_start)
+    standby.grant()  # waits until /readyz is 200
+    assert failures == [] and standby.stepped_down == 0
+
+
+def test_a_node_whose_leading_fails_steps_down_instead_of_hanging(
+    standby: Standby, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(reason: str = "", parallel: int = 64) -> int:
+        raise RuntimeError("a bug in recovery")
+
+    monkeypatch.setattr(standby.api.sessions, "start", broken)
+    wait_until(lambda: standby.lease.granted is not None, 5, what="the node asks for the lead")
+
+    async def grant() -> None:
+        assert standby.lease.granted is not None
+        standby.lease.granted.set()
+
+    standby.call(grant)
+    wait_until(lambda: standby.stepped_down == 1, 10, what="the node stepped down")
+    assert standby.http.get("/readyz").json()["role"] == "stepped-down"

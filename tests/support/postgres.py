@@ -31,10 +31,12 @@ def postgres_database() -> Iterator[str]:
     name = "dex_test_" + secrets.token_hex(6)
     with admin:
         admin.execute(f"CREATE DATABASE {name}")
-        try:
-            yield _url(name)
-        finally:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    try:
+        yield _url(name)
+    finally:
+        # a new connection: a test may have restarted PostgreSQL meanwhile
+        with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=10) as again:
+            again.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from dex.errors import StorageError
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.ha.leadership import Leadership
 from dex.server.metrics import node_gauges
@@ -58,6 +59,7 @@ class Node:
         """Start leading in the background; with ``wait``, return once active (a node
         that leads from the start recovers before it answers anything)."""
         self._task = asyncio.create_task(self._lead(), name="dex-node")
+        self._task.add_done_callback(self._lead_ended)
         if wait:
             active = asyncio.create_task(self._active.wait())
             done, _ = await asyncio.wait([self._task, active], return_when=asyncio.FIRST_COMPLETED)
@@ -72,7 +74,7 @@ class Node:
         self.role = "recovering"
         self.store.fence_epoch = self.epoch  # every write now checks it (PostgreSQL)
         reason = "the node restarted" if self.epoch <= 1 else "a standby took over"
-        failed = await self.sessions.start(reason)
+        failed = await self._recover(reason)
         self.dispatcher.start(self.sessions.assign, self.sessions.expire, self.sessions.fire_timer)
         self.role = "active"
         self._active.set()
@@ -82,6 +84,36 @@ class Node:
         )
         await self.leadership.lost.wait()
         self.step_down("the lease was lost")
+
+    async def _recover(self, reason: str) -> int:
+        """Run the recovery a start runs until it commits (it is idempotent): a storage
+        error (the database restarting) is retried while the lease holds."""
+        delay = 0.1
+        while True:
+            try:
+                return await self.sessions.start(reason)
+            except StorageError as e:
+                if self.leadership.lost.is_set():
+                    raise
+                log.warning(
+                    "recovery failed, trying again in %.1fs: %s",
+                    delay,
+                    e,
+                    extra={"action": "node.recovery_retry"},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _lead_ended(self, task: asyncio.Task[None]) -> None:
+        """Nothing may fail here unseen: a node that cannot lead steps down (and leaves)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error(
+            "the node cannot lead",
+            exc_info=task.exception(),
+            extra={"action": "node.lead_failed", "epoch": self.epoch},
+        )
+        self.step_down(f"leading failed: {task.exception()!r}")
 
     def step_down(self, why: str) -> None:
         """Stop serving at once: no hand-out, no timer, no heartbeat reply; close the

@@ -101,6 +101,8 @@ class PostgresStore(SqlStore):
                 kwargs={"autocommit": True, **CONNECT_OPTIONS},
                 open=False,
                 name="dex-read",
+                # a connection that died (PostgreSQL restarted) is replaced, not handed out
+                check=AsyncConnectionPool.check_connection,
             )
             await self._pool.open(wait=True, timeout=10)
         except BaseException as e:
