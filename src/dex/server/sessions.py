@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, DexError, InvalidInput, NotFound
-from dex.server import records
+from dex.server import handouts, records, views
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
@@ -332,7 +332,7 @@ class Sessions:
                 }
                 for step in state.waiting_steps()
             ],
-            "approvals": self.pending_approvals(state),
+            "approvals": views.pending_approvals(state),
             "running": [
                 {"attempt_id": aid, "worker_id": held.worker_id, "output_chars": held.output}
                 for aid, held in self.dispatcher.held.items()
@@ -469,51 +469,12 @@ class Sessions:
             await self._apply_locked(actor, handle, updated_turn=updated)
             return call
 
-    def pending_approvals(self, actor_state: SessionState) -> list[dict[str, Any]]:
-        turn = actor_state.turn
-        found = []
-        for step in actor_state.waiting_steps():
-            if step.type != StepType.AWAIT_TOOL_APPROVAL or turn is None:
-                continue
-            call = turn.tool_call(step.tool_call_id or "")
-            if call is None or any(e["call_id"] == call.id for e in actor_state.inbox):
-                continue
-            found.append(
-                {
-                    "call_id": call.id,
-                    "tool": call.name,
-                    "arguments": call.arguments,
-                    "arguments_hash": call.arguments_hash,
-                    "since": step.wait.since if step.wait else step.created_at,
-                }
-            )
-        return found
-
     def workers_view(self) -> list[dict[str, Any]]:
         """The connected Workers: what they serve and what they run."""
-        found = []
-        for conn in self.dispatcher.workers.values():
-            found.append(
-                {
-                    "worker_id": conn.id,
-                    "connected_at": conn.connected_at,
-                    "capacity": conn.capacity,
-                    "draining": conn.draining,
-                    "agents": [
-                        {
-                            "name": name,
-                            "tools": [t.name for t in spec.tools] if spec else [],
-                        }
-                        for name in conn.agents
-                        for spec in [self.agents.get(name)]
-                    ],
-                    "running": sorted(conn.attempts),
-                }
-            )
-        return sorted(found, key=lambda w: w["worker_id"])
+        return views.workers(self.dispatcher, self.agents)
 
     async def approvals(self, session_id: str) -> list[dict[str, Any]]:
-        return self.pending_approvals((await self._actor(session_id)).state)
+        return views.pending_approvals((await self._actor(session_id)).state)
 
     # --- Worker inputs -------------------------------------------------------------------
 
@@ -785,60 +746,7 @@ class Sessions:
                 deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
             ),
         )
-        # Built as plain JSON (the Worker validates it as a ``Handout``): the history's
-        # items were serialized once, when they were appended.
-        message: dict[str, Any] = {
-            "t": "step",
-            "attempt_id": aid,
-            "session_id": state.id,
-            "step_id": step.id,
-            "step_type": step.type.value,
-            "attempt": attempt.number,
-            "agent": state.agent,
-        }
-        if step.type == StepType.RUN_MODEL:
-            base, message["history"] = _context_for(worker, state, actor.history_json)
-            if base:
-                message["history_base"] = base
-        elif step.type == StepType.COMPACT_CONTEXT:
-            message["history"] = state.to_compact(actor.history_json)
-        else:
-            assert state.turn is not None and step.tool_call_id is not None
-            call = state.turn.tool_call(step.tool_call_id)
-            assert call is not None
-            message.update(
-                tool=call.name,
-                call_id=call.id,
-                arguments=call.arguments,
-                idempotency_key=call.idempotency_key,
-                needs_start_ack=step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL,
-                answers=call.answers,
-                sleeps_done=call.sleeps_done,
-                task_handle=call.task_handle,
-            )
-        return message
-
-
-def _context_for(
-    worker: WorkerConn, state: SessionState, history: list[dict[str, Any]]
-) -> tuple[int, list[dict[str, Any]]]:
-    """What a RunModel hand-out to ``worker`` carries of the model's view of the history:
-    (how many items the Worker has from the last hand-out on this connection, the rest).
-    The cost is the new items, not the conversation's length."""
-    shape = (state.context_start, state.summary_at)
-    length = len(history)
-    sent = worker.history_sent.get(state.id) if worker.history_cache else None
-    if sent is not None and sent[0] == shape and sent[1] <= length:
-        base = sent[2]
-        tail = [history[i] for i in range(sent[1], length) if i != state.summary_at]
-    else:
-        base, tail = 0, state.context(history)
-    if worker.history_cache:
-        worker.history_sent[state.id] = (shape, length, base + len(tail))
-        worker.history_sent.move_to_end(state.id)
-        while len(worker.history_sent) > worker.history_cache:
-            worker.history_sent.popitem(last=False)
-    return base, tail
+        return handouts.step_message(state, actor.history_json, step, aid, worker)
 
 
 def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:
