@@ -59,6 +59,22 @@ DENY_ONE_IN = 4
 """The approving client denies one approval in this many (chosen by the call's tag)."""
 
 
+HELP = {
+    "sessions": "sessions sending turns at once",
+    "workers": "Worker processes (a killed one is replaced at once)",
+    "seconds": "chaos stops after this long",
+    "max_kills": "... or after this many SIGKILLs (Workers and node), whichever comes first",
+    "worker_kill_every": "seconds between two Worker SIGKILLs, on average (0: never)",
+    "server_kill_every": "seconds between two node SIGKILLs and restarts, on average (0: never)",
+    "pause_every": "seconds between two SIGSTOP/SIGCONT pauses of a Worker or the node (0: never)",
+    "cut_every": "seconds between two cuts or stalls of the Worker connections (0: never)",
+    "heartbeat_timeout": "the node's --heartbeat-timeout; pauses last 0.3x or 1.5x+0.5 s of it",
+    "reconnect_grace": "the node's --reconnect-grace",
+    "settle_seconds": "after the chaos, every session must be idle within this long",
+    "seed": "seed of the random choices (tools, timings, victims)",
+}
+
+
 @dataclass(frozen=True)
 class SoakConfig:
     sessions: int = 50
@@ -340,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             "--" + f.name.replace("_", "-"),
             type=type(getattr(defaults, f.name)),
             default=getattr(defaults, f.name),
-            help=f"(default: {getattr(defaults, f.name)})",
+            help=f"{HELP[f.name]} (default: {getattr(defaults, f.name)})",
         )
     parser.add_argument("--report", type=Path, help="Also write the report as JSON here.")
     parser.add_argument("--keep", type=Path, help="Run in this directory and keep it.")
