@@ -42,7 +42,7 @@ from typing import Any
 
 import dex
 from bench.soak_chaos import KILLS, Chaos, Cluster, faults
-from bench.soak_check import Evidence, Findings, Send, check
+from bench.soak_check import Evidence, Findings, Send, check, unheld
 from dex.errors import Conflict, DexError
 from dex.testing import Ledger, wait_until_async
 
@@ -187,6 +187,40 @@ class Traffic:
         self.errors.append(error)
 
 
+@dataclass
+class Watch:
+    """Snapshots of a few sessions at a time during the chaos. An attempt of a running
+    Step that no Worker holds is fine for a moment (a hand-out being committed), but one
+    still unheld ``patience`` seconds later has nothing left to fail it (no heartbeat
+    deadline, no reconnect grace): a leak, even if a later node restart heals it."""
+
+    client: dex.Client
+    rng: random.Random
+    session_ids: list[str]
+    patience: float
+    confirmed: dict[str, str] = field(default_factory=dict)
+    snapshots: int = 0
+
+    async def run(self) -> None:
+        first_seen: dict[str, float] = {}
+        while True:
+            for session_id in self.rng.sample(self.session_ids, min(5, len(self.session_ids))):
+                try:
+                    snapshot = await self.client.get_agent_snapshot(session_id)
+                except DexError:
+                    continue
+                self.snapshots += 1
+                now = time.monotonic()
+                seen = set(unheld(session_id, snapshot))
+                for attempt in [a for a in first_seen if a.startswith(session_id + "/")]:
+                    if attempt not in seen:
+                        del first_seen[attempt]
+                for attempt in seen:
+                    if now - first_seen.setdefault(attempt, now) > self.patience:
+                        self.confirmed[attempt] = session_id
+            await asyncio.sleep(0.5)
+
+
 async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[str, Any]:
     """Run the soak in ``directory``; return the report (see ``report``)."""
     rng = random.Random(config.seed)
@@ -219,6 +253,13 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
                 config.max_kills,
             )
             approver = asyncio.create_task(traffic.approver())
+            watch = Watch(
+                client,
+                random.Random(config.seed + 2),
+                session_ids,
+                patience=config.heartbeat_timeout + config.reconnect_grace + 5,
+            )
+            watcher = asyncio.create_task(watch.run())
             sessions = [
                 asyncio.create_task(traffic.session(i, sid, chaos.stopped))
                 for i, sid in enumerate(session_ids)
@@ -229,6 +270,9 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
             )
             await chaos.run()
             chaos_ended = time.monotonic()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
             say(
                 f"soak: chaos stopped after {time.time() - started:.0f} s: "
                 f"{dict(sorted(chaos.counts.items()))}; settling"
@@ -250,10 +294,11 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
             with contextlib.suppress(asyncio.CancelledError):
                 await approver
             evidence = await _evidence(client, session_ids, traffic, ledger)
+            evidence.unheld = dict(watch.confirmed)
     finally:
         await cluster.stop()
     findings = check(evidence)
-    return report(config, chaos, findings, traffic, started, settled_in)
+    return report(config, chaos, findings, traffic, watch, started, settled_in)
 
 
 async def _registered(client: dex.Client) -> bool:
@@ -286,6 +331,7 @@ def report(
     chaos: Chaos,
     findings: Findings,
     traffic: Traffic,
+    watch: Watch,
     started: float,
     settled_in: float,
 ) -> dict[str, Any]:
@@ -309,6 +355,7 @@ def report(
         "tool_runs": findings.runs,
         "at_most_once_window": len(findings.window),
         "client_retries": len(traffic.errors),
+        "snapshots_during_chaos": watch.snapshots,
         "violations": len(findings.violations),
         "violations_by_kind": by_kind,
         "violation_examples": [dataclasses.asdict(v) for v in findings.violations[:30]],
@@ -337,7 +384,8 @@ def print_report(r: dict[str, Any], say: Any = print) -> None:
     )
     say(
         f"  settled {r['settled_in_seconds']} s after the chaos stopped; "
-        f"client calls retried: {r['client_retries']}"
+        f"client calls retried: {r['client_retries']}; "
+        f"snapshots checked during the chaos: {r['snapshots_during_chaos']}"
     )
     say(f"  violations: {r['violations']}")
     for kind, n in r["violations_by_kind"].items():

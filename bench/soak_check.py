@@ -81,6 +81,9 @@ class Evidence:
     ledger: list[dict[str, Any]]
     decisions: dict[str, str]
     """Tag: ``approve`` or ``deny``, what the approving client decided."""
+    unheld: dict[str, str] = field(default_factory=dict)
+    """Attempt id: session, for the attempts seen ``running`` with no Worker holding them
+    in snapshots taken during the chaos, and still so on a later look (``Watch``)."""
 
 
 @dataclass(frozen=True)
@@ -249,15 +252,25 @@ def _check_messages(found: Findings, evidence: Evidence) -> None:
                 found.add("message_not_once", session, f"history holds unsent {text[:80]!r}")
 
 
+def unheld(session: str, snapshot: dict[str, Any]) -> list[str]:
+    """The attempts of the snapshot's running Steps that no Worker holds."""
+    held = {r["attempt_id"] for r in snapshot["running"]}
+    return [
+        f"{session}/{step['id']}/{step['attempts'][-1]['number']} ({step['type']})"
+        for step in (snapshot["current_turn"] or {}).get("steps", [])
+        if step["status"] == "running"
+        and step["attempts"]
+        and f"{session}/{step['id']}/{step['attempts'][-1]['number']}" not in held
+    ]
+
+
 def _check_steps(found: Findings, evidence: Evidence) -> None:
+    for attempt, session in evidence.unheld.items():
+        found.add("step_running_unheld", session, f"during the chaos: {attempt}")
     for session, snapshot in evidence.snapshots.items():
-        held = {r["attempt_id"] for r in snapshot["running"]}
+        for attempt in unheld(session, snapshot):
+            found.add("step_running_unheld", session, attempt)
         turn = snapshot["current_turn"]
-        for step in (turn or {}).get("steps", []):
-            if step["status"] == "running" and step["attempts"]:
-                attempt = f"{session}/{step['id']}/{step['attempts'][-1]['number']}"
-                if attempt not in held:
-                    found.add("step_running_unheld", session, f"{step['type']} {attempt}")
         state = snapshot["session"]
         if state["status"] != "idle" or turn is not None or state["queued_messages"]:
             found.add(

@@ -169,6 +169,10 @@ def mutate_running_unheld(e: Evidence) -> None:
     }
 
 
+def mutate_unheld_during_chaos(e: Evidence) -> None:
+    e.unheld = {f"{S}/st9/1 (CallTool)": S}
+
+
 def mutate_ended_turn_with_running_step(e: Evidence) -> None:
     e.turns[(S, 1)]["steps"].append({"id": "st8", "type": "RunModel", "status": "running"})
 
@@ -198,6 +202,7 @@ def mutate_session_busy(e: Evidence) -> None:
         (mutate_message_twice, "message_not_once"),
         (mutate_message_unsent, "message_not_once"),
         (mutate_running_unheld, "step_running_unheld"),
+        (mutate_unheld_during_chaos, "step_running_unheld"),
         (mutate_ended_turn_with_running_step, "step_running_unheld"),
         (mutate_stuck, "stuck"),
         (mutate_session_busy, "stuck"),
