@@ -353,7 +353,8 @@ def report(
         "tool_calls": sum(findings.calls.values()),
         "tool_calls_by_tool": calls,
         "tool_runs": findings.runs,
-        "at_most_once_window": len(findings.window),
+        "at_most_once_window": sum(findings.window.values()),
+        "at_most_once_window_by_cause": dict(sorted(findings.window.items())),
         "client_retries": len(traffic.errors),
         "snapshots_during_chaos": watch.snapshots,
         "violations": len(findings.violations),
@@ -379,8 +380,10 @@ def print_report(r: dict[str, Any], say: Any = print) -> None:
     say(f"  tool calls: {r['tool_calls']}, tool bodies started: {r['tool_runs']}")
     for tool, statuses in r["tool_calls_by_tool"].items():
         say(f"    {tool:9} {', '.join(f'{s} {n}' for s, n in statuses.items())}")
+    causes = ", ".join(f"{k} {v}" for k, v in r["at_most_once_window_by_cause"].items())
     say(
-        f"  at-most-once window (write outcome_unknown, body completed): {r['at_most_once_window']}"
+        "  at-most-once window (write outcome_unknown, body completed): "
+        f"{r['at_most_once_window']} ({causes or 'none'})"
     )
     say(
         f"  settled {r['settled_in_seconds']} s after the chaos stopped; "

@@ -100,8 +100,9 @@ class Findings:
     """(tool, status): how many calls."""
     runs: int = 0
     """Ledger entries of bodies starting (every attempt that reached a tool's code)."""
-    window: list[str] = field(default_factory=list)
-    """``write`` calls in the documented at-most-once window."""
+    window: Counter[str] = field(default_factory=Counter)
+    """``write`` calls in the documented at-most-once window, by what failed the attempt
+    (``cause``)."""
     violations: list[Violation] = field(default_factory=list)
 
     def add(self, kind: str, session: str, what: str) -> None:
@@ -169,7 +170,7 @@ def _check_call(
     if name in WRITES and len(starts) > 1:
         found.add("write_ran_twice", session, f"{what} started {len(starts)} times: {starts}")
     if name in WRITES and status == "outcome_unknown" and completed:
-        found.window.append(f"{session} {what}")
+        found.window[cause(call["error"] or "")] += 1
     if status == "succeeded" and not completed:
         found.add("succeeded_without_run", session, f"{what}: ledger {runs} polls {len(polls)}")
     not_run = (call["error"] or "").startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
@@ -187,6 +188,19 @@ def _check_call(
         turn = evidence.turns.get((session, call["turn"]))
         if turn is not None:
             _check_timer(found, session, what, call, turn, runs)
+
+
+def cause(error: str) -> str:
+    """What failed a call's last attempt, from its error: ``node_restart``,
+    ``connection_closed`` (no reconnect within the grace), ``heartbeat_timeout`` or
+    ``other``."""
+    if "server restarted" in error:
+        return "node_restart"
+    if "did not reconnect" in error:
+        return "connection_closed"
+    if "no heartbeat" in error:
+        return "heartbeat_timeout"
+    return "other"
 
 
 def _check_timer(

@@ -96,15 +96,17 @@ def test_no_violation_when_every_promise_held() -> None:
     assert findings.violations == []
     assert findings.calls[("charge", "succeeded")] == 1
     assert findings.turns["completed"] == 1
-    assert findings.window == []
+    assert not findings.window
 
 
 def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violation() -> None:
     e = good()
-    e.snapshots[S]["tool_calls"][0]["status"] = "outcome_unknown"
+    c = e.snapshots[S]["tool_calls"][0]
+    c["status"] = "outcome_unknown"
+    c["error"] = "the outcome is unknown: the tool may have run (the server restarted)"
     findings = check(e)
     assert findings.violations == []
-    assert len(findings.window) == 1
+    assert findings.window == {"node_restart": 1}
 
 
 def mutate_write_twice(e: Evidence) -> None:
