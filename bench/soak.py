@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import os
 import platform
 import random
 import shutil
@@ -343,7 +344,9 @@ def report(
         calls.setdefault(tool, {})[status] = n
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "machine": f"{platform.machine()}, {_cpus()} CPUs, Python {platform.python_version()}",
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        ),
         "config": dataclasses.asdict(config),
         "seconds": round(time.time() - started, 1),
         "settled_in_seconds": round(settled_in, 1),
@@ -361,12 +364,6 @@ def report(
         "violations_by_kind": by_kind,
         "violation_examples": [dataclasses.asdict(v) for v in findings.violations[:30]],
     }
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))
 
 
 def print_report(r: dict[str, Any], say: Any = print) -> None:
