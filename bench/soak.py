@@ -103,6 +103,8 @@ class Traffic:
     awaiting_approval: dict[str, str] = field(default_factory=dict)
     """Tag: session, for ``transfer`` calls the approver has not decided yet."""
     errors: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    """Client calls that failed with something other than a ``DexError``."""
 
     async def session(self, index: int, session_id: str, stop: asyncio.Event) -> None:
         number = 0
@@ -139,8 +141,8 @@ class Traffic:
                 )
                 turn: int = result["turn"]
                 return turn
-            except DexError as e:
-                self._note(f"send {send.message_id}: {e}")
+            except Exception as e:
+                self.note(f"send {send.message_id}", e)
                 await asyncio.sleep(0.2)
 
     async def _wait_turn(self, session_id: str, turn: int) -> None:
@@ -149,8 +151,8 @@ class Traffic:
                 result = await self.client.wait_turn(session_id, turn, timeout=30)
                 if result["status"] != "running":
                     return
-            except DexError as e:
-                self._note(f"wait {session_id} turn {turn}: {e}")
+            except Exception as e:
+                self.note(f"wait {session_id} turn {turn}", e)
                 await asyncio.sleep(0.2)
 
     async def approver(self) -> None:
@@ -159,8 +161,8 @@ class Traffic:
             for session_id in sorted(set(self.awaiting_approval.values())):
                 try:
                     waiting = await self.client.list_approvals(session_id)
-                except DexError as e:
-                    self._note(f"approvals of {session_id}: {e}")
+                except Exception as e:
+                    self.note(f"approvals of {session_id}", e)
                     continue
                 for approval in waiting:
                     await self._decide(session_id, approval)
@@ -181,11 +183,15 @@ class Traffic:
             self.awaiting_approval.pop(tag, None)
         except Conflict:
             self.awaiting_approval.pop(tag, None)  # decided already (a retry of ours)
-        except DexError as e:
-            self._note(f"{decision} {tag}: {e}")  # the next round asks again
+        except Exception as e:
+            self.note(f"{decision} {tag}", e)  # the next round asks again
 
-    def _note(self, error: str) -> None:
-        self.errors.append(error)
+    def note(self, what: str, error: Exception) -> None:
+        """A failed client call, to be tried again. The SDK promises ``DexError`` for
+        every failure: anything else is a finding of its own (``client_error``)."""
+        self.errors.append(f"{what}: {error!r}")
+        if not isinstance(error, DexError):
+            self.unexpected.append(f"{what}: {error!r}")
 
 
 @dataclass
@@ -199,6 +205,7 @@ class Watch:
     rng: random.Random
     session_ids: list[str]
     patience: float
+    traffic: Traffic
     confirmed: dict[str, str] = field(default_factory=dict)
     snapshots: int = 0
 
@@ -208,7 +215,8 @@ class Watch:
             for session_id in self.rng.sample(self.session_ids, min(5, len(self.session_ids))):
                 try:
                     snapshot = await self.client.get_agent_snapshot(session_id)
-                except DexError:
+                except Exception as e:
+                    self.traffic.note(f"snapshot of {session_id}", e)
                     continue
                 self.snapshots += 1
                 now = time.monotonic()
@@ -259,6 +267,7 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
                 random.Random(config.seed + 2),
                 session_ids,
                 patience=config.heartbeat_timeout + config.reconnect_grace + 5,
+                traffic=traffic,
             )
             watcher = asyncio.create_task(watch.run())
             sessions = [
@@ -296,6 +305,7 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
                 await approver
             evidence = await _evidence(client, session_ids, traffic, ledger)
             evidence.unheld = dict(watch.confirmed)
+            evidence.client_errors = list(traffic.unexpected)
     finally:
         await cluster.stop()
     findings = check(evidence)

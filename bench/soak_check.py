@@ -19,6 +19,8 @@ The invariants (each violation names one of these kinds):
   once, an unacknowledged one is there twice, or the history holds a message nobody sent.
 - ``step_running_unheld``: a Step is ``running`` but no Worker holds its attempt, or an
   ended turn has a Step that did not end.
+- ``client_error``: a call of ``dex.Client`` failed with something other than a
+  ``DexError`` (the SDK's promise), or could not be tried again safely.
 - ``stuck``: a session still busy, or an acknowledged turn not ended, after the settle
   deadline.
 
@@ -84,6 +86,8 @@ class Evidence:
     unheld: dict[str, str] = field(default_factory=dict)
     """Attempt id: session, for the attempts seen ``running`` with no Worker holding them
     in snapshots taken during the chaos, and still so on a later look (``Watch``)."""
+    client_errors: list[str] = field(default_factory=list)
+    """Client calls that failed with something other than a ``DexError``."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,8 @@ def check(evidence: Evidence) -> Findings:
         _check_call(found, evidence, session, call, runs[tag], polls[call["idempotency_key"]])
     _check_messages(found, evidence)
     _check_steps(found, evidence)
+    for error in evidence.client_errors:
+        found.add("client_error", "", error)
     return found
 
 

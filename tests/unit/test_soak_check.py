@@ -179,6 +179,12 @@ def mutate_ended_turn_with_running_step(e: Evidence) -> None:
     e.turns[(S, 1)]["steps"].append({"id": "st8", "type": "RunModel", "status": "running"})
 
 
+def mutate_client_error(e: Evidence) -> None:
+    e.client_errors = [
+        "snapshot of sess-1: ClientPayloadError('Response payload is not completed')"
+    ]
+
+
 def mutate_stuck(e: Evidence) -> None:
     e.turns[(S, 1)]["status"] = "running"
 
@@ -206,6 +212,7 @@ def mutate_session_busy(e: Evidence) -> None:
         (mutate_running_unheld, "step_running_unheld"),
         (mutate_unheld_during_chaos, "step_running_unheld"),
         (mutate_ended_turn_with_running_step, "step_running_unheld"),
+        (mutate_client_error, "client_error"),
         (mutate_stuck, "stuck"),
         (mutate_session_busy, "stuck"),
     ],
