@@ -290,7 +290,9 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
             _, late = await asyncio.wait(sessions, timeout=config.settle_seconds)
             for task in late:
                 task.cancel()
-            await asyncio.gather(*sessions, return_exceptions=True)
+            for ended in await asyncio.gather(*sessions, return_exceptions=True):
+                if isinstance(ended, Exception):
+                    raise ended  # a bug of the soak's own: never hide it
             settle_left = config.settle_seconds - (time.monotonic() - chaos_ended)
             with contextlib.suppress(TimeoutError):
                 await wait_until_async(
