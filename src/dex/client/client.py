@@ -196,7 +196,7 @@ class Client:
                             event["type"] = value
                         elif name == "data":
                             event["data"] = orjson.loads(value)
-        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
             raise Unavailable(f"the event stream of {session_id} broke: {e}", retryable=True) from e
 
     # --- waits, cancel, reconcile ---------------------------------------------------------
@@ -326,7 +326,12 @@ class Client:
                         if not isinstance(decoded, dict):
                             raise ServerError(f"unexpected answer from {base}: {payload[:200]!r}")
                         return decoded
-            except (TimeoutError, aiohttp.ClientConnectionError, OSError) as e:
+            except (
+                TimeoutError,
+                aiohttp.ClientConnectionError,
+                aiohttp.ClientPayloadError,  # the node died while it sent the body
+                OSError,
+            ) as e:
                 last = e
                 self._current += 1
             if not safe and tries >= len(self.addresses):

@@ -1,0 +1,442 @@
+"""A chaos soak with an invariant checker, on one embedded (SQLite) node.
+
+    .venv/bin/python -m bench.soak                          # 50 sessions, 120 s of chaos
+    .venv/bin/python -m bench.soak --seconds 30 --worker-kill-every 0.5 --server-kill-every 3
+
+N sessions (``--sessions``) each send turns that call the tools of
+``bench/soak_agents.py``: ``read``, ``idempotent_write``, ``write`` (single attempt),
+``write`` needing approval, ``task`` (start and polls) and a durable timer. Every send
+carries a message id and is sent again with it until the node acknowledges it; the soak
+keeps a record of every acknowledged send. A client task approves or denies every tool
+call waiting for approval (a fixed share is denied). Meanwhile ``bench.soak_chaos`` runs
+the faults: SIGKILL a Worker and start another, SIGKILL the node and start it again on
+its data directory, SIGSTOP/SIGCONT a Worker or the node for less and for more than the
+heartbeat timeout, cut or stall every Worker connection at a TCP proxy. Chaos stops
+after ``--seconds`` or ``--max-kills`` SIGKILLs, whichever comes first.
+
+Then the sessions finish their turns, and every session must be idle within
+``--settle-seconds`` (60 s). ``bench.soak_check`` then checks the invariants against the
+tools' ledger, the clients' record and the node's snapshots and turn records, and the
+soak prints kills by kind, turns, tool calls by tool and status, and violations by kind.
+Exit status 1 on any violation. ``--report FILE`` also writes the figures as JSON, and
+``--keep DIR`` keeps the data directory, ledger and logs for a post-mortem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import random
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dex
+from bench.soak_chaos import KILLS, Chaos, Cluster, faults
+from bench.soak_check import Evidence, Findings, Send, check, unheld
+from dex.errors import Conflict, DexError
+from dex.testing import Ledger, wait_until_async
+
+# Tool, weight, how long its body (or task, or timer) takes in ms: (low, high).
+MENU: list[tuple[str, int, tuple[int, int]]] = [
+    ("lookup", 3, (0, 300)),
+    ("upsert", 3, (0, 300)),
+    ("charge", 3, (0, 300)),
+    ("transfer", 2, (0, 300)),
+    ("render", 2, (100, 1500)),
+    ("nap", 2, (100, 2000)),
+]
+DENY_ONE_IN = 4
+"""The approving client denies one approval in this many (chosen by the call's tag)."""
+
+
+HELP = {
+    "sessions": "sessions sending turns at once",
+    "workers": "Worker processes (a killed one is replaced at once)",
+    "seconds": "chaos stops after this long",
+    "max_kills": "... or after this many SIGKILLs (Workers and node), whichever comes first",
+    "worker_kill_every": "seconds between two Worker SIGKILLs, on average (0: never)",
+    "server_kill_every": "seconds between two node SIGKILLs and restarts, on average (0: never)",
+    "pause_every": "seconds between two SIGSTOP/SIGCONT pauses of a Worker or the node (0: never)",
+    "cut_every": "seconds between two cuts or stalls of the Worker connections (0: never)",
+    "heartbeat_timeout": "the node's --heartbeat-timeout; pauses last 0.3x or 1.5x+0.5 s of it",
+    "reconnect_grace": "the node's --reconnect-grace",
+    "settle_seconds": "after the chaos, every session must be idle within this long",
+    "seed": "seed of the random choices (tools, timings, victims)",
+}
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    sessions: int = 50
+    workers: int = 3
+    seconds: float = 120.0
+    max_kills: int = 1_000_000
+    worker_kill_every: float = 2.0
+    server_kill_every: float = 10.0
+    pause_every: float = 5.0
+    cut_every: float = 5.0
+    heartbeat_timeout: float = 2.0
+    reconnect_grace: float = 1.0
+    settle_seconds: float = 60.0
+    seed: int = 1
+
+
+@dataclass
+class Traffic:
+    """The clients: sessions sending turns, and the approver."""
+
+    client: dex.Client
+    rng: random.Random
+    sends: list[Send] = field(default_factory=list)
+    decisions: dict[str, str] = field(default_factory=dict)
+    awaiting_approval: dict[str, str] = field(default_factory=dict)
+    """Tag: session, for ``transfer`` calls the approver has not decided yet."""
+    errors: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    """Client calls that failed with something other than a ``DexError``."""
+
+    async def session(self, index: int, session_id: str, stop: asyncio.Event) -> None:
+        number = 0
+        while not stop.is_set():
+            number += 1
+            send = self._plan(index, number, session_id)
+            self.sends.append(send)
+            send.turn = await self._send(send)
+            await self._wait_turn(session_id, send.turn)
+
+    def _plan(self, index: int, number: int, session_id: str) -> Send:
+        tools = [name for name, weight, _ in MENU for _ in range(weight)]
+        spans = {name: span for name, _, span in MENU}
+        message_id = f"s{index}-m{number}"
+        calls: list[tuple[str, dict[str, Any]]] = []
+        for i in range(self.rng.randint(1, 3)):
+            name = self.rng.choice(tools)
+            calls.append(
+                (name, {"tag": f"{message_id}-c{i}", "ms": self.rng.randint(*spans[name])})
+            )
+        text = f"{message_id} call: {json.dumps([list(c) for c in calls])}"
+        tags = {args["tag"]: name for name, args in calls}
+        for tag, name in tags.items():
+            if name == "transfer":
+                self.awaiting_approval[tag] = session_id
+        return Send(session_id, message_id, text, tags)
+
+    async def _send(self, send: Send) -> int:
+        """Send until acknowledged: the message id makes sending again safe."""
+        while True:
+            try:
+                result = await self.client.send_message(
+                    send.session, send.text, message_id=send.message_id
+                )
+                turn: int = result["turn"]
+                return turn
+            except Exception as e:
+                self.note(f"send {send.message_id}", e)
+                await asyncio.sleep(0.2)
+
+    async def _wait_turn(self, session_id: str, turn: int) -> None:
+        while True:
+            try:
+                result = await self.client.wait_turn(session_id, turn, timeout=30)
+                if result["status"] != "running":
+                    return
+            except Exception as e:
+                self.note(f"wait {session_id} turn {turn}", e)
+                await asyncio.sleep(0.2)
+
+    async def approver(self) -> None:
+        """Approve or deny every waiting ``transfer`` call, forever (cancel it)."""
+        while True:
+            for session_id in sorted(set(self.awaiting_approval.values())):
+                try:
+                    waiting = await self.client.list_approvals(session_id)
+                except Exception as e:
+                    self.note(f"approvals of {session_id}", e)
+                    continue
+                for approval in waiting:
+                    await self._decide(session_id, approval)
+            await asyncio.sleep(0.2)
+
+    async def _decide(self, session_id: str, approval: dict[str, Any]) -> None:
+        tag = approval["arguments"]["tag"]
+        decision = self.decisions.setdefault(
+            tag, "deny" if zlib.crc32(tag.encode()) % DENY_ONE_IN == 0 else "approve"
+        )
+        try:
+            if decision == "deny":
+                await self.client.deny(session_id, approval["call_id"], "denied by the soak")
+            else:
+                await self.client.approve(
+                    session_id, approval["call_id"], arguments_hash=approval["arguments_hash"]
+                )
+            self.awaiting_approval.pop(tag, None)
+        except Conflict:
+            self.awaiting_approval.pop(tag, None)  # decided already (a retry of ours)
+        except Exception as e:
+            self.note(f"{decision} {tag}", e)  # the next round asks again
+
+    def note(self, what: str, error: Exception) -> None:
+        """A failed client call, to be tried again. The SDK promises ``DexError`` for
+        every failure: anything else is a finding of its own (``client_error``)."""
+        self.errors.append(f"{what}: {error!r}")
+        if not isinstance(error, DexError):
+            self.unexpected.append(f"{what}: {error!r}")
+
+
+@dataclass
+class Watch:
+    """Snapshots of a few sessions at a time during the chaos. An attempt of a running
+    Step that no Worker holds is fine for a moment (a hand-out being committed), but one
+    still unheld ``patience`` seconds later has nothing left to fail it (no heartbeat
+    deadline, no reconnect grace): a leak, even if a later node restart heals it."""
+
+    client: dex.Client
+    rng: random.Random
+    session_ids: list[str]
+    patience: float
+    traffic: Traffic
+    confirmed: dict[str, str] = field(default_factory=dict)
+    snapshots: int = 0
+
+    async def run(self) -> None:
+        first_seen: dict[str, float] = {}
+        while True:
+            for session_id in self.rng.sample(self.session_ids, min(5, len(self.session_ids))):
+                try:
+                    snapshot = await self.client.get_agent_snapshot(session_id)
+                except Exception as e:
+                    self.traffic.note(f"snapshot of {session_id}", e)
+                    continue
+                self.snapshots += 1
+                now = time.monotonic()
+                seen = set(unheld(session_id, snapshot))
+                for attempt in [a for a in first_seen if a.startswith(session_id + "/")]:
+                    if attempt not in seen:
+                        del first_seen[attempt]
+                for attempt in seen:
+                    if now - first_seen.setdefault(attempt, now) > self.patience:
+                        self.confirmed[attempt] = session_id
+            await asyncio.sleep(0.5)
+
+
+async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[str, Any]:
+    """Run the soak in ``directory``; return the report (see ``report``)."""
+    rng = random.Random(config.seed)
+    ledger = Ledger(directory / "ledger.jsonl")
+    cluster = Cluster(
+        directory, ledger.path, config.workers, config.heartbeat_timeout, config.reconnect_grace
+    )
+    started = time.time()
+    await cluster.start()
+    try:
+        async with dex.Client(cluster.server.address, timeout=30) as client:
+            await wait_until_async(
+                lambda: _registered(client), 60, 0.1, "the soak agent registered"
+            )
+            session_ids = [
+                (await client.create_session("soak"))["id"] for _ in range(config.sessions)
+            ]
+            traffic = Traffic(client, random.Random(config.seed + 1))
+            chaos = Chaos(
+                faults(
+                    cluster,
+                    rng,
+                    worker_kill_every=config.worker_kill_every,
+                    server_kill_every=config.server_kill_every,
+                    pause_every=config.pause_every,
+                    cut_every=config.cut_every,
+                ),
+                rng,
+                config.seconds,
+                config.max_kills,
+            )
+            approver = asyncio.create_task(traffic.approver())
+            watch = Watch(
+                client,
+                random.Random(config.seed + 2),
+                session_ids,
+                patience=config.heartbeat_timeout + config.reconnect_grace + 5,
+                traffic=traffic,
+            )
+            watcher = asyncio.create_task(watch.run())
+            sessions = [
+                asyncio.create_task(traffic.session(i, sid, chaos.stopped))
+                for i, sid in enumerate(session_ids)
+            ]
+            say(
+                f"soak: {config.sessions} sessions, {config.workers} Workers, chaos for "
+                f"up to {config.seconds:g} s or {config.max_kills} kills, in {directory}"
+            )
+            await chaos.run()
+            chaos_ended = time.monotonic()
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            say(
+                f"soak: chaos stopped after {time.time() - started:.0f} s: "
+                f"{dict(sorted(chaos.counts.items()))}; settling"
+            )
+            _, late = await asyncio.wait(sessions, timeout=config.settle_seconds)
+            for task in late:
+                task.cancel()
+            for ended in await asyncio.gather(*sessions, return_exceptions=True):
+                if isinstance(ended, Exception):
+                    raise ended  # a bug of the soak's own: never hide it
+            settle_left = config.settle_seconds - (time.monotonic() - chaos_ended)
+            with contextlib.suppress(TimeoutError):
+                await wait_until_async(
+                    lambda: _all_idle(client, session_ids),
+                    max(settle_left, 0.0),
+                    0.2,
+                    "every session idle",
+                )
+            settled_in = time.monotonic() - chaos_ended
+            approver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await approver
+            evidence = await _evidence(client, session_ids, traffic, ledger)
+            evidence.unheld = dict(watch.confirmed)
+            evidence.client_errors = list(traffic.unexpected)
+    finally:
+        await cluster.stop()
+    findings = check(evidence)
+    return report(config, chaos, findings, traffic, watch, started, settled_in)
+
+
+async def _registered(client: dex.Client) -> bool:
+    return any(a["name"] == "soak" for a in await client.list_agents())
+
+
+async def _all_idle(client: dex.Client, session_ids: list[str]) -> bool:
+    for session_id in session_ids:
+        snapshot = await client.get_agent_snapshot(session_id)
+        if snapshot["session"]["status"] != "idle" or snapshot["current_turn"] is not None:
+            return False
+    return True
+
+
+async def _evidence(
+    client: dex.Client, session_ids: list[str], traffic: Traffic, ledger: Ledger
+) -> Evidence:
+    snapshots = {sid: await client.get_agent_snapshot(sid) for sid in session_ids}
+    turns: dict[tuple[str, int], dict[str, Any]] = {}
+    for send in traffic.sends:
+        if send.turn is not None:
+            turns[(send.session, send.turn)] = await client.wait_turn(
+                send.session, send.turn, timeout=0
+            )
+    return Evidence(traffic.sends, snapshots, turns, ledger.entries(), dict(traffic.decisions))
+
+
+def report(
+    config: SoakConfig,
+    chaos: Chaos,
+    findings: Findings,
+    traffic: Traffic,
+    watch: Watch,
+    started: float,
+    settled_in: float,
+) -> dict[str, Any]:
+    by_kind: dict[str, int] = {}
+    for v in findings.violations:
+        by_kind[v.kind] = by_kind.get(v.kind, 0) + 1
+    calls: dict[str, dict[str, int]] = {}
+    for (tool, status), n in sorted(findings.calls.items()):
+        calls.setdefault(tool, {})[status] = n
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        ),
+        "config": dataclasses.asdict(config),
+        "seconds": round(time.time() - started, 1),
+        "settled_in_seconds": round(settled_in, 1),
+        "kills": chaos.kills,
+        "faults": dict(sorted(chaos.counts.items())),
+        "turns": dict(sorted(findings.turns.items())),
+        "tool_calls": sum(findings.calls.values()),
+        "tool_calls_by_tool": calls,
+        "tool_runs": findings.runs,
+        "at_most_once_window": sum(findings.window.values()),
+        "at_most_once_window_by_cause": dict(sorted(findings.window.items())),
+        "client_retries": len(traffic.errors),
+        "snapshots_during_chaos": watch.snapshots,
+        "violations": len(findings.violations),
+        "violations_by_kind": by_kind,
+        "violation_examples": [dataclasses.asdict(v) for v in findings.violations[:30]],
+    }
+
+
+def print_report(r: dict[str, Any], say: Any = print) -> None:
+    say(f"\nsoak report ({r['date']}, {r['machine']}; {r['seconds']} s)")
+    kills = ", ".join(f"{k} {v}" for k, v in r["faults"].items() if k in KILLS)
+    say(f"  kills: {r['kills']} ({kills})")
+    others = {k: v for k, v in r["faults"].items() if k not in KILLS}
+    say(f"  other faults: {', '.join(f'{k} {v}' for k, v in others.items()) or 'none'}")
+    turns = ", ".join(f"{k} {v}" for k, v in r["turns"].items())
+    say(f"  turns: {sum(r['turns'].values())} ({turns})")
+    say(f"  tool calls: {r['tool_calls']}, tool bodies started: {r['tool_runs']}")
+    for tool, statuses in r["tool_calls_by_tool"].items():
+        say(f"    {tool:9} {', '.join(f'{s} {n}' for s, n in statuses.items())}")
+    causes = ", ".join(f"{k} {v}" for k, v in r["at_most_once_window_by_cause"].items())
+    say(
+        "  at-most-once window (write outcome_unknown, body completed): "
+        f"{r['at_most_once_window']} ({causes or 'none'})"
+    )
+    say(
+        f"  settled {r['settled_in_seconds']} s after the chaos stopped; "
+        f"client calls retried: {r['client_retries']}; "
+        f"snapshots checked during the chaos: {r['snapshots_during_chaos']}"
+    )
+    say(f"  violations: {r['violations']}")
+    for kind, n in r["violations_by_kind"].items():
+        say(f"    {kind}: {n}")
+    for v in r["violation_examples"]:
+        say(f"    - {v['kind']} {v['session']}: {v['what'][:400]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__.split("\n\n")[0]
+    )
+    defaults = SoakConfig()
+    for f in dataclasses.fields(SoakConfig):
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(getattr(defaults, f.name)),
+            default=getattr(defaults, f.name),
+            help=f"{HELP[f.name]} (default: {getattr(defaults, f.name)})",
+        )
+    parser.add_argument("--report", type=Path, help="Also write the report as JSON here.")
+    parser.add_argument("--keep", type=Path, help="Run in this directory and keep it.")
+    args = parser.parse_args(argv)
+    config = SoakConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SoakConfig)})
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        directory = args.keep
+    else:
+        directory = Path(tempfile.mkdtemp(prefix="dex-soak-"))
+    r = asyncio.run(soak(config, directory))
+    print_report(r)
+    if r["violations"] and not args.keep:
+        print(f"  kept {directory} (data, ledger.jsonl, logs) for a post-mortem")
+    elif not args.keep:
+        shutil.rmtree(directory, ignore_errors=True)
+    if args.report:
+        args.report.write_text(json.dumps(r, indent=2) + "\n")
+    return 1 if r["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
