@@ -9,7 +9,7 @@ counts are read when Prometheus scrapes, so they cost nothing in between. Each n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -27,6 +27,7 @@ SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.attempts = Counter(
             "dex_attempts",
@@ -69,23 +70,33 @@ class Metrics:
             registry=r,
         )
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once: ``labels`` takes a lock and builds
+        a key on every call, which showed in the server's profile."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def turn_ended(self, turn: Turn) -> None:
-        self.turns.labels(turn.status.value).inc()
+        self.child(self.turns, turn.status.value).inc()
         if turn.ended_at is not None:
             self.turn_seconds.observe(max(0.0, turn.ended_at - turn.started_at))
         for step in turn.steps:
             if step.ended_at is not None:
-                self.step_seconds.labels(step.type.value).observe(
+                self.child(self.step_seconds, step.type.value).observe(
                     max(0.0, step.ended_at - step.created_at)
                 )
         for call in turn.tool_calls:
             status = call.status
-            self.tool_calls.labels(call.kind.value if call.kind else "unknown", status).inc()
+            kind = call.kind.value if call.kind else "unknown"
+            self.child(self.tool_calls, kind, status.value).inc()
             if status == ToolCallStatus.OUTCOME_UNKNOWN:
                 self.outcome_unknown.inc()
 
     def attempt_ended(self, step_type: str, outcome: str, progress: str = "") -> None:
-        self.attempts.labels(step_type, outcome, progress).inc()
+        self.child(self.attempts, step_type, outcome, progress).inc()
 
     def watch(self, read: Callable[[], Iterator[Metric]]) -> None:
         """Add gauges (and outside counters) read at each scrape."""

@@ -732,7 +732,7 @@ class Sessions:
         attempt = step.attempts[-1]
         aid = attempt_id(state.id, step.id, attempt.number)
         if attempt.number == 1:
-            self.metrics.queue_wait.labels(step.queue).observe(
+            self.metrics.child(self.metrics.queue_wait, step.queue).observe(
                 max(0.0, attempt.started_at - step.created_at)
             )
         self.dispatcher.hold(
