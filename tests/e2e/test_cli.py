@@ -69,3 +69,40 @@ def test_dex_workers_shows_who_serves_what(rig: Rig) -> None:
     assert "delete_all" in names["waiter"] and worker["capacity"] == 16
     table = dex(rig, "workers")
     assert worker["worker_id"] in table.stdout and "serves" in table.stdout
+
+
+def test_dex_events_follows_a_session(rig: Rig) -> None:
+    import threading
+
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session()
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "dex", "events", sid, "--address", rig.server.address],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(
+        target=lambda: (
+            lines.extend(iter(follower.stdout.readline, "")) if follower.stdout else None
+        ),
+        daemon=True,
+    )
+    reader.start()
+    try:
+        # send until the follower shows a turn's end: a turn that ended before it
+        # subscribed is not streamed to it
+        def seen_a_turn_end() -> bool:
+            if not any("turn.completed" in line for line in lines):
+                rig.client.send_message(sid, "hello", wait=True)
+                return False
+            return True
+
+        wait_until(seen_a_turn_end, 20, 0.5, what="dex events printed a turn's end")
+        assert any("history.item" in line and "echo: hello" in line for line in lines)
+    finally:
+        follower.terminate()
+        follower.wait(10)
+        if follower.stdout is not None:
+            follower.stdout.close()

@@ -364,3 +364,15 @@ def test_run_model_hand_outs_carry_only_new_history_to_a_worker_that_keeps_it(
         retried = plain.step(session_id="s1", step_type="RunModel", timeout=10)
         assert "history_base" not in retried
         assert [i.get("text") for i in retried["history"]] == ["one", "reply one", "two"]
+
+
+def test_agents_say_how_many_connected_workers_serve_them(api_with_agent: Api) -> None:
+    api = api_with_agent
+
+    def serving() -> dict[str, int]:
+        return {a["name"]: a["workers"] for a in api.http.get("/v1/agents").json()["agents"]}
+
+    assert serving() == {"echo": 0}  # registered earlier, nobody serves it now
+    with connect_fake_worker(api, "w-1"), connect_fake_worker(api, "w-2"):
+        assert serving() == {"echo": 2}
+    wait_until(lambda: serving() == {"echo": 0}, 5, what="the Workers left")

@@ -225,6 +225,38 @@ def workers(address: Address = DEFAULT_ADDRESS, json_output: JsonFlag = False) -
     _call(address, show)
 
 
+@app.command()
+def events(
+    session_id: str,
+    address: Address = DEFAULT_ADDRESS,
+    json_output: JsonFlag = False,
+) -> None:
+    """Follow a session's events as they happen (turns, waits, history items, model text)
+    until interrupted."""
+    import asyncio
+
+    from dex.client import Client
+
+    async def follow() -> None:
+        async with Client(address) as client:
+            async for event in client.stream_events(session_id):
+                if json_output:
+                    typer.echo(json.dumps(event, sort_keys=True))
+                elif event["type"] == "model.delta":
+                    typer.echo(event["data"].get("text", ""), nl=False)
+                else:
+                    data = {k: v for k, v in event["data"].items() if k != "type"}
+                    typer.echo(f"\n[{event['id']}] {event['type']} {json.dumps(data)}")
+
+    try:
+        asyncio.run(follow())
+    except DexError as e:
+        typer.echo(f"error: {e.message}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass
+
+
 @app.command("step-down")
 def step_down(
     address: Annotated[

@@ -140,8 +140,15 @@ class SentMessage(TurnResult):
     )
 
 
+class ServedAgent(AgentSpec):
+    workers: int = Field(
+        description="How many connected Workers serve this agent now (0: sessions of it "
+        "wait until one connects)."
+    )
+
+
 class AgentList(BaseModel):
-    agents: list[AgentSpec]
+    agents: list[ServedAgent]
 
 
 class WorkerAgent(BaseModel):

@@ -175,8 +175,18 @@ async def get_turn(
 
 @router.get("/agents", tags=["agents"], response_model=models.AgentList)
 async def list_agents(request: Request) -> ORJSONResponse:
-    agents = _sessions(request).agents.values()
-    return ORJSONResponse({"agents": [a.model_dump(mode="json") for a in agents]})
+    """The agents Workers have registered, each with how many connected Workers serve it
+    now."""
+    sessions = _sessions(request)
+    serving: dict[str, int] = {}
+    for conn in sessions.dispatcher.workers.values():
+        for name in conn.agents:
+            serving[name] = serving.get(name, 0) + 1
+    agents = [
+        {**a.model_dump(mode="json"), "workers": serving.get(a.name, 0)}
+        for a in sessions.agents.values()
+    ]
+    return ORJSONResponse({"agents": agents})
 
 
 @router.get(
