@@ -187,7 +187,8 @@ class Dispatcher:
                     held.grace_until = None
                     held.deadline = now + self.heartbeat_timeout
                     conn.attempts.add(attempt_id)
-                else:
+                else:  # never received: it goes back, so it must not expire meanwhile
+                    held.expiring = True
                     unnamed.append(held)
         stop = [a for a in claimed if a not in conn.attempts]
         self._wake.set()
