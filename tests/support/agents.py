@@ -23,7 +23,7 @@ from typing import Any
 import dex
 from dex.models import Scripted, say
 from dex.models.base import ModelRequest
-from dex.testing import Ledger
+from dex.testing import Gates, Ledger
 from dex.wire import (
     AssistantItem,
     Item,
@@ -37,6 +37,7 @@ from dex.wire import (
 
 LEDGER = Ledger(os.environ.get("DEX_TEST_LEDGER", "ledger.jsonl"))
 GATES = Path(os.environ.get("DEX_TEST_GATES", "."))
+GATE = Gates(GATES)
 
 
 def script(history: list[Item]) -> ModelResponse:
@@ -63,20 +64,11 @@ def script(history: list[Item]) -> ModelResponse:
     )
 
 
-async def _gate(gate: str | None, attempt: int) -> None:
-    """Write ``<gate>.<attempt>.entered``, then wait until ``<gate>.open`` exists."""
-    if not gate:
-        return
-    (GATES / f"{gate}.{attempt}.entered").write_text("")
-    while not (GATES / f"{gate}.open").exists():
-        await asyncio.sleep(0.005)
-
-
 @dex.tool(kind="read", retry=dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05))
 async def lookup(key: str, ctx: dex.ToolContext, gate: str | None = None) -> dict[str, Any]:
     """Read a value."""
     LEDGER.record("lookup", key=key, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return {"key": key, "value": key.upper()}
 
 
@@ -84,7 +76,7 @@ async def lookup(key: str, ctx: dex.ToolContext, gate: str | None = None) -> dic
 async def charge(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Charge a card: not idempotent, so Dex runs it at most once."""
     LEDGER.record("charge", amount=amount, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return f"charged {amount}"
 
 
@@ -94,7 +86,7 @@ async def charge(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> 
 async def upsert(key: str, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Write a record keyed by the idempotency key."""
     LEDGER.record("upsert", key=key, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return f"stored {key}"
 
 
@@ -195,7 +187,7 @@ async def delete_all(ctx: dex.ToolContext) -> str:
 async def transfer(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Needs approval above 100."""
     LEDGER.record("transfer", amount=amount, idempotency_key=ctx.idempotency_key)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return f"transferred {amount}"
 
 
@@ -243,7 +235,7 @@ async def render_poll(ctx: dex.ToolContext, handle: str) -> object:
 async def pay(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """A write with a check probe: the bank can be asked whether the payment happened."""
     LEDGER.record("pay", amount=amount, idempotency_key=ctx.idempotency_key)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return f"paid {amount}"
 
 
@@ -323,7 +315,7 @@ class GatedSummaries(Scripted):
 
     async def summarize(self, request: ModelRequest) -> Summary:
         LEDGER.record("summary", attempt=request.attempt)
-        await _gate("summary", request.attempt)
+        await GATE.wait("summary", request.attempt)
         return await super().summarize(request)
 
 

@@ -9,7 +9,6 @@ with a ``gate`` a tool writes ``<gate>.<attempt>.entered`` and waits for ``<gate
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -17,26 +16,19 @@ from claude_agent_sdk import ClaudeAgentOptions
 
 import dex
 from dex.adapters.claude_agent_sdk import ClaudeAgent
-from dex.testing import Ledger
+from dex.testing import Gates, Ledger
 
 LEDGER = Ledger(os.environ.get("DEX_TEST_LEDGER", "ledger.jsonl"))
 GATES = Path(os.environ.get("DEX_TEST_GATES", "."))
+GATE = Gates(GATES)
 _FAST = dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05)
-
-
-async def _gate(gate: str | None, attempt: int) -> None:
-    if not gate:
-        return
-    (GATES / f"{gate}.{attempt}.entered").write_text("")
-    while not (GATES / f"{gate}.open").exists():
-        await asyncio.sleep(0.005)
 
 
 @dex.tool(kind="write")
 async def charge(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Charge a card: not idempotent, so Dex runs it at most once."""
     LEDGER.record("charge", amount=amount, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return f"charged {amount}"
 
 
@@ -44,7 +36,7 @@ async def charge(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> 
 async def upsert(key: str, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Write a record keyed by the idempotency key."""
     LEDGER.record("upsert", key=key, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return f"stored {key}"
 
 

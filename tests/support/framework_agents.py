@@ -14,7 +14,6 @@ and waits for ``<gate>.open`` (``DEX_TEST_GATES``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -26,11 +25,12 @@ from openai import AsyncOpenAI
 
 import dex
 from dex.adapters.openai_agents import OpenAIAgents
-from dex.testing import Ledger
+from dex.testing import Gates, Ledger
 from dex.testing.fake_providers import Entry, Reply, ScriptedCall
 
 LEDGER = Ledger(os.environ.get("DEX_TEST_LEDGER", "ledger.jsonl"))
 GATES = Path(os.environ.get("DEX_TEST_GATES", "."))
+GATE = Gates(GATES)
 _FAST = dex.RetryPolicy(max_attempts=3, initial_backoff_seconds=0.05)
 
 
@@ -51,19 +51,11 @@ def script(body: dict[str, Any]) -> Entry:
     return Reply("results: " + json.dumps([outputs[f"call_{n}"] for n in range(len(asked))]))
 
 
-async def _gate(gate: str | None, n: int) -> None:
-    if not gate:
-        return
-    (GATES / f"{gate}.{n}.entered").write_text("")
-    while not (GATES / f"{gate}.open").exists():
-        await asyncio.sleep(0.005)
-
-
 @dex.tool(kind="write")
 async def charge(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Charge a card: not idempotent, so Dex runs it at most once."""
     LEDGER.record("charge", amount=amount, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return f"charged {amount}"
 
 
@@ -71,7 +63,7 @@ async def charge(amount: int, ctx: dex.ToolContext, gate: str | None = None) -> 
 async def upsert(key: str, ctx: dex.ToolContext, gate: str | None = None) -> str:
     """Write a record keyed by the idempotency key."""
     LEDGER.record("upsert", key=key, idempotency_key=ctx.idempotency_key, attempt=ctx.attempt)
-    await _gate(gate, ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
     return f"stored {key}"
 
 
@@ -79,7 +71,7 @@ async def upsert(key: str, ctx: dex.ToolContext, gate: str | None = None) -> str
 async def clock(gate: str | None = None) -> str:
     """The time. The SDK agent's own tool: it runs inside the segment."""
     LEDGER.record("clock")
-    await _gate(gate, len(LEDGER.entries("clock")))
+    await GATE.wait(gate, len(LEDGER.entries("clock")))
     return "12:00"
 
 
