@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
+from dex.server import views
 from dex.server.api import models
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
@@ -86,8 +87,8 @@ def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
         "status": turn.status.value,
         "text": turn.text,
         "error": turn.error,
-        "tool_calls": [c.model_dump(mode="json") for c in turn.tool_calls],
-        "steps": [s.model_dump(mode="json") for s in turn.steps],
+        "tool_calls": views.plain(turn.tool_calls),
+        "steps": views.plain(turn.steps),
         "started_at": turn.started_at,
         "ended_at": turn.ended_at,
     }
@@ -266,7 +267,7 @@ async def reconcile(
     call = await _sessions(request).reconcile(
         session_id, call_id, body.status, body.result, body.error, body.by
     )
-    return ORJSONResponse(call.model_dump(mode="json"))
+    return ORJSONResponse(views.plain(call))
 
 
 @router.get(
