@@ -146,15 +146,22 @@ async def get_agent_snapshot(session_id: str, request: Request) -> ORJSONRespons
     },
 )
 async def send_message(session_id: str, body: SendMessage, request: Request) -> ORJSONResponse:
-    sessions = _sessions(request)
+    result, status = await send(request.app, session_id, body)
+    return ORJSONResponse(result, status)
+
+
+async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, Any], int]:
+    """The message send, as this route and ``hot.HotRoutes`` both answer it: the body and
+    the status."""
+    sessions: Sessions = app.state.sessions
     number, created = await sessions.send(session_id, body.text, body.message_id)
     turn = None
     if body.wait_seconds > 0:
-        wait = min(body.wait_seconds, request.app.state.config.max_wait_seconds)
+        wait = min(body.wait_seconds, app.state.config.max_wait_seconds)
         turn = await sessions.wait_turn(session_id, number, wait)
     result = _turn_body(session_id, number, turn)
     result["created"] = created
-    return ORJSONResponse(result, 201 if created else 200)
+    return result, 201 if created else 200
 
 
 @router.get(
