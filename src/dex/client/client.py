@@ -78,6 +78,17 @@ class Client:
             body["session_id"] = session_id
         return await self._request("POST", "/v1/sessions", body)
 
+    async def fork_session(
+        self, session_id: str, turn: int, new_session_id: str | None = None
+    ) -> dict[str, Any]:
+        """A new session whose history is ``session_id``'s before turn ``turn`` (its next
+        message is its turn ``turn``; one past the last turn copies the whole history).
+        The original does not change; a session in a turn raises ``Conflict``."""
+        body: dict[str, Any] = {"turn": turn}
+        if new_session_id is not None:
+            body["session_id"] = new_session_id
+        return await self._request("POST", f"/v1/sessions/{session_id}/fork", body)
+
     async def list_sessions(
         self, limit: int = 100, after: str | None = None
     ) -> list[dict[str, Any]]:

@@ -45,13 +45,16 @@ def write(
     updated_turn: Turn | None = None,
     message: tuple[str, int] | None = None,
     agents: list[AgentSpec] | None = None,
+    archived_turns: list[Turn] | None = None,
 ) -> Write:
     """A store ``Write`` from domain objects. A value that cannot be stored (it cannot be
     encoded as JSON) is an ``InvalidInput``: nothing is written."""
     try:
-        return _write(
+        written = _write(
             session, create, history, history_start, ended_turn, updated_turn, message, agents
         )
+        written.archived_turns = [turn_record(t) for t in archived_turns or ()]
+        return written
     except (PydanticSerializationError, TypeError, ValueError) as e:
         raise InvalidInput(f"this cannot be stored: {e}") from None
 

@@ -24,13 +24,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, DexError, InvalidInput, NotFound
 from dex.server import handouts, records, views
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
-from dex.server.engine import handlers
+from dex.server.engine import fork, handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
     SessionState,
@@ -42,8 +42,11 @@ from dex.server.engine.state import (
     parse_attempt_id,
 )
 from dex.server.metrics import Metrics
-from dex.server.store.base import SessionRow, Store
+from dex.server.store.base import SessionRow, Store, Write
 from dex.server.streams import MemoryStreams
+
+if TYPE_CHECKING:
+    from dex.server.tracing import Tracing  # OpenTelemetry: imported only when tracing is on
 from dex.wire import (
     MAX_JSON_DEPTH,
     AgentSpec,
@@ -88,12 +91,15 @@ class Sessions:
         *,
         max_cached: int = 10_000,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
         self.clock = dispatcher.clock
         self.streams = streams or MemoryStreams()
         self.metrics = metrics or Metrics()
+        self.tracing = tracing
+        """Spans of turns, Steps and attempts (``dex.server.tracing``); None: tracing off."""
         self.max_cached = max_cached
         """How many idle sessions stay in memory; older idle ones reload from storage."""
         self.agents: dict[str, AgentSpec] = {}
@@ -155,6 +161,8 @@ class Sessions:
         """Load agents, fail every attempt left running, apply recorded inputs, arm timers,
         and queue what was queued, for up to ``parallel`` sessions at once (their commits
         group). Returns how many attempts were failed."""
+        if self.tracing is not None:
+            self.tracing.started_at = self.clock.now()  # what ended before is the old node's
         self.agents = {a.name: a for a in map(records.agent, await self.store.load_agents())}
         room = asyncio.Semaphore(parallel)
 
@@ -226,20 +234,31 @@ class Sessions:
 
     async def create(self, agent: str, session_id: str | None) -> SessionState:
         self._spec(agent)
-        if session_id is None:
-            session_id = "s_" + secrets.token_hex(8)
-        elif not ID_PATTERN.fullmatch(session_id):
-            raise InvalidInput(
-                "a session id is 1-128 letters, digits or _.:-", session_id=session_id
-            )
-        state = SessionState(id=session_id, agent=agent, created_at=self.clock.now())
-        try:
-            await self.store.write(records.write(session=state, create=True))
-        except Conflict:  # a new session's row conflicts only on its id
-            raise Conflict(
-                f"session {session_id!r} already exists", session_id=session_id
-            ) from None
+        state = SessionState(id=_new_id(session_id), agent=agent, created_at=self.clock.now())
+        await self._write_new(records.write(session=state, create=True))
         return state
+
+    async def fork(self, session_id: str, before: int, new_id: str | None) -> SessionState:
+        """A new session whose history is this one's before turn ``before``
+        (``engine.fork``); the original is only read."""
+        actor = await self._actor(session_id)
+        async with actor.lock:
+            ended = [records.turn(raw) for raw in await self.store.load_turns(session_id)]
+            state, history, turns = fork.fork(
+                actor.state, actor.history, ended, before, _new_id(new_id), self.clock.now()
+            )
+        await self._write_new(
+            records.write(session=state, create=True, history=history, archived_turns=turns)
+        )
+        return state
+
+    async def _write_new(self, write: Write) -> None:
+        try:
+            await self.store.write(write)
+        except Conflict:  # a new session's row conflicts only on its id
+            assert write.session is not None
+            sid = write.session.id
+            raise Conflict(f"session {sid!r} already exists", session_id=sid) from None
 
     async def list_rows(self, limit: int, after: str | None) -> list[SessionRow]:
         return await self.store.list_sessions(limit, after)
@@ -316,6 +335,7 @@ class Sessions:
                 "created_at": state.created_at,
                 "messages_received": state.messages_received,
                 "queued_messages": [m.model_dump() for m in state.queued],
+                "forked_from": state.forked_from.model_dump() if state.forked_from else None,
             },
             "current_turn": state.turn.model_dump(mode="json") if state.turn else None,
             "waiting": waiting,
@@ -662,6 +682,8 @@ class Sessions:
                 if worker is not None:
                     handlers.assign(state, step.id, worker.id, now)
                     handed.append((step, worker))
+        if self.tracing is not None:
+            self.tracing.before_commit(state)
         start = state.history_length
         state.history_length += len(t.history)  # before encoding: the stored state counts them
         try:
@@ -689,6 +711,8 @@ class Sessions:
         self, actor: Actor, t: Transition, handed: list[tuple[Step, WorkerConn]]
     ) -> None:
         sid = actor.state.id
+        if self.tracing is not None:
+            self.tracing.after_commit(actor.state, t.ended_turn)
         start = actor.state.history_length - len(t.history)
         for i, item in enumerate(t.history):
             self.streams.publish(
@@ -746,7 +770,18 @@ class Sessions:
                 deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
             ),
         )
-        return handouts.step_message(state, actor.history_json, step, aid, worker)
+        message = handouts.step_message(state, actor.history_json, step, aid, worker)
+        if self.tracing is not None:
+            message["traceparent"] = self.tracing.traceparent(state.id, aid)
+        return message
+
+
+def _new_id(session_id: str | None) -> str:
+    if session_id is None:
+        return "s_" + secrets.token_hex(8)
+    if not ID_PATTERN.fullmatch(session_id):
+        raise InvalidInput("a session id is 1-128 letters, digits or _.:-", session_id=session_id)
+    return session_id
 
 
 def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:

@@ -20,15 +20,18 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from pydantic import Field
 
 from dex import _failpoints as failpoints
 from dex import _loop
 from dex._address import addresses
+from dex._settings import Settings
 from dex.agent import Agent
 from dex.errors import AuthError, ToolError
 from dex.models.base import Model, ModelRequest
@@ -44,31 +47,48 @@ from dex.wire import (
 )
 from dex.worker.history import HistoryCache
 
+if TYPE_CHECKING:
+    from dex.worker.tracing import AttemptTracing
+
 log = logging.getLogger("dex.worker")
+_NO_SPAN = contextlib.nullcontext()
 
 
-@dataclass(frozen=True)
-class WorkerConfig:
-    capacity: int = 16
-    """How many attempts this Worker runs at once."""
-    heartbeat_interval: float = 1.0
-    drain_timeout: float = 30.0
-    """On shutdown, how long running attempts may take to finish."""
-    reconnect_initial: float = 0.1
-    reconnect_max: float = 5.0
-    connect_timeout: float = 3.0
+class WorkerConfig(Settings):
+    """A Worker's settings. ``dex worker`` fills them from its flags, the ``DEX_*``
+    variables and ``--config dex.toml`` (the ``[worker]`` table), in that order."""
+
+    table = "worker"
+
+    address: str | None = Field(None, validation_alias="DEX_ADDRESS")
+    """The server's address(es), comma-separated (``DEX_ADDRESS``), when the Worker is
+    given none."""
+    capacity: int = Field(16, ge=1, le=100_000, validation_alias="DEX_WORKER_CAPACITY")
+    """How many attempts this Worker runs at once (``DEX_WORKER_CAPACITY``)."""
+    heartbeat_interval: float = Field(1.0, gt=0, validation_alias="DEX_WORKER_HEARTBEAT_INTERVAL")
+    drain_timeout: float = Field(30.0, ge=0, validation_alias="DEX_DRAIN_TIMEOUT")
+    """On shutdown, how long running attempts may take to finish (``DEX_DRAIN_TIMEOUT``)."""
+    reconnect_initial: float = Field(0.1, gt=0, validation_alias="DEX_WORKER_RECONNECT_INITIAL")
+    """The first wait before reconnecting; it doubles (with jitter) up to ``reconnect_max``."""
+    reconnect_max: float = Field(5.0, gt=0, validation_alias="DEX_WORKER_RECONNECT_MAX")
+    connect_timeout: float = Field(3.0, gt=0, validation_alias="DEX_WORKER_CONNECT_TIMEOUT")
     """How long a connection's WebSocket upgrade may take before the next address is tried."""
-    ping_interval: float = 2.0
+    ping_interval: float = Field(2.0, gt=0, validation_alias="DEX_WORKER_PING_INTERVAL")
     """WebSocket pings: a node that stops answering them (hung, cut off) is left for the
     next address after half this long without a pong."""
-    worker_id: str | None = None
-    token: str | None = None
+    worker_id: str | None = Field(None, max_length=200, validation_alias="DEX_WORKER_ID")
+    token: str | None = Field(None, validation_alias="DEX_WORKER_TOKEN", repr=False)
     """The worker token, when the server has auth on (default: ``DEX_WORKER_TOKEN``)."""
+    tracing: bool = Field(False, validation_alias="DEX_TRACING")
+    """OpenTelemetry spans of the attempts it runs, under the server's (``DEX_TRACING``;
+    needs ``dex-runtime[otel]``)."""
 
 
 @dataclass(eq=False)
 class _Attempt:
     handout: Handout
+    traceparent: str | None = None
+    """The attempt's span on the server, when the server traces."""
     task: asyncio.Task[None] | None = None
     started: asyncio.Future[bool] | None = None
     start_seq: int | None = None
@@ -97,18 +117,27 @@ class Worker:
         agents: Sequence[Agent],
         address: str | Sequence[str] | None = None,
         config: WorkerConfig | None = None,
+        *,
+        tracer_provider: Any = None,
     ) -> None:
+        """``tracer_provider``: where spans go when ``config.tracing`` is on (default:
+        OpenTelemetry's global provider)."""
         if not agents:
             raise ValueError("a Worker needs at least one agent")
         self.agents = {a.name: a for a in agents}
         if len(self.agents) != len(agents):
             raise ValueError("two agents share a name")
-        self.addresses = addresses(address)
         self.config = config or WorkerConfig()
+        self.addresses = addresses(address or self.config.address)
         self.id = self.config.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         )
         token = self.config.token or os.environ.get("DEX_WORKER_TOKEN")
+        self._tracing: AttemptTracing | None = None
+        if self.config.tracing:
+            from dex.worker.tracing import AttemptTracing  # only when tracing is on
+
+            self._tracing = AttemptTracing(self.id, tracer_provider)
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self._attempts: dict[str, _Attempt] = {}
         self._none_held = asyncio.Event()
@@ -332,10 +361,11 @@ class Worker:
             message.pop("t")
             history = message.pop("history", None)
             base = message.pop("history_base", 0)
+            traceparent = message.pop("traceparent", None)
             handout = Handout.model_validate(message)
             if handout.attempt_id in self._attempts:
                 return
-            attempt = _Attempt(handout)
+            attempt = _Attempt(handout, traceparent)
             self._attempts[handout.attempt_id] = attempt
             self._none_held.clear()
             if handout.step_type == StepType.RUN_MODEL and history is not None:
@@ -405,12 +435,13 @@ class Worker:
             agent = self.agents.get(h.agent)
             if agent is None:
                 raise ToolError(f"this Worker does not serve agent {h.agent!r}")
-            if h.step_type == StepType.RUN_MODEL:
-                result = await self._run_model(agent, h)
-            elif h.step_type == StepType.COMPACT_CONTEXT:
-                result = await self._compact(agent, h)
-            else:
-                result = await self._run_tool(agent, attempt)
+            with self._span(attempt, agent):
+                if h.step_type == StepType.RUN_MODEL:
+                    result = await self._run_model(agent, h)
+                elif h.step_type == StepType.COMPACT_CONTEXT:
+                    result = await self._compact(agent, h)
+                else:
+                    result = await self._run_tool(agent, attempt)
             if result is None:
                 return
             failpoints.hit("worker.before_send_result")
@@ -460,6 +491,11 @@ class Worker:
             )
         if attempt.result is not None:
             self._send(attempt.result)
+
+    def _span(self, attempt: _Attempt, agent: Agent) -> AbstractContextManager[None]:
+        if self._tracing is None:
+            return _NO_SPAN
+        return self._tracing.span(attempt.handout, attempt.traceparent, agent.model.spec())
 
     async def _run_model(self, agent: Agent, h: Handout) -> dict[str, Any] | None:
         request = ModelRequest(

@@ -46,6 +46,8 @@ class Write:
     ended_turn: TurnRecord | None = None
     updated_turn: TurnRecord | None = None
     """An archived turn whose record changed (a reconciled tool call)."""
+    archived_turns: list[TurnRecord] = field(default_factory=list)
+    """Ended turns to insert with a new session (a fork's copies of the original's)."""
     message: tuple[str, int] | None = None
     """(client message id, message number) to remember for idempotent sends."""
     agents: list[tuple[str, str]] = field(default_factory=list)

@@ -72,6 +72,8 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
         start = w.history_start + first
         params = tuple(v for i, item in enumerate(chunk) for v in (s.id, start + i, item))
         out.append((_rows(INSERT_HISTORY, 3, len(chunk)), [params]))
+    if w.archived_turns:
+        out.append((INSERT_TURN, [(s.id, t.number, t.status, t.turn) for t in w.archived_turns]))
     if w.ended_turn is not None:
         t = w.ended_turn
         out.append((INSERT_TURN, [(s.id, t.number, t.status, t.turn)]))
