@@ -40,7 +40,11 @@ def compacted_session() -> tuple[SessionState, list[Item], list[Turn]]:
 def test_a_fork_after_a_compaction_keeps_the_summary_the_model_saw_then() -> None:
     state, history, turns = compacted_session()
     forked, kept, archived = fork(state, history, turns, 3, "f", now=5.0)
-    assert [getattr(item, "text", None) for item in forked.context(kept)] == ["they said one", "two", "answer two"]
+    assert [getattr(item, "text", None) for item in forked.context(kept)] == [
+        "they said one",
+        "two",
+        "answer two",
+    ]
     assert (forked.context_start, forked.summary_at, forked.history_length) == (2, 3, 5)
     assert forked.context_chars == len("they said one") + len("two") + len("answer two")
     assert [t.number for t in archived] == [1, 2] and forked.messages_received == 2

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 from pydantic import Field
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 from dex import _failpoints as failpoints
 from dex import _loop
@@ -233,52 +234,70 @@ class Worker:
     # --- the connection ------------------------------------------------------------------
 
     async def _connect_loop(self, http: aiohttp.ClientSession) -> None:
-        delay = self.config.reconnect_initial
-        index = 0
+        """Connect to the addresses in turn, with exponential backoff and full jitter
+        between failed tries (tenacity), until ``shutdown()``. A connection that closes
+        starts again from the shortest wait."""
+        targets = itertools.cycle(self.addresses)
         while not self._stopping.is_set():
-            base = self.addresses[index % len(self.addresses)]
-            index += 1
-            url = base.replace("http://", "ws://").replace("https://", "wss://")
+            retrying = AsyncRetrying(
+                wait=wait_random_exponential(
+                    multiplier=self.config.reconnect_initial, max=self.config.reconnect_max
+                ),
+                sleep=self._pause,
+                stop=lambda _: self._stopping.is_set(),
+                retry=retry_if_exception_type(_Unreachable),
+                reraise=True,
+            )
             try:
-                # a node that hung accepts the TCP connection and never answers the upgrade:
-                # give up on it after a while and try the next address
-                ws = await asyncio.wait_for(
-                    http.ws_connect(
-                        url + "/v1/workers/connect",
-                        max_msg_size=64 << 20,
-                        autoping=True,
-                        heartbeat=self.config.ping_interval,
-                        headers=self._auth,
-                    ),
-                    self.config.connect_timeout,
-                )
+                async for attempt in retrying:
+                    with attempt:
+                        ws = await self._connect(http, next(targets))
+            except _Unreachable:
+                return  # shutting down
+            try:
                 async with ws:
-                    delay = self.config.reconnect_initial
                     await self._serve(ws)
-            except aiohttp.WSServerHandshakeError as e:
-                if e.status in (401, 403):
-                    why = (
-                        "no worker token" if e.status == 401 else "a token without the worker role"
-                    )
-                    message = (
-                        f"{base} refused this Worker (HTTP {e.status}: {why}): set "
-                        "DEX_WORKER_TOKEN (or WorkerConfig(token=...)) to the server's worker token"
-                    )
-                    log.error(message, extra={"action": "worker.unauthorized"})
-                    raise AuthError(message) from None
-                else:
-                    log.info(
-                        "cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"}
-                    )
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
-                log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
-            if self._stopping.is_set():
-                break
-            try:
-                await asyncio.wait_for(self._stopping.wait(), delay * random.uniform(0.5, 1.0))
-            except TimeoutError:
-                pass
-            delay = min(delay * 2, self.config.reconnect_max)
+                log.info("connection lost: %s", e, extra={"action": "worker.connection_lost"})
+            # a node that accepts and closes at once (a standby) is not asked again at once
+            await self._pause(self.config.reconnect_initial * random.uniform(0.5, 1.0))
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, unless ``shutdown()`` comes first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _connect(
+        self, http: aiohttp.ClientSession, base: str
+    ) -> aiohttp.ClientWebSocketResponse:
+        url = base.replace("http://", "ws://").replace("https://", "wss://")
+        try:
+            # a node that hung accepts the TCP connection and never answers the upgrade:
+            # give up on it after a while and try the next address
+            return await asyncio.wait_for(
+                http.ws_connect(
+                    url + "/v1/workers/connect",
+                    max_msg_size=64 << 20,
+                    autoping=True,
+                    heartbeat=self.config.ping_interval,
+                    headers=self._auth,
+                ),
+                self.config.connect_timeout,
+            )
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status in (401, 403):
+                why = "no worker token" if e.status == 401 else "a token without the worker role"
+                message = (
+                    f"{base} refused this Worker (HTTP {e.status}: {why}): set "
+                    "DEX_WORKER_TOKEN (or WorkerConfig(token=...)) to the server's worker token"
+                )
+                log.error(message, extra={"action": "worker.unauthorized"})
+                raise AuthError(message) from None
+            log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
+            raise _Unreachable(base) from e
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
+            raise _Unreachable(base) from e
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         link = _Link(ws, self.config.heartbeat_interval)
@@ -484,6 +503,8 @@ class Worker:
                     "attempt_id": h.attempt_id,
                     "agent": h.agent,
                     "tool": h.tool,
+                    "call_id": h.call_id,
+                    "worker_id": self.id,
                 },
             )
             attempt.result = _fail(
@@ -601,6 +622,10 @@ class Worker:
 
     async def _beat(self, attempt_id: str) -> None:
         self._send({"t": "hb", "attempts": [attempt_id]})
+
+
+class _Unreachable(Exception):
+    """No WebSocket to this address now: try the next one after a backoff."""
 
 
 def _fail(h: Handout, message: str, *, retryable: bool) -> dict[str, Any]:
