@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
-import orjson
 import pytest
 from starlette.testclient import TestClient
 from starlette.types import Message, Scope
