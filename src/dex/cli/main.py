@@ -362,9 +362,15 @@ def step_down(
 
 
 @app.command()
-def new(agent: str, address: Address = DEFAULT_ADDRESS) -> None:
+def new(
+    agent: str,
+    address: Address = DEFAULT_ADDRESS,
+    session_id: Annotated[
+        str | None, typer.Option(help="The session's id (default: a new random one).")
+    ] = None,
+) -> None:
     """Create a session with AGENT and print it."""
-    _call(address, lambda c: c.create_session(agent))
+    _call(address, lambda c: c.create_session(agent, session_id))
 
 
 @app.command()
