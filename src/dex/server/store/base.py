@@ -53,6 +53,16 @@ class Write:
     agents: list[tuple[str, str]] = field(default_factory=list)
     """(name, spec as JSON) to insert or replace."""
 
+    def size(self) -> int:
+        """Characters of JSON this write stores: what a transition costs the disk."""
+        n = sum(map(len, self.history))
+        if self.session is not None:
+            n += len(self.session.state)
+        for turn in (self.ended_turn, self.updated_turn):
+            if turn is not None:
+                n += len(turn.turn)
+        return n
+
 
 @dataclass
 class SessionRow:

@@ -93,6 +93,9 @@ def _rows(head: str, width: int, count: int) -> str:
 class SqlStore(Store):
     """The ``Store`` interface over the queries above; backends add the executor."""
 
+    bytes_written = 0
+    """Characters of JSON committed by ``write``: over Steps, what a Step costs the disk."""
+
     @abstractmethod
     async def _commit_write(self, statements: list[Statement]) -> None:
         """Run one write's statements in the next group commit; it succeeds or fails alone."""
@@ -107,6 +110,7 @@ class SqlStore(Store):
 
     async def write(self, write: Write) -> None:
         await self._commit_write(statements(write))
+        self.bytes_written += write.size()
 
     async def load_session(self, session_id: str) -> tuple[str, list[str]] | None:
         state, history = await self._read(
