@@ -134,3 +134,12 @@ def test_an_unknown_setting_in_the_file_is_refused(tmp_path: Path) -> None:
     path.write_text("[server]\nheartbeat_timout = 3\n")
     with pytest.raises(ValueError, match="heartbeat_timout"):
         ServerConfig.load(path)
+
+
+def test_an_exporter_opentelemetry_does_not_know_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dex.server.app, "serve", lambda config: None)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin-over-carrier-pigeon")
+    result = CliRunner().invoke(app, ["server", "--tracing"])
+    assert result.exit_code == 2 and "choose otlp, console, none" in result.output
