@@ -125,6 +125,7 @@ def test_bad_settings_are_a_usage_error(
     args: list[str], says: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(dex.server.app, "serve", lambda config: None)
+    monkeypatch.setenv("COLUMNS", "300")  # the error box on one line
     result = CliRunner().invoke(app, ["server", *args])
     assert result.exit_code == 2 and says in result.output
 
@@ -141,5 +142,6 @@ def test_an_exporter_opentelemetry_does_not_know_is_a_usage_error(
 ) -> None:
     monkeypatch.setattr(dex.server.app, "serve", lambda config: None)
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin-over-carrier-pigeon")
+    monkeypatch.setenv("COLUMNS", "300")  # the error box on one line
     result = CliRunner().invoke(app, ["server", "--tracing"])
     assert result.exit_code == 2 and "choose otlp, console, none" in result.output
