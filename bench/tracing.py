@@ -18,9 +18,17 @@ from collections.abc import Callable
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from dex.server.engine.state import Attempt, SessionState, SessionStatus, Step, Turn, TurnStatus
+from dex.server.engine.state import (
+    Attempt,
+    Retry,
+    SessionState,
+    SessionStatus,
+    Step,
+    Turn,
+    TurnStatus,
+)
 from dex.server.tracing import Tracing
-from dex.wire import AttemptOutcome, RetryPolicy, StepStatus, StepType
+from dex.wire import AttemptOutcome, StepStatus, StepType
 
 TYPES = (StepType.RUN_MODEL, StepType.CALL_TOOL, StepType.RUN_MODEL)
 
@@ -32,7 +40,7 @@ def one_turn(number: int, hook: Callable[[SessionState, Turn | None], None]) -> 
     state.turn, state.status = turn, SessionStatus.RUNNING
     now = 1.0
     for i, step_type in enumerate(TYPES, 1):
-        step = Step(id=f"1.{i}", type=step_type, retry=RetryPolicy(), created_at=now)
+        step = Step(id=f"1.{i}", type=step_type, retry=Retry(), created_at=now)
         turn.steps.append(step)
         hook(state, None)  # queued (the turn's first commit starts it)
         step.status = StepStatus.RUNNING

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from dex.errors import Conflict
@@ -59,7 +61,7 @@ def test_a_fork_before_the_compaction_has_no_summary() -> None:
 
 def test_the_original_is_left_as_it_was() -> None:
     state, history, turns = compacted_session()
-    copies = (state.model_copy(deep=True), list(history), [t.model_copy() for t in turns])
+    copies = copy.deepcopy((state, history, turns))
     fork(state, history, turns, 2, "f", now=5.0)
     assert (state, history, turns) == copies
 

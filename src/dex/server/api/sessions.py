@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
+from dex.server import views
 from dex.server.api import models
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
@@ -97,8 +98,8 @@ def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
         "status": turn.status.value,
         "text": turn.text,
         "error": turn.error,
-        "tool_calls": [c.model_dump(mode="json") for c in turn.tool_calls],
-        "steps": [s.model_dump(mode="json") for s in turn.steps],
+        "tool_calls": views.plain(turn.tool_calls),
+        "steps": views.plain(turn.steps),
         "started_at": turn.started_at,
         "ended_at": turn.ended_at,
     }
@@ -140,7 +141,7 @@ async def fork_session(session_id: str, body: Fork, request: Request) -> ORJSONR
             "agent": state.agent,
             "status": state.status.value,
             "created_at": state.created_at,
-            "forked_from": state.forked_from.model_dump(),
+            "forked_from": views.plain(state.forked_from),
             "messages_received": state.messages_received,
         },
         201,
@@ -301,7 +302,7 @@ async def reconcile(
     call = await _sessions(request).reconcile(
         session_id, call_id, body.status, body.result, body.error, body.by
     )
-    return ORJSONResponse(call.model_dump(mode="json"))
+    return ORJSONResponse(views.plain(call))
 
 
 @router.get(
