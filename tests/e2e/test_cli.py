@@ -106,3 +106,19 @@ def test_dex_events_follows_a_session(rig: Rig) -> None:
         follower.wait(10)
         if follower.stdout is not None:
             follower.stdout.close()
+
+
+def test_dex_fork_makes_a_session_with_the_history_before_a_turn(rig: Rig) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session()
+    for _ in range(2):
+        rig.wait_turn(sid, rig.call(sid, ("lookup", {"key": "k"})))
+    forked = dex(rig, "fork", sid, "--turn", "2", "--session-id", "again")
+    assert forked.returncode == 0, forked.stderr
+    assert json.loads(forked.stdout)["forked_from"] == {"session_id": sid, "turn": 2}
+    original = rig.client.get_agent_snapshot(sid)["history"]
+    starts = [i for i, item in enumerate(original) if item["type"] == "user"]
+    assert rig.client.get_agent_snapshot("again")["history"] == original[: starts[1]]
+    missing = dex(rig, "fork", sid, "--turn", "7")
+    assert missing.returncode == 1 and "has no turn 7" in missing.stderr

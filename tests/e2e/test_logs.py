@@ -22,5 +22,7 @@ def test_a_failed_tool_attempt_is_logged_with_its_ids_and_traceback(rig: Rig) ->
     first = failed[0]
     assert first["level"] == "warning" and first["tool"] == "flaky"
     assert first["session_id"] == sid and first["attempt_id"].endswith("/1")
+    assert first["call_id"] == "1.1" and first["step_id"] == t["steps"][1]["id"]
+    assert first["worker_id"] == t["steps"][1]["attempts"][0]["worker_id"]  # as in the snapshot
     assert "RuntimeError: flaky failure on attempt 1" in first["traceback"]
     assert "Traceback (most recent call last)" in first["traceback"]

@@ -325,13 +325,18 @@ async def metric(address: str, name: str) -> float:
 
 
 @contextlib.asynccontextmanager
-async def run_server(data_dir: Path, **options: Any) -> AsyncIterator[str]:
-    """A real uvicorn server in this process, on a free port; yields its address."""
-    port = free_port()
-    config = ServerConfig(data_dir=data_dir, port=port, **{"heartbeat_timeout": 5.0, **options})
+async def run_server(
+    data_dir: Path, *, port: int | None = None, tracer_provider: Any = None, **options: Any
+) -> AsyncIterator[str]:
+    """A real uvicorn server in this process, on ``port`` (default: a free one); yields its
+    address."""
+    port = port or free_port()
+    config = ServerConfig(
+        data_dir=data_dir, listen=f"127.0.0.1:{port}", **{"heartbeat_timeout": 5.0, **options}
+    )
     server = uvicorn.Server(
         uvicorn.Config(
-            asgi(config),
+            asgi(config, tracer_provider),
             host="127.0.0.1",
             port=port,
             lifespan="on",

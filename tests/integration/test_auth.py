@@ -94,8 +94,9 @@ def test_the_worker_channel_needs_a_worker_token(http: TestClient) -> None:
 
 async def test_a_real_server_refuses_a_worker_handshake_with_401_or_403(tmp_path: Path) -> None:
     """Through uvicorn, as a Worker's aiohttp client sees it."""
-    tokens = {"client_token": CLIENT, "worker_token": WORKER, "admin_token": ADMIN}
-    async with run_server(tmp_path / "data", **tokens) as address:
+    async with run_server(
+        tmp_path / "data", client_token=CLIENT, worker_token=WORKER, admin_token=ADMIN
+    ) as address:
         url = address.replace("http://", "ws://") + "/v1/workers/connect"
         async with aiohttp.ClientSession() as http:
             for headers, status in [({}, 401), (bearer("nope"), 401), (bearer(CLIENT), 403)]:

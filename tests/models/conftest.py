@@ -102,7 +102,9 @@ async def dex_address(tmp_path: Path) -> AsyncIterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = ServerConfig(data_dir=tmp_path / "dex", port=port, heartbeat_timeout=30.0)
+    config = ServerConfig(
+        data_dir=tmp_path / "dex", listen=f"127.0.0.1:{port}", heartbeat_timeout=30.0
+    )
     server = uvicorn.Server(
         uvicorn.Config(asgi(config), lifespan="on", log_level="warning", access_log=False)
     )

@@ -8,14 +8,17 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from dex._address import DEFAULT_ADDRESS
+from dex._settings import Settings
 from dex.agent import Agent
 from dex.client import SyncClient
 from dex.errors import DexError
+
+S = TypeVar("S", bound=Settings)
 
 app = typer.Typer(help="Dex: a durable runtime for AI agents.", no_args_is_help=True)
 
@@ -56,83 +59,134 @@ def _main(
         raise typer.BadParameter(str(e)) from None
 
 
-def _listen(value: str) -> tuple[str, int]:
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
-        raise typer.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host, int(port)
+ConfigFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="DEX_CONFIG",
+        help="A TOML file with a \\[server] and a \\[worker] table of these settings (flags and "
+        "DEX_* variables win over it).",
+    ),
+]
+
+
+def _settings(cls: type[S], config_file: Path | None, **flags: Any) -> S:
+    """A settings object from flags (None: not given), then DEX_* variables, then the
+    config file, then defaults; what does not fit is a usage error."""
+    from pydantic import ValidationError
+
+    try:
+        return cls.load(config_file, **flags)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+        raise typer.BadParameter(problems) from None
+    except (ValueError, OSError) as e:  # no such file, or not TOML
+        raise typer.BadParameter(str(e)) from None
+
+
+def _tracing_on(service: str) -> None:
+    from dex._otel import install_provider
+
+    try:
+        install_provider(service)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+Tracing = Annotated[
+    bool | None,
+    typer.Option(
+        "--tracing/--no-tracing",
+        show_default=False,
+        help="OpenTelemetry spans (DEX_TRACING; needs dex-runtime\\[otel]), exported as the "
+        "OTEL_* variables say (default: OTLP over HTTP).  \\[default: off]",
+    ),
+]
 
 
 @app.command()
 def server(
+    config_file: ConfigFile = None,
     data_dir: Annotated[
-        Path, typer.Option(envvar="DEX_DATA_DIR", help="Where SQLite keeps state.")
-    ] = Path("dex-data"),
+        Path | None,
+        typer.Option(help="Where SQLite keeps state (DEX_DATA_DIR).  \\[default: dex-data]"),
+    ] = None,
     database: Annotated[
         str | None,
         typer.Option(
-            envvar="DEX_DATABASE",
-            help="sqlite:///path or postgresql://user@host:port/db "
-            "(default: dex.sqlite3 in --data-dir).",
+            help="sqlite:///path or postgresql://user@host:port/db (DEX_DATABASE).  "
+            "\\[default: dex.sqlite3 in --data-dir]",
         ),
     ] = None,
     listen: Annotated[
-        str, typer.Option(envvar="DEX_LISTEN", help="HOST:PORT to serve on.")
-    ] = "127.0.0.1:7450",
+        str | None,
+        typer.Option(help="HOST:PORT to serve on (DEX_LISTEN).  \\[default: 127.0.0.1:7450]"),
+    ] = None,
     heartbeat_timeout: Annotated[
-        float,
+        float | None,
         typer.Option(
-            envvar="DEX_HEARTBEAT_TIMEOUT",
-            help="Seconds without a heartbeat before an attempt fails.",
+            help="Seconds without a heartbeat before an attempt fails (DEX_HEARTBEAT_TIMEOUT)."
+            "  \\[default: 10]",
         ),
-    ] = 10.0,
+    ] = None,
     reconnect_grace: Annotated[
-        float,
+        float | None,
         typer.Option(
-            envvar="DEX_RECONNECT_GRACE",
-            help="Seconds a dropped Worker's attempts wait for it to reconnect before they fail.",
+            help="Seconds a dropped Worker's attempts wait for it to reconnect before they fail "
+            "(DEX_RECONNECT_GRACE).  \\[default: 1]",
         ),
-    ] = 1.0,
+    ] = None,
     drain_timeout: Annotated[
-        float,
+        float | None,
         typer.Option(
-            envvar="DEX_SERVER_DRAIN_TIMEOUT",
-            help="On SIGTERM, seconds running attempts may take to finish before they fail.",
+            help="On SIGTERM, seconds running attempts may take to finish before they fail "
+            "(DEX_SERVER_DRAIN_TIMEOUT).  \\[default: 20]",
         ),
-    ] = 20.0,
-    max_body_bytes: Annotated[int, typer.Option(envvar="DEX_MAX_BODY_BYTES")] = 1 << 20,
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help="Larger request bodies are refused with 413 (DEX_MAX_BODY_BYTES).  "
+            "\\[default: 1048576]"
+        ),
+    ] = None,
     client_token: Annotated[
         str | None,
-        typer.Option(envvar="DEX_CLIENT_TOKEN", help="Turn auth on: the token clients must send."),
+        typer.Option(help="Turn auth on: the token clients must send (DEX_CLIENT_TOKEN)."),
     ] = None,
     worker_token: Annotated[
-        str | None, typer.Option(envvar="DEX_WORKER_TOKEN", help="The token Workers must send.")
+        str | None, typer.Option(help="The token Workers must send (DEX_WORKER_TOKEN).")
     ] = None,
     admin_token: Annotated[
         str | None,
-        typer.Option(envvar="DEX_ADMIN_TOKEN", help="A token that opens everything, /metrics too."),
+        typer.Option(help="A token that opens everything, /metrics too (DEX_ADMIN_TOKEN)."),
     ] = None,
+    tracing: Tracing = None,
 ) -> None:
     """Run a Dex Server node on SQLite in DATA_DIR, or on the database --database names."""
     from dex.server.app import serve
     from dex.server.config import ServerConfig
 
-    host, port = _listen(listen)
-    serve(
-        ServerConfig(
-            data_dir=data_dir,
-            database=database,
-            host=host,
-            port=port,
-            heartbeat_timeout=heartbeat_timeout,
-            reconnect_grace=reconnect_grace,
-            drain_timeout=drain_timeout,
-            max_body_bytes=max_body_bytes,
-            client_token=client_token,
-            worker_token=worker_token,
-            admin_token=admin_token,
-        )
+    config = _settings(
+        ServerConfig,
+        config_file,
+        data_dir=data_dir,
+        database=database,
+        listen=listen,
+        heartbeat_timeout=heartbeat_timeout,
+        reconnect_grace=reconnect_grace,
+        drain_timeout=drain_timeout,
+        max_body_bytes=max_body_bytes,
+        client_token=client_token,
+        worker_token=worker_token,
+        admin_token=admin_token,
+        tracing=tracing,
     )
+    if config.tracing:
+        _tracing_on("dex-server")
+    serve(config)
 
 
 @app.command()
@@ -140,28 +194,48 @@ def worker(
     module: Annotated[
         str, typer.Argument(help="A module (my.agents) or file (agents.py) that defines Agents.")
     ],
+    config_file: ConfigFile = None,
     address: Annotated[
-        str, typer.Option(envvar="DEX_ADDRESS", help="Server address(es), comma-separated.")
-    ] = DEFAULT_ADDRESS,
-    capacity: Annotated[int, typer.Option(envvar="DEX_WORKER_CAPACITY")] = 16,
-    drain_timeout: Annotated[float, typer.Option(envvar="DEX_DRAIN_TIMEOUT")] = 30.0,
-    token: Annotated[
         str | None,
         typer.Option(
-            envvar="DEX_WORKER_TOKEN", help="The worker token, when the server has auth on."
+            help="Server address(es), comma-separated (DEX_ADDRESS).  "
+            f"\\[default: {DEFAULT_ADDRESS}]"
         ),
     ] = None,
+    capacity: Annotated[
+        int | None,
+        typer.Option(help="Attempts it runs at once (DEX_WORKER_CAPACITY).  \\[default: 16]"),
+    ] = None,
+    drain_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="On SIGTERM, seconds running attempts may take to finish (DEX_DRAIN_TIMEOUT)."
+            "  \\[default: 30]"
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(help="The worker token, when the server has auth on (DEX_WORKER_TOKEN)."),
+    ] = None,
+    tracing: Tracing = None,
 ) -> None:
     """Serve the agents that MODULE defines."""
     from dex.worker import Worker, WorkerConfig
 
+    config = _settings(
+        WorkerConfig,
+        config_file,
+        address=address,
+        capacity=capacity,
+        drain_timeout=drain_timeout,
+        token=token,
+        tracing=tracing,
+    )
     agents = load_agents(module)
+    if config.tracing:
+        _tracing_on("dex-worker")
     try:
-        Worker(
-            agents,
-            address,
-            WorkerConfig(capacity=capacity, drain_timeout=drain_timeout, token=token),
-        ).run_forever()
+        Worker(agents, config=config).run_forever()
     except DexError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(1) from None
@@ -288,9 +362,33 @@ def step_down(
 
 
 @app.command()
-def new(agent: str, address: Address = DEFAULT_ADDRESS) -> None:
+def new(
+    agent: str,
+    address: Address = DEFAULT_ADDRESS,
+    session_id: Annotated[
+        str | None, typer.Option(help="The session's id (default: a new random one).")
+    ] = None,
+) -> None:
     """Create a session with AGENT and print it."""
-    _call(address, lambda c: c.create_session(agent))
+    _call(address, lambda c: c.create_session(agent, session_id))
+
+
+@app.command()
+def fork(
+    session_id: str,
+    turn: Annotated[
+        int,
+        typer.Option(
+            help="The first turn the fork does not have: it keeps the history before this "
+            "turn's message (one past the last turn: all of it)."
+        ),
+    ],
+    new_id: Annotated[str | None, typer.Option("--session-id", help="The fork's id.")] = None,
+    address: Address = DEFAULT_ADDRESS,
+) -> None:
+    """Fork a session at a turn: a new session to try that turn again, differently. The
+    original does not change."""
+    _call(address, lambda c: c.fork_session(session_id, turn, new_id))
 
 
 @app.command()

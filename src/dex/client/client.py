@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import os
-import random
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
 import orjson
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_before_delay,
+    wait_random_exponential,
+)
 
 from dex._address import addresses
 from dex.errors import (
@@ -28,6 +33,9 @@ LONG_POLL = 2.0
 a node that hung (paused, cut off) holds a client no longer than this plus the slack
 before it moves on to the next address."""
 LONG_POLL_SLACK = 2.0
+RETRY_INITIAL = 0.05
+RETRY_MAX = 1.0
+"""Backoff between rounds over the addresses: full jitter, up to 0.05 s doubling to 1 s."""
 
 _ERRORS: dict[int, type[DexError]] = {
     401: AuthError,
@@ -77,6 +85,17 @@ class Client:
         if session_id is not None:
             body["session_id"] = session_id
         return await self._request("POST", "/v1/sessions", body)
+
+    async def fork_session(
+        self, session_id: str, turn: int, new_session_id: str | None = None
+    ) -> dict[str, Any]:
+        """A new session whose history is ``session_id``'s before turn ``turn`` (its next
+        message is its turn ``turn``; one past the last turn copies the whole history).
+        The original does not change; a session in a turn raises ``Conflict``."""
+        body: dict[str, Any] = {"turn": turn}
+        if new_session_id is not None:
+            body["session_id"] = new_session_id
+        return await self._request("POST", f"/v1/sessions/{session_id}/fork", body)
 
     async def list_sessions(
         self, limit: int = 100, after: str | None = None
@@ -295,13 +314,44 @@ class Client:
         data = orjson.dumps(body) if body is not None else None
         timeout = aiohttp.ClientTimeout(total=per_try or read_timeout or self.timeout)
         safe = method == "GET" if retry is None else retry
-        deadline = time.monotonic() + (read_timeout or self.timeout)
-        delay = 0.05
+        started = time.monotonic()
+        send = functools.partial(self._round, http, method, path, data, params, timeout)
+        try:
+            return await send()
+        except _NoAnswer as first:
+            if not safe:
+                raise self._unavailable(first.last) from None
+        # a gap (a node restarting, a standby taking over): rounds with backoff (tenacity)
+        retrying = AsyncRetrying(
+            stop=stop_before_delay(
+                max(0.0, (read_timeout or self.timeout) - (time.monotonic() - started))
+            ),
+            wait=wait_random_exponential(multiplier=RETRY_INITIAL, max=RETRY_MAX),
+            retry=retry_if_exception_type(_NoAnswer),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await send()
+        except _NoAnswer as last:
+            raise self._unavailable(last.last) from None
+        raise AssertionError("unreachable")  # tenacity returns or raises
+
+    async def _round(
+        self,
+        http: aiohttp.ClientSession,
+        method: str,
+        path: str,
+        data: bytes | None,
+        params: dict[str, Any] | None,
+        timeout: aiohttp.ClientTimeout,
+    ) -> dict[str, Any]:
+        """One try at each address, from the one that answered last; ``_NoAnswer`` if none
+        did (an error answer is raised as it is)."""
         last: Exception | None = None
-        tries = 0
-        while True:
+        for _ in self.addresses:
             base = self.addresses[self._current % len(self.addresses)]
-            tries += 1
             try:
                 async with http.request(
                     method,
@@ -319,13 +369,13 @@ class Client:
                     if response.status == 503:
                         last = Unavailable(f"{base} is not serving: {payload[:200]!r}")
                         self._current += 1
-                    else:
-                        decoded = orjson.loads(payload) if payload else None
-                        if response.status >= 400:
-                            raise _error(response.status, decoded)
-                        if not isinstance(decoded, dict):
-                            raise ServerError(f"unexpected answer from {base}: {payload[:200]!r}")
-                        return decoded
+                        continue
+                    decoded = orjson.loads(payload) if payload else None
+                    if response.status >= 400:
+                        raise _error(response.status, decoded)
+                    if not isinstance(decoded, dict):
+                        raise ServerError(f"unexpected answer from {base}: {payload[:200]!r}")
+                    return decoded
             except (
                 TimeoutError,
                 aiohttp.ClientConnectionError,
@@ -334,16 +384,20 @@ class Client:
             ) as e:
                 last = e
                 self._current += 1
-            if not safe and tries >= len(self.addresses):
-                break
-            if safe and tries % len(self.addresses) == 0:
-                if time.monotonic() + delay > deadline:
-                    break
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 1.0)
-        raise Unavailable(
+        raise _NoAnswer(last)
+
+    def _unavailable(self, last: Exception | None) -> Unavailable:
+        return Unavailable(
             f"no Dex Server answered at {', '.join(self.addresses)}: {last}", retryable=True
         )
+
+
+class _NoAnswer(Exception):
+    """No address answered in one round."""
+
+    def __init__(self, last: Exception | None) -> None:
+        super().__init__(str(last))
+        self.last = last
 
 
 def _error(status: int, body: Any) -> DexError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -37,10 +39,12 @@ def create_app(
     config: ServerConfig,
     leadership: Leadership | None = None,
     on_step_down: Callable[[], None] | None = None,
+    tracer_provider: Any = None,
 ) -> FastAPI:
     """The node's FastAPI app. ``leadership``: the lease it must hold to serve (default:
     ``Solo``, the embedded node that leads from the start). ``on_step_down``: what to do
-    when the lead is lost (``serve`` exits the process)."""
+    when the lead is lost (``serve`` exits the process). ``tracer_provider``: where spans
+    go when ``config.tracing`` is on (default: OpenTelemetry's global provider)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -51,7 +55,8 @@ def create_app(
             log.error("cannot start: %s", e.message, extra={"action": "node.start_failed"})
             raise
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
-        domain = Sessions(store, dispatcher)
+        domain = Sessions(store, dispatcher, tracing=_tracing(config, tracer_provider))
+
         lead = leadership or _leadership(config.database_url, store, dispatcher.clock)
         node = Node(store, dispatcher, domain, lead, on_step_down)
         app.state.store = store
@@ -73,6 +78,7 @@ def create_app(
         default_response_class=ORJSONResponse,
         lifespan=lifespan,
         generate_unique_id_function=lambda route: route.name,
+        **_fastapi_telemetry(config, tracer_provider),
     )
     app.state.config = config
     app.state.node = None
@@ -82,6 +88,36 @@ def create_app(
     app.include_router(sessions.router)
     app.include_router(workers.router)
     return app
+
+
+QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+def _fastapi_telemetry(config: ServerConfig, provider: Any) -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry (FastAPI 0.16x): off unless tracing is on, and then only
+    the spans of HTTP requests; no span for a Worker's WebSocket (it lives for hours), the
+    probes or ``/metrics``. Dex has its own metrics and logs."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}  # an older FastAPI: it has none
+    return {
+        "telemetry": {
+            "tracing": config.tracing,
+            "tracer_provider": provider,
+            "metrics": False,
+            "logs": False,
+            "operation_spans": False,
+            "auto_configure": False,
+            "exclude": lambda scope: scope["type"] != "http" or scope["path"] in QUIET_PATHS,
+        }
+    }
+
+
+def _tracing(config: ServerConfig, provider: Any) -> Any:
+    if not config.tracing:
+        return None
+    from dex.server.tracing import Tracing  # OpenTelemetry: only when tracing is on
+
+    return Tracing(provider)
 
 
 def _leadership(database_url: str, store: Store, clock: Clock) -> Leadership:
@@ -98,14 +134,16 @@ def _leadership(database_url: str, store: Store, clock: Clock) -> Leadership:
     return Solo()
 
 
-def asgi(config: ServerConfig) -> ASGIApp:
-    return _wrap(create_app(config), config)
+def asgi(config: ServerConfig, tracer_provider: Any = None) -> ASGIApp:
+    return _wrap(create_app(config, tracer_provider=tracer_provider), config)
 
 
 def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
     """The layers in front of the routes: auth when it is on, the body limit, and the
     message send served without the framework (``hot``)."""
-    app: ASGIApp = errors.BodyLimit(hot.HotRoutes(fastapi_app), config.max_body_bytes)
+    # with tracing on, every request goes through FastAPI, whose spans the turns link to
+    routes: ASGIApp = fastapi_app if config.tracing else hot.HotRoutes(fastapi_app)
+    app: ASGIApp = errors.BodyLimit(routes, config.max_body_bytes)
     tokens = {
         Role.CLIENT: config.client_token,
         Role.WORKER: config.worker_token,

@@ -23,7 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dex.errors import Conflict
 from dex.server import handouts, records
@@ -36,6 +36,9 @@ from dex.server.metrics import Metrics
 from dex.server.store.base import Store
 from dex.server.streams import MemoryStreams
 from dex.wire import StepStatus
+
+if TYPE_CHECKING:
+    from dex.server.tracing import Tracing  # OpenTelemetry: imported only when tracing is on
 
 log = logging.getLogger("dex.sessions")
 
@@ -51,8 +54,10 @@ class Committer:
         actors: Actors,
         streams: MemoryStreams,
         metrics: Metrics,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
+        self.tracing = tracing
         self.dispatcher = dispatcher
         self.clock = dispatcher.clock
         self.actors = actors
@@ -95,6 +100,8 @@ class Committer:
                 done.set_exception(e)
             return done
         handed = self._hand_out_now(state, t, now) if dispatch else []
+        if self.tracing is not None:
+            self.tracing.before_commit(state)
         start = state.history_length
         state.history_length += len(t.history)  # before encoding: the stored state counts them
         try:
@@ -172,6 +179,8 @@ class Committer:
 
     def _effects(self, actor: Actor, t: Transition, handed: list[tuple[Step, WorkerConn]]) -> None:
         sid = actor.state.id
+        if self.tracing is not None:
+            self.tracing.after_commit(actor.state, t.ended_turn)
         history = actor.history_json
         start = len(history) - len(t.history)
         for i in range(start, len(history)):
@@ -224,7 +233,10 @@ class Committer:
                 deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
             ),
         )
-        return handouts.step_message(state, actor.history_json, step, aid, worker)
+        message = handouts.step_message(state, actor.history_json, step, aid, worker)
+        if self.tracing is not None:
+            message["traceparent"] = self.tracing.traceparent(state.id, aid)
+        return message
 
 
 def _reloaded() -> Exception:

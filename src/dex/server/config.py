@@ -1,38 +1,67 @@
-"""Server configuration: one frozen value with named defaults."""
+"""Server configuration: one frozen settings object with named defaults.
+
+``dex server`` fills it from its flags, the ``DEX_*`` variables and ``--config dex.toml``
+(the ``[server]`` table), in that order of precedence (``dex._settings``); code builds
+it directly.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import Field, field_validator
+
+from dex._settings import Settings
 
 DEFAULT_PORT = 7450
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    data_dir: Path = Path("dex-data")
-    database: str | None = None
+class ServerConfig(Settings):
+    table = "server"
+
+    data_dir: Path = Field(Path("dex-data"), validation_alias="DEX_DATA_DIR")
+    """Where SQLite keeps state (``DEX_DATA_DIR``)."""
+    database: str | None = Field(None, validation_alias="DEX_DATABASE")
     """``sqlite:///path`` or ``postgresql://…`` (``DEX_DATABASE``); None: SQLite in ``data_dir``."""
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    heartbeat_timeout: float = 10.0
+    listen: str = Field(f"127.0.0.1:{DEFAULT_PORT}", validation_alias="DEX_LISTEN")
+    """``HOST:PORT`` to serve on (``DEX_LISTEN``)."""
+    heartbeat_timeout: float = Field(10.0, gt=0, validation_alias="DEX_HEARTBEAT_TIMEOUT")
     """Seconds without a heartbeat after which an attempt fails (``DEX_HEARTBEAT_TIMEOUT``)."""
-    reconnect_grace: float = 1.0
+    reconnect_grace: float = Field(1.0, ge=0, validation_alias="DEX_RECONNECT_GRACE")
     """Seconds a closed Worker connection's attempts wait for the Worker to reconnect and
     re-claim them before they fail (``DEX_RECONNECT_GRACE``)."""
-    drain_timeout: float = 20.0
+    drain_timeout: float = Field(20.0, ge=0, validation_alias="DEX_SERVER_DRAIN_TIMEOUT")
     """On SIGTERM, how long running attempts may take to finish before they fail
     (``DEX_SERVER_DRAIN_TIMEOUT``)."""
-    max_body_bytes: int = 1 << 20
+    max_body_bytes: int = Field(1 << 20, ge=1, validation_alias="DEX_MAX_BODY_BYTES")
     """Requests with a larger body are refused with 413 (``DEX_MAX_BODY_BYTES``)."""
-    max_wait_seconds: float = 60.0
-    """The longest a request may wait for a turn to end."""
-    client_token: str | None = None
+    max_wait_seconds: float = Field(60.0, gt=0, validation_alias="DEX_MAX_WAIT_SECONDS")
+    """The longest a request may wait for a turn to end (``DEX_MAX_WAIT_SECONDS``)."""
+    client_token: str | None = Field(None, validation_alias="DEX_CLIENT_TOKEN", repr=False)
     """With any token set, auth is on: clients send this one (``DEX_CLIENT_TOKEN``)."""
-    worker_token: str | None = None
+    worker_token: str | None = Field(None, validation_alias="DEX_WORKER_TOKEN", repr=False)
     """What Workers send (``DEX_WORKER_TOKEN``)."""
-    admin_token: str | None = None
+    admin_token: str | None = Field(None, validation_alias="DEX_ADMIN_TOKEN", repr=False)
     """Opens everything, ``/metrics`` included (``DEX_ADMIN_TOKEN``)."""
+    tracing: bool = Field(False, validation_alias="DEX_TRACING")
+    """OpenTelemetry spans of turns, Steps and attempts (``DEX_TRACING``; needs
+    ``dex-runtime[otel]``): see docs/operations.md."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError(f"expected HOST:PORT, got {value!r}")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
 
     @property
     def database_path(self) -> Path:

@@ -135,10 +135,12 @@ def write(
     message: tuple[str, int] | None = None,
     agents: list[AgentSpec] | None = None,
     archived_call: tuple[int, ToolCall] | None = None,
+    archived_turns: list[Turn] | None = None,
 ) -> Write:
     """A store ``Write`` from domain objects: the session's state, the rows of the ended
     and the current turn that changed (``rows``: what storage holds; None writes them
-    all), history items, an archived turn's changed call. A value that cannot be stored
+    all), history items, an archived turn's changed call, archived turns to insert (a
+    fork's). A value that cannot be stored
     (it cannot be encoded as JSON) is an ``InvalidInput``: nothing is written."""
     try:
         steps: list[Row] = []
@@ -151,6 +153,8 @@ def write(
         if archived_call is not None:
             number, call = archived_call
             calls.append(Row(number, _seq(call.id), _encode(call).decode()))
+        for archived in archived_turns or ():  # a fork's copies: every row
+            Rows().changed(archived, steps, calls)
         return Write(
             session=session_record(session) if session is not None else None,
             create=create,
@@ -159,6 +163,7 @@ def write(
             steps=steps,
             calls=calls,
             ended_turn=turn_record(ended_turn) if ended_turn is not None else None,
+            archived_turns=[turn_record(t) for t in archived_turns or ()],
             message=message,
             agents=[(spec.name, _dump(spec)) for spec in agents or ()],
         )

@@ -26,7 +26,7 @@ import re
 import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, DexError, InvalidInput, NotFound
@@ -34,7 +34,7 @@ from dex.server import records, views
 from dex.server.actors import Actor, Actors
 from dex.server.committer import Committer, Handle
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
-from dex.server.engine import handlers
+from dex.server.engine import fork, handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
     AttemptError,
@@ -46,9 +46,10 @@ from dex.server.engine.state import (
     parse_attempt_id,
 )
 from dex.server.metrics import Metrics
-from dex.server.store.base import SessionRow, Store
+from dex.server.store.base import SessionRow, Store, Write
 from dex.server.streams import MemoryStreams
 from dex.wire import (
+    ITEMS,
     MAX_JSON_DEPTH,
     AgentSpec,
     AttemptProgress,
@@ -60,6 +61,9 @@ from dex.wire import (
     ToolOutcome,
     too_deep,
 )
+
+if TYPE_CHECKING:
+    from dex.server.tracing import Tracing  # OpenTelemetry: imported only when tracing is on
 
 log = logging.getLogger("dex.sessions")
 
@@ -78,14 +82,19 @@ class Sessions:
         *,
         max_cached: int = 10_000,
         metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
         self.clock = dispatcher.clock
         self.streams = streams or MemoryStreams()
         self.metrics = metrics or Metrics()
+        self.tracing = tracing
+        """Spans of turns, Steps and attempts (``dex.server.tracing``); None: tracing off."""
         self.actors = Actors(store, max_cached)
-        self.committer = Committer(store, dispatcher, self.actors, self.streams, self.metrics)
+        self.committer = Committer(
+            store, dispatcher, self.actors, self.streams, self.metrics, tracing
+        )
         self.agents: dict[str, AgentSpec] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.background_failures = 0
@@ -186,6 +195,8 @@ class Sessions:
         """Load agents, fail every attempt left running, apply recorded inputs, arm timers,
         and queue what was queued, for up to ``parallel`` sessions at once (their commits
         group). Returns how many attempts were failed."""
+        if self.tracing is not None:
+            self.tracing.started_at = self.clock.now()  # what ended before is the old node's
         self.agents = {a.name: a for a in map(records.agent, await self.store.load_agents())}
         room = asyncio.Semaphore(parallel)
 
@@ -257,20 +268,35 @@ class Sessions:
 
     async def create(self, agent: str, session_id: str | None) -> SessionState:
         self._spec(agent)
-        if session_id is None:
-            session_id = "s_" + secrets.token_hex(8)
-        elif not ID_PATTERN.fullmatch(session_id):
-            raise InvalidInput(
-                "a session id is 1-128 letters, digits or _.:-", session_id=session_id
-            )
-        state = SessionState(id=session_id, agent=agent, created_at=self.clock.now())
-        try:
-            await self.store.write(records.write(session=state, create=True))
-        except Conflict:  # a new session's row conflicts only on its id
-            raise Conflict(
-                f"session {session_id!r} already exists", session_id=session_id
-            ) from None
+        state = SessionState(id=_new_id(session_id), agent=agent, created_at=self.clock.now())
+        await self._write_new(records.write(session=state, create=True))
         return state
+
+    async def fork(self, session_id: str, before: int, new_id: str | None) -> SessionState:
+        """A new session whose history is this one's before turn ``before``
+        (``engine.fork``); the original is only read."""
+        actor = await self.actors.get(session_id)
+        await actor.acquire()  # a consistent view: no input moves it while it is read
+        try:
+            ended = [records.turn(raw) for raw in await self.store.load_turns(session_id)]
+            history = ITEMS.validate_python(actor.history_json)
+            state, history, turns = fork.fork(
+                actor.state, history, ended, before, _new_id(new_id), self.clock.now()
+            )
+        finally:
+            actor.release()
+        await self._write_new(
+            records.write(session=state, create=True, history=history, archived_turns=turns)
+        )
+        return state
+
+    async def _write_new(self, write: Write) -> None:
+        try:
+            await self.store.write(write)
+        except Conflict:  # a new session's row conflicts only on its id
+            assert write.session is not None
+            sid = write.session.id
+            raise Conflict(f"session {sid!r} already exists", session_id=sid) from None
 
     async def list_rows(self, limit: int, after: str | None) -> list[SessionRow]:
         return await self.store.list_sessions(limit, after)
@@ -638,6 +664,14 @@ class _NotQueued(Exception):
 def _give_up(waiter: asyncio.Future[Turn | None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+def _new_id(session_id: str | None) -> str:
+    if session_id is None:
+        return "s_" + secrets.token_hex(8)
+    if not ID_PATTERN.fullmatch(session_id):
+        raise InvalidInput("a session id is 1-128 letters, digits or _.:-", session_id=session_id)
+    return session_id
 
 
 def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:

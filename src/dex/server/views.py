@@ -46,6 +46,7 @@ def snapshot(
             "created_at": state.created_at,
             "messages_received": state.messages_received,
             "queued_messages": plain(state.queued),
+            "forked_from": plain(state.forked_from) if state.forked_from else None,
         },
         "current_turn": plain(state.turn) if state.turn else None,
         "waiting": waiting,

@@ -156,6 +156,9 @@ class StepMessage(Handout):
 
     t: Literal["step"]
     history_base: int = 0
+    traceparent: str | None = Field(None, max_length=512)
+    """With tracing on: the W3C ``traceparent`` of the attempt's span on the server. A
+    Worker that traces makes its spans of the attempt children of it; others ignore it."""
 
 
 class HeartbeatReply(Wire):

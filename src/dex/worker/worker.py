@@ -20,15 +20,19 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from pydantic import Field
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 from dex import _failpoints as failpoints
 from dex import _loop
 from dex._address import addresses
+from dex._settings import Settings
 from dex.agent import Agent
 from dex.errors import AuthError, ToolError
 from dex.models.base import Model, ModelRequest
@@ -44,31 +48,48 @@ from dex.wire import (
 )
 from dex.worker.history import HistoryCache
 
+if TYPE_CHECKING:
+    from dex.worker.tracing import AttemptTracing
+
 log = logging.getLogger("dex.worker")
+_NO_SPAN = contextlib.nullcontext()
 
 
-@dataclass(frozen=True)
-class WorkerConfig:
-    capacity: int = 16
-    """How many attempts this Worker runs at once."""
-    heartbeat_interval: float = 1.0
-    drain_timeout: float = 30.0
-    """On shutdown, how long running attempts may take to finish."""
-    reconnect_initial: float = 0.1
-    reconnect_max: float = 5.0
-    connect_timeout: float = 3.0
+class WorkerConfig(Settings):
+    """A Worker's settings. ``dex worker`` fills them from its flags, the ``DEX_*``
+    variables and ``--config dex.toml`` (the ``[worker]`` table), in that order."""
+
+    table = "worker"
+
+    address: str | None = Field(None, validation_alias="DEX_ADDRESS")
+    """The server's address(es), comma-separated (``DEX_ADDRESS``), when the Worker is
+    given none."""
+    capacity: int = Field(16, ge=1, le=100_000, validation_alias="DEX_WORKER_CAPACITY")
+    """How many attempts this Worker runs at once (``DEX_WORKER_CAPACITY``)."""
+    heartbeat_interval: float = Field(1.0, gt=0, validation_alias="DEX_WORKER_HEARTBEAT_INTERVAL")
+    drain_timeout: float = Field(30.0, ge=0, validation_alias="DEX_DRAIN_TIMEOUT")
+    """On shutdown, how long running attempts may take to finish (``DEX_DRAIN_TIMEOUT``)."""
+    reconnect_initial: float = Field(0.1, gt=0, validation_alias="DEX_WORKER_RECONNECT_INITIAL")
+    """The first wait before reconnecting; it doubles (with jitter) up to ``reconnect_max``."""
+    reconnect_max: float = Field(5.0, gt=0, validation_alias="DEX_WORKER_RECONNECT_MAX")
+    connect_timeout: float = Field(3.0, gt=0, validation_alias="DEX_WORKER_CONNECT_TIMEOUT")
     """How long a connection's WebSocket upgrade may take before the next address is tried."""
-    ping_interval: float = 2.0
+    ping_interval: float = Field(2.0, gt=0, validation_alias="DEX_WORKER_PING_INTERVAL")
     """WebSocket pings: a node that stops answering them (hung, cut off) is left for the
     next address after half this long without a pong."""
-    worker_id: str | None = None
-    token: str | None = None
+    worker_id: str | None = Field(None, max_length=200, validation_alias="DEX_WORKER_ID")
+    token: str | None = Field(None, validation_alias="DEX_WORKER_TOKEN", repr=False)
     """The worker token, when the server has auth on (default: ``DEX_WORKER_TOKEN``)."""
+    tracing: bool = Field(False, validation_alias="DEX_TRACING")
+    """OpenTelemetry spans of the attempts it runs, under the server's (``DEX_TRACING``;
+    needs ``dex-runtime[otel]``)."""
 
 
 @dataclass(eq=False)
 class _Attempt:
     handout: Handout
+    traceparent: str | None = None
+    """The attempt's span on the server, when the server traces."""
     task: asyncio.Task[None] | None = None
     started: asyncio.Future[bool] | None = None
     start_seq: int | None = None
@@ -97,18 +118,27 @@ class Worker:
         agents: Sequence[Agent],
         address: str | Sequence[str] | None = None,
         config: WorkerConfig | None = None,
+        *,
+        tracer_provider: Any = None,
     ) -> None:
+        """``tracer_provider``: where spans go when ``config.tracing`` is on (default:
+        OpenTelemetry's global provider)."""
         if not agents:
             raise ValueError("a Worker needs at least one agent")
         self.agents = {a.name: a for a in agents}
         if len(self.agents) != len(agents):
             raise ValueError("two agents share a name")
-        self.addresses = addresses(address)
         self.config = config or WorkerConfig()
+        self.addresses = addresses(address or self.config.address)
         self.id = self.config.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         )
         token = self.config.token or os.environ.get("DEX_WORKER_TOKEN")
+        self._tracing: AttemptTracing | None = None
+        if self.config.tracing:
+            from dex.worker.tracing import AttemptTracing  # only when tracing is on
+
+            self._tracing = AttemptTracing(self.id, tracer_provider)
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self._attempts: dict[str, _Attempt] = {}
         self._none_held = asyncio.Event()
@@ -204,52 +234,70 @@ class Worker:
     # --- the connection ------------------------------------------------------------------
 
     async def _connect_loop(self, http: aiohttp.ClientSession) -> None:
-        delay = self.config.reconnect_initial
-        index = 0
+        """Connect to the addresses in turn, with exponential backoff and full jitter
+        between failed tries (tenacity), until ``shutdown()``. A connection that closes
+        starts again from the shortest wait."""
+        targets = itertools.cycle(self.addresses)
         while not self._stopping.is_set():
-            base = self.addresses[index % len(self.addresses)]
-            index += 1
-            url = base.replace("http://", "ws://").replace("https://", "wss://")
+            retrying = AsyncRetrying(
+                wait=wait_random_exponential(
+                    multiplier=self.config.reconnect_initial, max=self.config.reconnect_max
+                ),
+                sleep=self._pause,
+                stop=lambda _: self._stopping.is_set(),
+                retry=retry_if_exception_type(_Unreachable),
+                reraise=True,
+            )
             try:
-                # a node that hung accepts the TCP connection and never answers the upgrade:
-                # give up on it after a while and try the next address
-                ws = await asyncio.wait_for(
-                    http.ws_connect(
-                        url + "/v1/workers/connect",
-                        max_msg_size=64 << 20,
-                        autoping=True,
-                        heartbeat=self.config.ping_interval,
-                        headers=self._auth,
-                    ),
-                    self.config.connect_timeout,
-                )
+                async for attempt in retrying:
+                    with attempt:
+                        ws = await self._connect(http, next(targets))
+            except _Unreachable:
+                return  # shutting down
+            try:
                 async with ws:
-                    delay = self.config.reconnect_initial
                     await self._serve(ws)
-            except aiohttp.WSServerHandshakeError as e:
-                if e.status in (401, 403):
-                    why = (
-                        "no worker token" if e.status == 401 else "a token without the worker role"
-                    )
-                    message = (
-                        f"{base} refused this Worker (HTTP {e.status}: {why}): set "
-                        "DEX_WORKER_TOKEN (or WorkerConfig(token=...)) to the server's worker token"
-                    )
-                    log.error(message, extra={"action": "worker.unauthorized"})
-                    raise AuthError(message) from None
-                else:
-                    log.info(
-                        "cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"}
-                    )
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
-                log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
-            if self._stopping.is_set():
-                break
-            try:
-                await asyncio.wait_for(self._stopping.wait(), delay * random.uniform(0.5, 1.0))
-            except TimeoutError:
-                pass
-            delay = min(delay * 2, self.config.reconnect_max)
+                log.info("connection lost: %s", e, extra={"action": "worker.connection_lost"})
+            # a node that accepts and closes at once (a standby) is not asked again at once
+            await self._pause(self.config.reconnect_initial * random.uniform(0.5, 1.0))
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, unless ``shutdown()`` comes first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _connect(
+        self, http: aiohttp.ClientSession, base: str
+    ) -> aiohttp.ClientWebSocketResponse:
+        url = base.replace("http://", "ws://").replace("https://", "wss://")
+        try:
+            # a node that hung accepts the TCP connection and never answers the upgrade:
+            # give up on it after a while and try the next address
+            return await asyncio.wait_for(
+                http.ws_connect(
+                    url + "/v1/workers/connect",
+                    max_msg_size=64 << 20,
+                    autoping=True,
+                    heartbeat=self.config.ping_interval,
+                    headers=self._auth,
+                ),
+                self.config.connect_timeout,
+            )
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status in (401, 403):
+                why = "no worker token" if e.status == 401 else "a token without the worker role"
+                message = (
+                    f"{base} refused this Worker (HTTP {e.status}: {why}): set "
+                    "DEX_WORKER_TOKEN (or WorkerConfig(token=...)) to the server's worker token"
+                )
+                log.error(message, extra={"action": "worker.unauthorized"})
+                raise AuthError(message) from None
+            log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
+            raise _Unreachable(base) from e
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
+            raise _Unreachable(base) from e
 
     async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         link = _Link(ws, self.config.heartbeat_interval)
@@ -332,10 +380,11 @@ class Worker:
             message.pop("t")
             history = message.pop("history", None)
             base = message.pop("history_base", 0)
+            traceparent = message.pop("traceparent", None)
             handout = Handout.model_validate(message)
             if handout.attempt_id in self._attempts:
                 return
-            attempt = _Attempt(handout)
+            attempt = _Attempt(handout, traceparent)
             self._attempts[handout.attempt_id] = attempt
             self._none_held.clear()
             if handout.step_type == StepType.RUN_MODEL and history is not None:
@@ -405,12 +454,13 @@ class Worker:
             agent = self.agents.get(h.agent)
             if agent is None:
                 raise ToolError(f"this Worker does not serve agent {h.agent!r}")
-            if h.step_type == StepType.RUN_MODEL:
-                result = await self._run_model(agent, h)
-            elif h.step_type == StepType.COMPACT_CONTEXT:
-                result = await self._compact(agent, h)
-            else:
-                result = await self._run_tool(agent, attempt)
+            with self._span(attempt, agent):
+                if h.step_type == StepType.RUN_MODEL:
+                    result = await self._run_model(agent, h)
+                elif h.step_type == StepType.COMPACT_CONTEXT:
+                    result = await self._compact(agent, h)
+                else:
+                    result = await self._run_tool(agent, attempt)
             if result is None:
                 return
             failpoints.hit("worker.before_send_result")
@@ -453,6 +503,8 @@ class Worker:
                     "attempt_id": h.attempt_id,
                     "agent": h.agent,
                     "tool": h.tool,
+                    "call_id": h.call_id,
+                    "worker_id": self.id,
                 },
             )
             attempt.result = _fail(
@@ -460,6 +512,11 @@ class Worker:
             )
         if attempt.result is not None:
             self._send(attempt.result)
+
+    def _span(self, attempt: _Attempt, agent: Agent) -> AbstractContextManager[None]:
+        if self._tracing is None:
+            return _NO_SPAN
+        return self._tracing.span(attempt.handout, attempt.traceparent, agent.model.spec())
 
     async def _run_model(self, agent: Agent, h: Handout) -> dict[str, Any] | None:
         request = ModelRequest(
@@ -565,6 +622,10 @@ class Worker:
 
     async def _beat(self, attempt_id: str) -> None:
         self._send({"t": "hb", "attempts": [attempt_id]})
+
+
+class _Unreachable(Exception):
+    """No WebSocket to this address now: try the next one after a backoff."""
 
 
 def _fail(h: Handout, message: str, *, retryable: bool) -> dict[str, Any]:

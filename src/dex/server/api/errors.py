@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY, RequestBodyLimitMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dex.errors import DexError
@@ -32,7 +33,10 @@ def install(app: FastAPI) -> None:
         )
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> ORJSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> ORJSONResponse:
+        if exc.status_code == 413:  # RequestBodyLimitMiddleware, counting a streamed body
+            limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
+            return ORJSONResponse(error_body(*_too_large_error(limit)), 413)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return ORJSONResponse(error_body(code, str(exc.detail)), exc.status_code)
 
@@ -78,11 +82,17 @@ class CatchAll:
 
 
 class BodyLimit:
-    """Refuse request bodies over ``limit`` bytes with 413, declared or streamed."""
+    """Refuse request bodies over ``limit`` bytes with 413, declared or streamed.
+
+    A declared ``Content-Length`` is checked here, before anything runs (the HTTP server
+    then holds the body to that length). A body without one (chunked) is counted as the
+    route reads it by Starlette's ``RequestBodyLimitMiddleware``, whose 413 the
+    ``HTTPException`` handler answers as JSON. See docs/dependencies.md."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
         self.limit = limit
+        self._streamed = RequestBodyLimitMiddleware(app, limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,33 +104,17 @@ class BodyLimit:
                 if value.isdigit() and (len(value) > 18 or int(value) > self.limit):
                     await _too_large(send, self.limit)
                     return
-                await self.app(scope, receive, send)  # the server holds it to that length
+                await self.app(scope, receive, send)
                 return
-        # No declared length (chunked): read it all, up to the limit, then replay it.
-        messages: list[Message] = []
-        seen = 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request":
-                break
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                await _too_large(send, self.limit)
-                return
-            if not message.get("more_body", False):
-                break
+        await self._streamed(scope, receive, send)
 
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
 
-        await self.app(scope, replay, send)
+def _too_large_error(limit: Any) -> tuple[str, str]:
+    return "body_too_large", f"the request body is over {limit} bytes"
 
 
 async def _too_large(send: Send, limit: int) -> None:
-    body: Any = ORJSONResponse(
-        error_body("body_too_large", f"the request body is over {limit} bytes"), 413
-    ).body
+    body: Any = ORJSONResponse(error_body(*_too_large_error(limit)), 413).body
     await send(
         {
             "type": "http.response.start",

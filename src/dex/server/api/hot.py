@@ -6,7 +6,8 @@ routing, dependency solving and middleware cost more per request than the send i
 and answers that route when the request is well formed: a JSON body that the route's
 own model (``SendMessage``) accepts, and a node that serves. Anything else goes on to
 the FastAPI app unchanged (its body replayed), so every refusal (a bad body, a standby,
-an unknown session) is answered by the same code the OpenAPI document describes. The
+an unknown session; a body of no declared length) is answered by the same code the
+OpenAPI document describes. The
 route stays declared in FastAPI too, with the same parsing and rendering
 (``send_message`` in ``sessions.py``): one behaviour, two ways in.
 """
@@ -38,7 +39,7 @@ class HotRoutes:
     async def __call__(self, scope: Scope, receive: Receive, send_: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = MESSAGES.fullmatch(scope["path"])
-            if match is not None and _is_json(scope):
+            if match is not None and _plain_json(scope):
                 await self._send_message(scope, receive, send_, match[1])
                 return
         await self.app(scope, receive, send_)
@@ -86,11 +87,15 @@ class HotRoutes:
         await self.app(scope, replay, send_)
 
 
-def _is_json(scope: Scope) -> bool:
+def _plain_json(scope: Scope) -> bool:
+    """A JSON body of a declared length (a streamed one is the body limit's to count)."""
+    json = sized = False
     for name, value in scope["headers"]:
         if name == b"content-type":
-            return bool(value == b"application/json" or value.startswith(b"application/json;"))
-    return False
+            json = value == b"application/json" or value.startswith(b"application/json;")
+        elif name == b"content-length":
+            sized = True
+    return json and sized
 
 
 async def _read(receive: Receive) -> tuple[list[Message], bytes | None]:

@@ -14,7 +14,15 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from dex.server.engine.state import QueuedMessage, SessionStatus, Step, ToolCall, Turn, TurnStatus
+from dex.server.engine.state import (
+    ForkedFrom,
+    QueuedMessage,
+    SessionStatus,
+    Step,
+    ToolCall,
+    Turn,
+    TurnStatus,
+)
 from dex.wire import AgentSpec, Item
 
 
@@ -72,6 +80,15 @@ class SessionList(BaseModel):
 class SnapshotSession(Session):
     messages_received: int
     queued_messages: list[QueuedMessage]
+    forked_from: ForkedFrom | None = Field(
+        description="For a fork: the session it was made from, and the first of its turns "
+        "the fork does not have."
+    )
+
+
+class Forked(Session):
+    forked_from: ForkedFrom
+    messages_received: int = Field(description="Its next message starts turn this + 1.")
 
 
 class QueuedStep(BaseModel):

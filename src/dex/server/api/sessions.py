@@ -29,6 +29,17 @@ class CreateSession(Wire):
     session_id: str | None = Field(None, min_length=1, max_length=128)
 
 
+class Fork(Wire):
+    turn: int = Field(
+        ge=1,
+        le=1 << 62,
+        description="The first turn the fork does not have: it keeps the history before "
+        "this turn's user message, and its next message is its turn `turn`. One past the "
+        "last turn keeps the whole history.",
+    )
+    session_id: str | None = Field(None, min_length=1, max_length=128)
+
+
 class SendMessage(Wire):
     text: str = Field(min_length=1, max_length=1_000_000)
     message_id: str | None = Field(
@@ -108,6 +119,30 @@ async def create_session(body: CreateSession, request: Request) -> ORJSONRespons
             "agent": state.agent,
             "status": state.status.value,
             "created_at": state.created_at,
+        },
+        201,
+    )
+
+
+@router.post(
+    "/sessions/{session_id}/fork",
+    status_code=201,
+    response_model=models.Forked,
+    responses={**BODY, **errors(404, 409, 503)},
+)
+async def fork_session(session_id: str, body: Fork, request: Request) -> ORJSONResponse:
+    """A new session whose history is this one's before turn `turn` (time travel: try a
+    turn again, differently). The original does not change. 409 while it is in a turn."""
+    state = await _sessions(request).fork(session_id, body.turn, body.session_id)
+    assert state.forked_from is not None
+    return ORJSONResponse(
+        {
+            "id": state.id,
+            "agent": state.agent,
+            "status": state.status.value,
+            "created_at": state.created_at,
+            "forked_from": views.plain(state.forked_from),
+            "messages_received": state.messages_received,
         },
         201,
     )

@@ -196,6 +196,9 @@ class Turn:
     before it and keeps the turn's own items as they are."""
     history_chars: int = 0
     """Estimated size of the history items this turn appended."""
+    trace: str | None = None
+    """The W3C ``traceparent`` of the turn's span, when tracing is on: a node that
+    recovers the turn continues its trace."""
     status: TurnStatus = TurnStatus.RUNNING
     started_at: float
     ended_at: float | None = None
@@ -243,6 +246,14 @@ class QueuedMessage:
     message_id: str | None = None
 
 
+@dataclass(slots=True, kw_only=True)
+class ForkedFrom:
+    """The session a fork was made from, and the first of its turns the fork does not have."""
+
+    session_id: str
+    turn: int
+
+
 class SessionStatus(StrEnum):
     IDLE = "idle"
     RUNNING = "running"
@@ -266,6 +277,7 @@ class SessionState:
     """Estimated size of what the model sees, for compaction."""
     inbox: list[dict[str, Any]] = field(default_factory=list)
     """Recorded inputs (an approval, an answer, a fired timer) whose handler has not run."""
+    forked_from: ForkedFrom | None = None
 
     def context(self, history: Sequence[T], end: int | None = None) -> list[T]:
         """What the model sees: the latest summary, then the history from ``context_start``

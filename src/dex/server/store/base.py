@@ -60,6 +60,9 @@ class Write:
     calls: list[Row] = field(default_factory=list)
     """Tool calls to insert or replace (of the current turn, or of an archived one)."""
     ended_turn: TurnRecord | None = None
+    archived_turns: list[TurnRecord] = field(default_factory=list)
+    """Ended turns to insert with a new session (a fork's copies of the original's; their
+    Steps and calls are in ``steps`` and ``calls``)."""
     message: tuple[str, int] | None = None
     """(client message id, message number) to remember for idempotent sends."""
     agents: list[tuple[str, str]] = field(default_factory=list)

@@ -87,6 +87,8 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
         out.append((UPSERT_STEP, [(s.id, r.turn, r.seq, r.json) for r in w.steps]))
     if w.calls:
         out.append((UPSERT_CALL, [(s.id, r.turn, r.seq, r.json) for r in w.calls]))
+    if w.archived_turns:
+        out.append((INSERT_TURN, [(s.id, t.number, t.status, t.turn) for t in w.archived_turns]))
     if w.ended_turn is not None:
         t = w.ended_turn
         out.append((INSERT_TURN, [(s.id, t.number, t.status, t.turn)]))

@@ -1,0 +1,147 @@
+"""Settings: a flag wins over its DEX_* variable, which wins over the config file, which
+wins over the default; built in code, a settings object reads nothing from outside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import dex.server.app
+from dex.cli.main import app
+from dex.server.config import ServerConfig
+from dex.worker import WorkerConfig
+
+CONFIG = """
+[server]
+listen = "0.0.0.0:8000"
+heartbeat_timeout = 3
+drain_timeout = 7
+data_dir = "/from/file"
+
+[worker]
+capacity = 4
+drain_timeout = 9
+"""
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "dex.toml"
+    path.write_text(CONFIG)
+    return path
+
+
+def test_flags_over_variables_over_the_file_over_defaults(
+    config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEX_HEARTBEAT_TIMEOUT", "4")
+    monkeypatch.setenv("DEX_SERVER_DRAIN_TIMEOUT", "8")
+    monkeypatch.setenv("DEX_DRAIN_TIMEOUT", "99")  # the Worker's: not the server's
+    config = ServerConfig.load(config_file, drain_timeout=2.5, data_dir=None)
+    assert config.drain_timeout == 2.5  # flag
+    assert config.heartbeat_timeout == 4  # variable
+    assert (config.host, config.port) == ("0.0.0.0", 8000)  # file
+    assert config.data_dir == Path("/from/file")  # file: the flag was not given
+    assert config.reconnect_grace == 1.0  # default
+    worker = WorkerConfig.load(config_file)
+    assert (worker.capacity, worker.drain_timeout) == (4, 99)
+
+
+def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "DEX_DATA_DIR": "/d",
+        "DEX_DATABASE": "sqlite:////x.db",
+        "DEX_LISTEN": "10.1.2.3:7000",
+        "DEX_HEARTBEAT_TIMEOUT": "12",
+        "DEX_RECONNECT_GRACE": "2",
+        "DEX_SERVER_DRAIN_TIMEOUT": "30",
+        "DEX_MAX_BODY_BYTES": "2048",
+        "DEX_CLIENT_TOKEN": "c-secret",
+        "DEX_WORKER_TOKEN": "w-secret",
+        "DEX_ADMIN_TOKEN": "a-secret",
+        "DEX_TRACING": "true",
+        "DEX_WORKER_CAPACITY": "3",
+        "DEX_DRAIN_TIMEOUT": "5",
+        "DEX_ADDRESS": "http://a:1,http://b:2",
+    }.items():
+        monkeypatch.setenv(name, value)
+    server = ServerConfig.load()
+    assert server.model_dump() == {
+        "data_dir": Path("/d"),
+        "database": "sqlite:////x.db",
+        "listen": "10.1.2.3:7000",
+        "heartbeat_timeout": 12,
+        "reconnect_grace": 2,
+        "drain_timeout": 30,
+        "max_body_bytes": 2048,
+        "max_wait_seconds": 60,
+        "client_token": "c-secret",
+        "worker_token": "w-secret",
+        "admin_token": "a-secret",
+        "tracing": True,
+    }
+    worker = WorkerConfig.load()
+    assert (worker.capacity, worker.drain_timeout, worker.token) == (3, 5, "w-secret")
+    assert worker.address == "http://a:1,http://b:2" and worker.tracing
+    assert "secret" not in repr(worker) + repr(server)  # tokens stay out of logs
+
+
+def test_built_in_code_it_reads_no_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEX_HEARTBEAT_TIMEOUT", "4")
+    assert ServerConfig().heartbeat_timeout == 10.0
+    assert ServerConfig(heartbeat_timeout=2).heartbeat_timeout == 2
+
+
+def test_settings_are_frozen() -> None:
+    config = ServerConfig()
+    with pytest.raises(ValueError, match="frozen"):
+        config.heartbeat_timeout = 1  # type: ignore[misc]
+
+
+def test_the_command_line_passes_what_it_was_given(
+    config_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: list[ServerConfig] = []
+    monkeypatch.setattr(dex.server.app, "serve", served.append)
+    monkeypatch.setenv("DEX_RECONNECT_GRACE", "0.5")
+    runner = CliRunner()
+    result = runner.invoke(app, ["server", "--config", str(config_file), "--listen", "1.2.3.4:5"])
+    assert result.exit_code == 0, result.output
+    (config,) = served
+    assert (config.listen, config.reconnect_grace, config.drain_timeout) == ("1.2.3.4:5", 0.5, 7)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--listen", "nowhere"], "expected HOST:PORT"),
+        (["--heartbeat-timeout", "0"], "greater than 0"),
+        (["--config", "/no/such/dex.toml"], "no config file"),
+    ],
+)
+def test_bad_settings_are_a_usage_error(
+    args: list[str], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dex.server.app, "serve", lambda config: None)
+    monkeypatch.setenv("COLUMNS", "300")  # the error box on one line
+    result = CliRunner().invoke(app, ["server", *args])
+    assert result.exit_code == 2 and says in result.output
+
+
+def test_an_unknown_setting_in_the_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "dex.toml"
+    path.write_text("[server]\nheartbeat_timout = 3\n")
+    with pytest.raises(ValueError, match="heartbeat_timout"):
+        ServerConfig.load(path)
+
+
+def test_an_exporter_opentelemetry_does_not_know_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dex.server.app, "serve", lambda config: None)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin-over-carrier-pigeon")
+    monkeypatch.setenv("COLUMNS", "300")  # the error box on one line
+    result = CliRunner().invoke(app, ["server", "--tracing"])
+    assert result.exit_code == 2 and "choose otlp, console, none" in result.output
