@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sqlite3
 from importlib import resources
@@ -12,13 +13,16 @@ import psycopg
 import pytest
 
 from dex.errors import StorageError
-from dex.server.engine.state import SessionState
+from dex.server import records
+from dex.server.engine import handlers
+from dex.server.engine.state import SessionState, ToolCall, Turn, TurnStatus
 from dex.server.records import write
 from dex.server.store import postgres as postgres_module
 from dex.server.store import sqlite as sqlite_module
-from dex.server.store.base import migrations
+from dex.server.store.base import SessionQuery, Store, migrations
 from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore
+from dex.wire import AgentSpec, Approval, ModelResponse, ModelToolCall, ToolCallStatus, ToolSpec
 
 # table -> column -> (declared type, NOT NULL, position in the primary key or 0).
 # SQLite reports a TEXT PRIMARY KEY column as nullable unless it says NOT NULL.
@@ -35,6 +39,9 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "created_at": ("DOUBLE PRECISION", True, 0),
         "status": ("TEXT", True, 0),
         "state": ("TEXT", True, 0),
+        "updated_at": ("DOUBLE PRECISION", True, 0),
+        "waiting_since": ("DOUBLE PRECISION", False, 0),
+        "outcome_unknown": ("INTEGER", True, 0),
     },
     "history": {
         "session_id": ("TEXT", True, 1),
@@ -54,7 +61,15 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
     },
 }
 # Named indexes (the primary keys' own indexes aside): name -> (table, columns).
-INDEXES = {"sessions_running": ("sessions", ["status"])}
+INDEXES = {
+    "sessions_created": ("sessions", ["created_at", "id"]),
+    "sessions_updated": ("sessions", ["updated_at", "id"]),
+    "sessions_agent": ("sessions", ["agent", "created_at", "id"]),
+    "sessions_status": ("sessions", ["status", "created_at", "id"]),
+    "sessions_status_updated": ("sessions", ["status", "updated_at", "id"]),
+    "sessions_unknown": ("sessions", ["created_at", "id"]),
+    "sessions_waiting": ("sessions", ["waiting_since", "id"]),
+}
 
 LATEST = max(number for number, _ in migrations("sqlite"))
 
@@ -252,3 +267,148 @@ async def test_a_failing_postgres_migration_changes_nothing(
     assert "extra" not in pg_columns(postgres_url)
     monkeypatch.undo()
     assert await open_and_close_pg(postgres_url) == PG_LATEST
+
+
+def pg_indexes(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'sessions' "
+            "AND indexname <> 'sessions_pkey'"
+        ).fetchall()
+    return {name for (name,) in rows}
+
+
+async def test_postgres_migrations_give_the_sqlite_indexes(postgres_url: str) -> None:
+    await open_and_close_pg(postgres_url)
+
+    assert pg_indexes(postgres_url) == set(INDEXES)
+
+
+# --- sessions stored before the fleet columns (SQLite 0002, PostgreSQL 0003) ------------------
+
+T0 = 1_000.0
+SPEC = AgentSpec(name="helper", tools=[ToolSpec(name="charge", approval=Approval.ALWAYS)])
+NEW_FIELDS = ("updated_at", "last_turn_status", "unknown_ended")
+
+
+def _as_before(state: SessionState) -> str:
+    """The state's JSON as a version before the fleet columns wrote it."""
+    data = json.loads(records.session_record(state).state)
+    for name in NEW_FIELDS:
+        data.pop(name)
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _waiting(session_id: str, note: str) -> SessionState:
+    state = SessionState(id=session_id, agent="helper", created_at=T0)
+    t, _ = handlers.receive_message(state, SPEC, "charge", None, T0 + 1)
+    handlers.assign(state, t.ready[0].id, "w1", T0 + 1)
+    call = ModelToolCall(id="c1", name="charge", arguments={"note": note})
+    handlers.complete_model(state, SPEC, t.ready[0].id, 1, ModelResponse(tool_calls=[call]), T0 + 2)
+    return state
+
+
+def stored_before() -> tuple[
+    list[tuple[str, str, float, str, str]], list[tuple[str, int, str, str]]
+]:
+    """Rows of sessions (id, agent, created_at, status, state) and ended turns (session,
+    number, status, turn) as a version before the fleet columns stored them: one whose
+    last turn failed with an outcome_unknown call, one waiting for an approval (a NUL in
+    its arguments), one whose approval is recorded, and one idle after a good turn."""
+    unknown = ToolCall(
+        id="1.1",
+        model_call_id="c1",
+        name="charge",
+        arguments={},
+        kind=None,
+        idempotency_key="failed/1.1",
+        status=ToolCallStatus.OUTCOME_UNKNOWN,
+    )
+    failed_turn = Turn(
+        number=1, status=TurnStatus.FAILED, started_at=T0, ended_at=T0 + 1, tool_calls=[unknown]
+    )
+    done_turn = Turn(number=1, status=TurnStatus.COMPLETED, started_at=T0, ended_at=T0 + 1)
+    ended = SessionState(id="failed", agent="helper", created_at=T0, messages_received=1)
+    done = SessionState(id="done", agent="helper", created_at=T0 + 1, messages_received=1)
+    approved = _waiting("approved", "ok")
+    handlers.record_input(approved, {"kind": "approve", "call_id": "1.1"}, T0 + 3)
+    sessions = [
+        (s.id, s.agent, s.created_at, s.status.value, _as_before(s))
+        for s in (ended, done, _waiting("waiting", "a\x00b"), approved)
+    ]
+    turns = [
+        (sid, 1, t.status.value, records.turn_record(t).turn)
+        for sid, t in (("failed", failed_turn), ("done", done_turn))
+    ]
+    return sessions, turns
+
+
+EXPECTED = {
+    # id: (status, waiting_since, outcome_unknown, updated_at)
+    "failed": ("failed", None, 1, T0),
+    "done": ("idle", None, 0, T0 + 1),
+    "waiting": ("waiting", T0 + 2, 0, T0),
+    "approved": ("running", None, 0, T0),
+}
+
+
+async def _check_filled(store: Store) -> None:
+    listed = await store.list_sessions(SessionQuery(limit=10))
+    got = {r.id: (r.status, r.waiting_since, r.outcome_unknown, r.updated_at) for r in listed}
+    assert got == EXPECTED
+    raw = await store.load_session("failed")
+    assert raw is not None
+    failed, _ = records.session(raw)
+    assert (failed.last_turn_status, failed.unknown_ended, failed.updated_at) == (
+        TurnStatus.FAILED,
+        1,
+        T0,
+    )
+    assert failed.fleet_status().value == "failed"
+    raw = await store.load_session("waiting")
+    assert raw is not None
+    waiting, _ = records.session(raw)
+    assert waiting.turn is not None and waiting.turn.tool_calls[0].arguments == {"note": "a\x00b"}
+    assert waiting.last_turn_status is None and waiting.unknown_ended == 0
+    assert sorted(await store.running_sessions()) == ["approved", "waiting"]
+
+
+async def test_sqlite_migration_fills_the_fleet_columns_of_stored_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "dex.sqlite3"
+    monkeypatch.setattr(sqlite_module, "migrations", lambda dialect: migrations(dialect)[:1])
+    await open_and_close(path)
+    sessions, turns = stored_before()
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.executemany("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)", sessions)
+        conn.executemany("INSERT INTO turns VALUES (?, ?, ?, ?)", turns)
+    conn.close()
+    monkeypatch.undo()
+
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        await _check_filled(store)
+    finally:
+        await store.close()
+
+
+async def test_postgres_migration_fills_the_fleet_columns_of_stored_sessions(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(postgres_module, "migrations", lambda dialect: migrations(dialect)[:2])
+    await open_and_close_pg(postgres_url)
+    sessions, turns = stored_before()
+    with psycopg.connect(postgres_url) as conn:
+        conn.cursor().executemany("INSERT INTO sessions VALUES (%s, %s, %s, %s, %s)", sessions)
+        conn.cursor().executemany("INSERT INTO turns VALUES (%s, %s, %s, %s)", turns)
+    monkeypatch.undo()
+
+    store = PostgresStore(postgres_url)
+    await store.open()
+    try:
+        await _check_filled(store)
+    finally:
+        await store.close()

@@ -79,7 +79,18 @@ def _write(
 
 
 def session_record(state: SessionState) -> SessionRecord:
-    return SessionRecord(state.id, state.agent, state.created_at, state.status.value, _dump(state))
+    """The state as JSON, with the columns the session list filters on: what the API
+    shows as its status, since when it waits for a person, its unknown outcomes."""
+    return SessionRecord(
+        state.id,
+        state.agent,
+        state.created_at,
+        state.fleet_status().value,
+        _dump(state),
+        updated_at=state.updated_at or state.created_at,
+        waiting_since=state.waiting_since(),
+        outcome_unknown=state.outcome_unknown(),
+    )
 
 
 def turn_record(turn: Turn) -> TurnRecord:

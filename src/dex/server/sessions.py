@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, DexError, InvalidInput, NotFound
-from dex.server import handouts, records, views
+from dex.server import fleet, handouts, records, views
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
@@ -232,7 +232,8 @@ class Sessions:
             raise InvalidInput(
                 "a session id is 1-128 letters, digits or _.:-", session_id=session_id
             )
-        state = SessionState(id=session_id, agent=agent, created_at=self.clock.now())
+        now = self.clock.now()
+        state = SessionState(id=session_id, agent=agent, created_at=now, updated_at=now)
         try:
             await self.store.write(records.write(session=state, create=True))
         except Conflict:  # a new session's row conflicts only on its id
@@ -241,8 +242,21 @@ class Sessions:
             ) from None
         return state
 
-    async def list_rows(self, limit: int, after: str | None) -> list[SessionRow]:
-        return await self.store.list_sessions(limit, after)
+    async def list_sessions(
+        self, filters: fleet.Filters, limit: int, cursor: str | None
+    ) -> tuple[list[SessionRow], str | None]:
+        """One page of the sessions ``filters`` select, and the next page's cursor."""
+        return await fleet.list_sessions(self.store, filters, limit, cursor)
+
+    async def inbox(
+        self, limit: int, cursor: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """What waits for a person (approvals, questions) across sessions, one page."""
+
+        async def state_of(session_id: str) -> SessionState:
+            return (await self._actor(session_id)).state
+
+        return await fleet.inbox(self.store, state_of, limit, cursor)
 
     async def send(self, session_id: str, text: str, message_id: str | None) -> tuple[int, bool]:
         """Returns (message number, whether this call created it)."""
@@ -263,8 +277,11 @@ class Sessions:
             await self._apply_locked(actor, handle, message_id=message_id)
             return result[0], True
 
-    async def wait_turn(self, session_id: str, number: int, timeout: float) -> Turn | None:
-        """The turn once it has ended, or ``None`` if it runs past ``timeout``."""
+    async def wait_turn(
+        self, session_id: str, number: int, timeout: float
+    ) -> tuple[Turn | None, list[dict[str, Any]]]:
+        """The turn once it has ended or waits for a person, with what it waits for (an
+        approval, an answer); ``(None, [])`` if it runs on past ``timeout``."""
         actor = await self._actor(session_id)
         if number < 1 or number > actor.state.messages_received:
             raise NotFound(f"session {session_id} has no turn {number}")
@@ -272,15 +289,20 @@ class Sessions:
         while True:
             turn = await self._ended_turn(actor, number)
             if turn is not None:
-                return turn
+                return turn, []
+            current = actor.state.turn
+            if current is not None and current.number == number:
+                waits = views.person_waits(actor.state)
+                if waits:
+                    return current, waits
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return None
+                return None, []
             event = actor.turn_waiters.setdefault(number, asyncio.Event())
             try:
                 await asyncio.wait_for(event.wait(), remaining)
             except TimeoutError:
-                return None
+                return None, []
 
     async def _ended_turn(self, actor: Actor, number: int) -> Turn | None:
         turn = actor.state.turn
@@ -310,10 +332,8 @@ class Sessions:
             )
         return {
             "session": {
-                "id": state.id,
-                "agent": state.agent,
-                "status": state.status.value,
-                "created_at": state.created_at,
+                **views.session_row(state),
+                "last_turn_status": state.last_turn_status,
                 "messages_received": state.messages_received,
                 "queued_messages": [m.model_dump() for m in state.queued],
             },
@@ -459,11 +479,8 @@ class Sessions:
             assert call is not None
 
             def handle(s: SessionState, now: float) -> Transition:
-                t = Transition()
-                handlers.append_history(
-                    s, t, handlers.reconcile(call, status, result, error, by, now)
-                )
-                return t
+                ended = updated is not None
+                return handlers.reconcile_call(s, call, ended, status, result, error, by, now)
 
             # a failed commit drops the actor (and the loaded turn): nothing half-applied stays
             await self._apply_locked(actor, handle, updated_turn=updated)
@@ -664,6 +681,7 @@ class Sessions:
                     handed.append((step, worker))
         start = state.history_length
         state.history_length += len(t.history)  # before encoding: the stored state counts them
+        state.updated_at = now
         try:
             write = records.write(
                 session=state,
@@ -726,6 +744,9 @@ class Sessions:
                     "status": t.ended_turn.status.value,
                 },
             )
+        turn = actor.state.turn
+        if turn is not None and turn.number in actor.turn_waiters and actor.state.person_waits():
+            actor.turn_waiters.pop(turn.number).set()  # its waiters return: a person must act
 
     def _handout(self, actor: Actor, step: Step, worker: WorkerConn) -> dict[str, Any]:
         state = actor.state

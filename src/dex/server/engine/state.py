@@ -158,6 +158,24 @@ class SessionStatus(StrEnum):
     RUNNING = "running"
 
 
+class FleetStatus(StrEnum):
+    """A session's status as the API shows it (and the store indexes it): the engine's
+    ``SessionStatus`` told apart further."""
+
+    IDLE = "idle"
+    """No turn runs; the last one completed or was cancelled (or there was none)."""
+    RUNNING = "running"
+    """A turn runs and waits for no person."""
+    WAITING = "waiting"
+    """A turn waits for a person: an approval or an answer to a question."""
+    FAILED = "failed"
+    """No turn runs, and the last one failed."""
+
+
+PERSON_WAITS = (StepType.AWAIT_TOOL_APPROVAL, StepType.AWAIT_QUESTION_ANSWER)
+"""The waits that a person ends (a timer ends by itself)."""
+
+
 class SessionState(Wire):
     id: str
     agent: str
@@ -175,6 +193,12 @@ class SessionState(Wire):
     """Estimated size of what the model sees, for compaction."""
     inbox: list[dict[str, Any]] = Field(default_factory=list)
     """Recorded inputs (an approval, an answer, a fired timer) whose handler has not run."""
+    updated_at: float = 0.0
+    """When the latest transition was committed."""
+    last_turn_status: TurnStatus | None = None
+    """How the latest ended turn ended."""
+    unknown_ended: int = 0
+    """Tool calls of ended turns that are ``outcome_unknown`` and not reconciled yet."""
 
     def context(self, history: Sequence[T], end: int | None = None) -> list[T]:
         """What the model sees: the latest summary, then the history from ``context_start``
@@ -204,6 +228,35 @@ class SessionState(Wire):
         if self.turn is None:
             return []
         return [s for s in self.turn.steps if s.status == StepStatus.WAITING]
+
+    def person_waits(self) -> list[Step]:
+        """The waits for a person (an approval, an answer) whose resolution is not recorded
+        yet: what the turn waits for until somebody acts."""
+        if self.turn is None:
+            return []
+        recorded = {e["step_id"] for e in self.inbox}
+        return [
+            s
+            for s in self.turn.steps
+            if s.status == StepStatus.WAITING and s.type in PERSON_WAITS and s.id not in recorded
+        ]
+
+    def waiting_since(self) -> float | None:
+        """Since when the turn waits for a person (its oldest such wait); None if it does not."""
+        since = [s.wait.since if s.wait else s.created_at for s in self.person_waits()]
+        return min(since) if since else None
+
+    def fleet_status(self) -> FleetStatus:
+        if self.turn is not None:
+            return FleetStatus.WAITING if self.person_waits() else FleetStatus.RUNNING
+        if self.last_turn_status == TurnStatus.FAILED:
+            return FleetStatus.FAILED
+        return FleetStatus.IDLE
+
+    def outcome_unknown(self) -> int:
+        """How many of the session's tool calls are ``outcome_unknown``, not reconciled."""
+        live = self.turn.tool_calls if self.turn is not None else []
+        return self.unknown_ended + sum(c.status == ToolCallStatus.OUTCOME_UNKNOWN for c in live)
 
 
 def attempt_id(session_id: str, step_id: str, number: int) -> str:
