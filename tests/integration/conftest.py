@@ -21,6 +21,7 @@ import anyio
 import orjson
 import pytest
 import uvicorn
+from fastapi import FastAPI
 from starlette.testclient import TestClient, WebSocketTestSession
 
 import dex
@@ -112,10 +113,17 @@ class Api:
         return rows
 
 
+def fastapi_of(app: Any) -> FastAPI:
+    """The FastAPI app inside the node's layers (each holds the next as ``.app``)."""
+    while not isinstance(app, FastAPI):
+        app = app.app
+    return app
+
+
 def make_api_app(
     data_dir: Path, heartbeat_timeout: float = HEARTBEAT_TIMEOUT, reconnect_grace: float = 1.0
 ) -> BodyLimit:
-    """The node's ASGI app: the FastAPI app, as ``.app``, behind the body limit."""
+    """The node's ASGI app: the FastAPI app (``fastapi_of``) behind the body limit."""
     app = asgi(
         ServerConfig(
             data_dir=data_dir,
@@ -133,7 +141,7 @@ def api(tmp_path: Path) -> Iterator[Api]:
     """The app with its lifespan running; no agent registered yet."""
     asgi_app = make_api_app(tmp_path / "data")
     with TestClient(asgi_app) as client:
-        yield Api(client, asgi_app.app)
+        yield Api(client, fastapi_of(asgi_app))
 
 
 @pytest.fixture

@@ -6,14 +6,16 @@ import asyncio
 import json
 import re
 import sqlite3
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from dex.errors import StorageError
-from dex.server import records
+from dex.server import records, views
 from dex.server.engine import handlers
 from dex.server.engine.state import SessionState, ToolCall, Turn, TurnStatus
 from dex.server.records import write
@@ -39,9 +41,22 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "created_at": ("DOUBLE PRECISION", True, 0),
         "status": ("TEXT", True, 0),
         "state": ("TEXT", True, 0),
+        "turn": ("INTEGER", False, 0),
         "updated_at": ("DOUBLE PRECISION", True, 0),
         "waiting_since": ("DOUBLE PRECISION", False, 0),
         "outcome_unknown": ("INTEGER", True, 0),
+    },
+    "steps": {
+        "session_id": ("TEXT", True, 1),
+        "turn": ("INTEGER", True, 2),
+        "seq": ("INTEGER", True, 3),
+        "step": ("TEXT", True, 0),
+    },
+    "calls": {
+        "session_id": ("TEXT", True, 1),
+        "turn": ("INTEGER", True, 2),
+        "seq": ("INTEGER", True, 3),
+        "call": ("TEXT", True, 0),
     },
     "history": {
         "session_id": ("TEXT", True, 1),
@@ -198,6 +213,8 @@ TEXT_KEYS = {
     ("agents", "name"),
     ("sessions", "id"),
     ("history", "session_id"),
+    ("steps", "session_id"),
+    ("calls", "session_id"),
     ("turns", "session_id"),
     ("messages", "session_id"),
     ("messages", "message_id"),
@@ -291,11 +308,48 @@ SPEC = AgentSpec(name="helper", tools=[ToolSpec(name="charge", approval=Approval
 NEW_FIELDS = ("updated_at", "last_turn_status", "unknown_ended")
 
 
-def _as_before(state: SessionState) -> str:
-    """The state's JSON as a version before the fleet columns wrote it."""
-    data = json.loads(records.session_record(state).state)
+@dataclass
+class Before:
+    """Rows as the versions before the fleet columns stored them."""
+
+    sessions: list[tuple[Any, ...]] = field(default_factory=list)
+    """(id, agent, created_at, status, turn, state)"""
+    turns: list[tuple[Any, ...]] = field(default_factory=list)
+    """(session_id, number, status, turn)"""
+    steps: list[tuple[Any, ...]] = field(default_factory=list)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    """(session_id, turn, seq, json)"""
+
+    def add(self, state: SessionState, ended: Turn | None = None, *, format: int) -> None:
+        """``state`` (and its ended turn) as format 1 wrote it (Steps and calls inside the
+        records) or as format 2 did (in rows of their own)."""
+        if format == 1:
+            self.sessions.append((*self._columns(state), None, _old(views.plain(state))))
+            if ended is not None:
+                self.turns.append(
+                    (state.id, ended.number, ended.status.value, _old(views.plain(ended)))
+                )
+            return
+        w = records.write(session=state, ended_turn=ended)
+        assert w.session is not None
+        self.sessions.append(
+            (*self._columns(state), w.session.turn, _old(json.loads(w.session.state)))
+        )
+        if w.ended_turn is not None:
+            t = w.ended_turn
+            self.turns.append((state.id, t.number, t.status, t.turn))
+        self.steps += [(state.id, r.turn, r.seq, r.json) for r in w.steps]
+        self.calls += [(state.id, r.turn, r.seq, r.json) for r in w.calls]
+
+    @staticmethod
+    def _columns(state: SessionState) -> tuple[Any, ...]:
+        return (state.id, state.agent, state.created_at, state.status.value)
+
+
+def _old(data: dict[str, Any]) -> str:
+    """A record's JSON without the fields the fleet columns brought."""
     for name in NEW_FIELDS:
-        data.pop(name)
+        data.pop(name, None)
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -308,47 +362,49 @@ def _waiting(session_id: str, note: str) -> SessionState:
     return state
 
 
-def stored_before() -> tuple[
-    list[tuple[str, str, float, str, str]], list[tuple[str, int, str, str]]
-]:
-    """Rows of sessions (id, agent, created_at, status, state) and ended turns (session,
-    number, status, turn) as a version before the fleet columns stored them: one whose
-    last turn failed with an outcome_unknown call, one waiting for an approval (a NUL in
-    its arguments), one whose approval is recorded, and one idle after a good turn."""
+def _failed(session_id: str) -> tuple[SessionState, Turn]:
+    """An idle session whose turn 1 failed with an outcome_unknown call."""
     unknown = ToolCall(
         id="1.1",
         model_call_id="c1",
         name="charge",
         arguments={},
         kind=None,
-        idempotency_key="failed/1.1",
+        idempotency_key=f"{session_id}/1.1",
         status=ToolCallStatus.OUTCOME_UNKNOWN,
     )
-    failed_turn = Turn(
+    turn = Turn(
         number=1, status=TurnStatus.FAILED, started_at=T0, ended_at=T0 + 1, tool_calls=[unknown]
     )
-    done_turn = Turn(number=1, status=TurnStatus.COMPLETED, started_at=T0, ended_at=T0 + 1)
-    ended = SessionState(id="failed", agent="helper", created_at=T0, messages_received=1)
+    return SessionState(id=session_id, agent="helper", created_at=T0, messages_received=1), turn
+
+
+def stored_before() -> Before:
+    """In each format: a session whose last turn failed with an outcome_unknown call, one
+    waiting for an approval (a NUL in its arguments), one whose approval is recorded; and
+    one idle after a good turn."""
+    before = Before()
+    for f in (1, 2):
+        before.add(*_failed(f"failed-{f}"), format=f)
+        before.add(_waiting(f"waiting-{f}", "a\x00b"), format=f)
+        approved = _waiting(f"approved-{f}", "ok")
+        handlers.record_input(approved, {"kind": "approve", "call_id": "1.1"}, T0 + 3)
+        before.add(approved, format=f)
     done = SessionState(id="done", agent="helper", created_at=T0 + 1, messages_received=1)
-    approved = _waiting("approved", "ok")
-    handlers.record_input(approved, {"kind": "approve", "call_id": "1.1"}, T0 + 3)
-    sessions = [
-        (s.id, s.agent, s.created_at, s.status.value, _as_before(s))
-        for s in (ended, done, _waiting("waiting", "a\x00b"), approved)
-    ]
-    turns = [
-        (sid, 1, t.status.value, records.turn_record(t).turn)
-        for sid, t in (("failed", failed_turn), ("done", done_turn))
-    ]
-    return sessions, turns
+    before.add(
+        done,
+        Turn(number=1, status=TurnStatus.COMPLETED, started_at=T0, ended_at=T0 + 1),
+        format=1,
+    )
+    return before
 
 
 EXPECTED = {
     # id: (status, waiting_since, outcome_unknown, updated_at)
-    "failed": ("failed", None, 1, T0),
+    **{f"failed-{f}": ("failed", None, 1, T0) for f in (1, 2)},
+    **{f"waiting-{f}": ("waiting", T0 + 2, 0, T0) for f in (1, 2)},
+    **{f"approved-{f}": ("running", None, 0, T0) for f in (1, 2)},
     "done": ("idle", None, 0, T0 + 1),
-    "waiting": ("waiting", T0 + 2, 0, T0),
-    "approved": ("running", None, 0, T0),
 }
 
 
@@ -356,34 +412,55 @@ async def _check_filled(store: Store) -> None:
     listed = await store.list_sessions(SessionQuery(limit=10))
     got = {r.id: (r.status, r.waiting_since, r.outcome_unknown, r.updated_at) for r in listed}
     assert got == EXPECTED
-    raw = await store.load_session("failed")
-    assert raw is not None
-    failed, _ = records.session(raw)
-    assert (failed.last_turn_status, failed.unknown_ended, failed.updated_at) == (
-        TurnStatus.FAILED,
-        1,
-        T0,
-    )
-    assert failed.fleet_status().value == "failed"
-    raw = await store.load_session("waiting")
-    assert raw is not None
-    waiting, _ = records.session(raw)
-    assert waiting.turn is not None and waiting.turn.tool_calls[0].arguments == {"note": "a\x00b"}
-    assert waiting.last_turn_status is None and waiting.unknown_ended == 0
-    assert sorted(await store.running_sessions()) == ["approved", "waiting"]
+    for f in (1, 2):
+        raw = await store.load_session(f"failed-{f}")
+        assert raw is not None
+        failed, _, _ = records.session(raw)
+        assert (failed.last_turn_status, failed.unknown_ended, failed.updated_at) == (
+            TurnStatus.FAILED,
+            1,
+            T0,
+        )
+        assert failed.fleet_status().value == "failed"
+        raw = await store.load_session(f"waiting-{f}")
+        assert raw is not None
+        waiting, _, _ = records.session(raw)
+        assert waiting.turn is not None
+        assert waiting.turn.tool_calls[0].arguments == {"note": "a\x00b"}
+        assert waiting.last_turn_status is None and waiting.unknown_ended == 0
+    in_a_turn = [f"{kind}-{f}" for kind in ("approved", "waiting") for f in (1, 2)]
+    assert sorted(await store.running_sessions()) == sorted(in_a_turn)
+
+
+def _numbered(dialect: str, name: str) -> int:
+    """The number of the migration file ``NNNN_{name}.sql`` of ``dialect``."""
+    folder = resources.files("dex.server.store") / "migrations" / dialect
+    (number,) = [int(e.name[:4]) for e in folder.iterdir() if e.name[5:] == f"{name}.sql"]
+    return number
+
+
+FLEET_SQLITE, FLEET_POSTGRES = _numbered("sqlite", "fleet"), _numbered("postgresql", "fleet")
+"""The migrations that bring the fleet columns."""
 
 
 async def test_sqlite_migration_fills_the_fleet_columns_of_stored_sessions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "dex.sqlite3"
-    monkeypatch.setattr(sqlite_module, "migrations", lambda dialect: migrations(dialect)[:1])
+    older = migrations("sqlite")[: FLEET_SQLITE - 1]
+    monkeypatch.setattr(sqlite_module, "migrations", lambda dialect: older)
     await open_and_close(path)
-    sessions, turns = stored_before()
+    before = stored_before()
     conn = sqlite3.connect(path)
     with conn:
-        conn.executemany("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)", sessions)
-        conn.executemany("INSERT INTO turns VALUES (?, ?, ?, ?)", turns)
+        conn.executemany(
+            "INSERT INTO sessions (id, agent, created_at, status, turn, state) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            before.sessions,
+        )
+        conn.executemany("INSERT INTO turns VALUES (?, ?, ?, ?)", before.turns)
+        conn.executemany("INSERT INTO steps VALUES (?, ?, ?, ?)", before.steps)
+        conn.executemany("INSERT INTO calls VALUES (?, ?, ?, ?)", before.calls)
     conn.close()
     monkeypatch.undo()
 
@@ -398,12 +475,19 @@ async def test_sqlite_migration_fills_the_fleet_columns_of_stored_sessions(
 async def test_postgres_migration_fills_the_fleet_columns_of_stored_sessions(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(postgres_module, "migrations", lambda dialect: migrations(dialect)[:2])
+    older = migrations("postgresql")[: FLEET_POSTGRES - 1]
+    monkeypatch.setattr(postgres_module, "migrations", lambda dialect: older)
     await open_and_close_pg(postgres_url)
-    sessions, turns = stored_before()
-    with psycopg.connect(postgres_url) as conn:
-        conn.cursor().executemany("INSERT INTO sessions VALUES (%s, %s, %s, %s, %s)", sessions)
-        conn.cursor().executemany("INSERT INTO turns VALUES (%s, %s, %s, %s)", turns)
+    before = stored_before()
+    with psycopg.connect(postgres_url) as conn, conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO sessions (id, agent, created_at, status, turn, state) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            before.sessions,
+        )
+        cur.executemany("INSERT INTO turns VALUES (%s, %s, %s, %s)", before.turns)
+        cur.executemany("INSERT INTO steps VALUES (%s, %s, %s, %s)", before.steps)
+        cur.executemany("INSERT INTO calls VALUES (%s, %s, %s, %s)", before.calls)
     monkeypatch.undo()
 
     store = PostgresStore(postgres_url)

@@ -9,6 +9,7 @@ the engine's own models, so the document follows them when they change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -123,6 +124,7 @@ class RunningAttempt(BaseModel):
     output_chars: int
 
 
+@dataclass(kw_only=True)
 class SessionToolCall(ToolCall):
     turn: int
 

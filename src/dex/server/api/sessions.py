@@ -92,8 +92,8 @@ def _turn_body(
         "waiting_for": waits,
         "text": turn.text,
         "error": turn.error,
-        "tool_calls": [c.model_dump(mode="json") for c in turn.tool_calls],
-        "steps": [s.model_dump(mode="json") for s in turn.steps],
+        "tool_calls": views.plain(turn.tool_calls),
+        "steps": views.plain(turn.steps),
         "started_at": turn.started_at,
         "ended_at": turn.ended_at,
     }
@@ -190,13 +190,23 @@ async def get_agent_snapshot(session_id: str, request: Request) -> ORJSONRespons
     },
 )
 async def send_message(session_id: str, body: SendMessage, request: Request) -> ORJSONResponse:
-    sessions = _sessions(request)
+    result, status = await send(request.app, session_id, body)
+    return ORJSONResponse(result, status)
+
+
+async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, Any], int]:
+    """The message send, as this route and ``hot.HotRoutes`` both answer it: the body and
+    the status."""
+    sessions: Sessions = app.state.sessions
     number, created = await sessions.send(session_id, body.text, body.message_id)
-    wait = min(body.wait_seconds, request.app.state.config.max_wait_seconds)
-    turn, waits = await sessions.wait_turn(session_id, number, wait)
+    turn: Turn | None = None
+    waits: list[dict[str, Any]] = []
+    if body.wait_seconds > 0:
+        wait = min(body.wait_seconds, app.state.config.max_wait_seconds)
+        turn, waits = await sessions.wait_turn(session_id, number, wait)
     result = _turn_body(session_id, number, turn, waits)
     result["created"] = created
-    return ORJSONResponse(result, 201 if created else 200)
+    return result, 201 if created else 200
 
 
 @router.get(
@@ -319,7 +329,7 @@ async def reconcile(
     call = await _sessions(request).reconcile(
         session_id, call_id, body.status, body.result, body.error, body.by
     )
-    return ORJSONResponse(call.model_dump(mode="json"))
+    return ORJSONResponse(views.plain(call))
 
 
 @router.get(
