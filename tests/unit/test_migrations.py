@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -432,6 +433,23 @@ async def _check_filled(store: Store) -> None:
     assert sorted(await store.running_sessions()) == sorted(in_a_turn)
 
 
+COLUMNS = {
+    "sessions": "id, agent, created_at, status, turn, state",
+    "turns": "session_id, number, status, turn",
+    "steps": "session_id, turn, seq, step",
+    "calls": "session_id, turn, seq, call",
+}
+
+
+def insert(
+    executemany: Callable[[str, list[tuple[Any, ...]]], Any], rows: Before, mark: str
+) -> None:
+    """Insert ``rows`` with a driver's ``executemany`` and its placeholder ``mark``."""
+    for table, columns in COLUMNS.items():
+        marks = ", ".join([mark] * len(columns.split(",")))
+        executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", getattr(rows, table))
+
+
 def _numbered(dialect: str, name: str) -> int:
     """The number of the migration file ``NNNN_{name}.sql`` of ``dialect``."""
     folder = resources.files("dex.server.store") / "migrations" / dialect
@@ -450,17 +468,9 @@ async def test_sqlite_migration_fills_the_fleet_columns_of_stored_sessions(
     older = migrations("sqlite")[: FLEET_SQLITE - 1]
     monkeypatch.setattr(sqlite_module, "migrations", lambda dialect: older)
     await open_and_close(path)
-    before = stored_before()
     conn = sqlite3.connect(path)
     with conn:
-        conn.executemany(
-            "INSERT INTO sessions (id, agent, created_at, status, turn, state) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            before.sessions,
-        )
-        conn.executemany("INSERT INTO turns VALUES (?, ?, ?, ?)", before.turns)
-        conn.executemany("INSERT INTO steps VALUES (?, ?, ?, ?)", before.steps)
-        conn.executemany("INSERT INTO calls VALUES (?, ?, ?, ?)", before.calls)
+        insert(conn.executemany, stored_before(), "?")
     conn.close()
     monkeypatch.undo()
 
@@ -478,16 +488,8 @@ async def test_postgres_migration_fills_the_fleet_columns_of_stored_sessions(
     older = migrations("postgresql")[: FLEET_POSTGRES - 1]
     monkeypatch.setattr(postgres_module, "migrations", lambda dialect: older)
     await open_and_close_pg(postgres_url)
-    before = stored_before()
     with psycopg.connect(postgres_url) as conn, conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO sessions (id, agent, created_at, status, turn, state) "
-            "VALUES (%s, %s, %s, %s, %s, %s)",
-            before.sessions,
-        )
-        cur.executemany("INSERT INTO turns VALUES (%s, %s, %s, %s)", before.turns)
-        cur.executemany("INSERT INTO steps VALUES (%s, %s, %s, %s)", before.steps)
-        cur.executemany("INSERT INTO calls VALUES (%s, %s, %s, %s)", before.calls)
+        insert(cur.executemany, stored_before(), "%s")
     monkeypatch.undo()
 
     store = PostgresStore(postgres_url)
