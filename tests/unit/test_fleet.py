@@ -3,19 +3,23 @@ cursors of the fleet's lists: pure, without a store."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dex.errors import InvalidInput
 from dex.server import records, views
 from dex.server.engine import handlers
-from dex.server.engine.state import AttemptError, SessionState
+from dex.server.engine.state import AttemptError, SessionState, ToolCall, Turn, TurnStatus
 from dex.server.fleet import INBOX, decode_cursor, encode_cursor
+from dex.server.store.base import StoredTurn
 from dex.wire import (
     AgentSpec,
     Approval,
     AttemptProgress,
     ModelResponse,
     ModelToolCall,
+    ToolCallStatus,
     ToolKind,
     ToolOutcome,
     ToolSpec,
@@ -92,3 +96,28 @@ def test_a_cursor_reads_back_only_in_its_own_list() -> None:
     for bad in ("", "!!", "bnVsbA", encode_cursor("created", 1.0, "x")[:-3]):
         with pytest.raises(InvalidInput, match="not one this server gave out"):
             decode_cursor("created", bad)
+
+
+def test_a_reconciled_call_of_a_format_1_turn_reads_back_reconciled() -> None:
+    """A turn archived by format 1 holds its calls inside its record; a call reconciled
+    later is stored as a row of its own, and reading the turn takes the row."""
+    call = ToolCall(
+        id="1.1",
+        model_call_id="c1",
+        name="book",
+        arguments={},
+        kind=None,
+        idempotency_key="s1/1.1",
+        status=ToolCallStatus.OUTCOME_UNKNOWN,
+    )
+    turn = Turn(number=1, status=TurnStatus.COMPLETED, started_at=1.0, tool_calls=[call])
+    format_1 = json.dumps(views.plain(turn))
+    state = SessionState(id="s1", agent="helper", created_at=1.0, unknown_ended=1)
+    handlers.reconcile_call(state, call, True, "succeeded", "booked", None, "ops", 2.0)
+    [row] = records.write(session=state, archived_call=(1, call)).calls
+
+    read = records.turn(StoredTurn(format_1, [], [row.json]))
+
+    assert read.tool_calls[0].status == ToolCallStatus.SUCCEEDED
+    assert read.tool_calls[0].result == "booked"
+    assert state.outcome_unknown() == 0

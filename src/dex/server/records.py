@@ -227,6 +227,12 @@ def turn(stored: StoredTurn) -> Turn:
     record = _decode(_TURN, stored.turn)
     if _format(stored.turn) >= 2:
         _attach(record, stored.steps, stored.calls)
+        return record
+    for text in stored.calls:  # a format-1 turn's call changed since (reconciled): a row
+        call = _decode(_CALL, text)
+        seq = _seq(call.id)
+        if 0 < seq <= len(record.tool_calls):
+            record.tool_calls[seq - 1] = call
     return record
 
 
