@@ -24,7 +24,7 @@ async def test_idle_sessions_beyond_the_cap_are_forgotten_and_reload(tmp_path: P
         await sessions.send("s0", "hello", None)
         for i in range(1, 6):
             await sessions.snapshot(f"s{i}")
-        cached = list(sessions._actors)
+        cached = list(sessions.actors)
         assert len(cached) == 3
         assert "s0" in cached and cached[-1] == "s5"
 

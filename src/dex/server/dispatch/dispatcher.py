@@ -132,7 +132,10 @@ class Dispatcher:
         self._timers: list[tuple[float, int, str, str]] = []
         self._deadlines: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
-        self._wake = asyncio.Event()
+        self._ready_count = 0
+        """Steps in the ready queues: a freed credit wakes the loop only when one waits."""
+        self._waiter: asyncio.Future[None] | None = None
+        """What the loop sleeps on until the next deadline or a ``_wake``."""
         self._assign: Assign | None = None
         self._expire: Expire | None = None
         self._fire: Fire | None = None
@@ -193,7 +196,7 @@ class Dispatcher:
                     held.expiring = True
                     unnamed.append(held)
         stop = [a for a in claimed if a not in conn.attempts]
-        self._wake.set()
+        self._wake()
         return stop, unnamed
 
     def disconnect(self, conn: WorkerConn) -> None:
@@ -210,7 +213,7 @@ class Dispatcher:
                 held.grace_until = until
                 heapq.heappush(self._deadlines, (until, next(self._seq), attempt_id))
         self._forget_resume(conn.id)
-        self._wake.set()
+        self._wake()
 
     def _forget_resume(self, worker_id: str) -> None:
         if worker_id not in self.workers and not any(
@@ -285,7 +288,8 @@ class Dispatcher:
 
     def release(self, worker: WorkerConn) -> None:
         worker.reserved -= 1
-        self._wake.set()
+        if self._ready_count:
+            self._wake()
 
     def offer(self, session_id: str, step_id: str, queue: str, not_before: float | None) -> None:
         """A Step is queued: hand it out when a Worker is free and its backoff is over."""
@@ -293,7 +297,8 @@ class Dispatcher:
             heapq.heappush(self._delayed, (not_before, next(self._seq), session_id, step_id, queue))
         else:
             self._ready.setdefault(queue, deque()).append((session_id, step_id))
-        self._wake.set()
+            self._ready_count += 1
+        self._wake()
 
     def queued(self) -> dict[str, int]:
         """How many Steps wait in each queue (ready or in backoff)."""
@@ -305,7 +310,7 @@ class Dispatcher:
     def arm_timer(self, session_id: str, step_id: str, due: float) -> None:
         """Fire an AwaitTimer at ``due`` (wall clock); at once if it came due meanwhile."""
         heapq.heappush(self._timers, (due, next(self._seq), session_id, step_id))
-        self._wake.set()
+        self._wake()
 
     def hold(self, worker: WorkerConn, attempt_id: str, held: Held) -> None:
         worker.reserved -= 1
@@ -328,7 +333,8 @@ class Dispatcher:
             held.conn.attempts.discard(attempt_id)
             if held.conn.closed:
                 self._forget_resume(held.conn.id)
-            self._wake.set()
+            if self._ready_count:
+                self._wake()
         return held
 
     def heartbeat(self, conn: WorkerConn, attempt_id: str) -> bool:
@@ -341,13 +347,21 @@ class Dispatcher:
 
     # --- the loop ---------------------------------------------------------------------
 
+    def _wake(self) -> None:
+        """Have the loop look again now (new work, a freed credit, an earlier deadline)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            self._wake.clear()
+            self._waiter = loop.create_future()
             now_wall = self.clock.now()
             while self._delayed and self._delayed[0][0] <= now_wall:
                 _, _, sid, step_id, queue = heapq.heappop(self._delayed)
                 self._ready.setdefault(queue, deque()).append((sid, step_id))
+                self._ready_count += 1
             self._fire_timers(now_wall)
             self._pump()
             self._expire_attempts()
@@ -357,10 +371,10 @@ class Dispatcher:
                     timeout = min(timeout, max(0.0, heap[0][0] - self.clock.now()))
             if self._deadlines:
                 timeout = min(timeout, max(0.0, self._deadlines[0][0] - time.monotonic()))
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            except TimeoutError:
-                pass
+            if not self._waiter.done():
+                timer = loop.call_later(timeout, self._wake)
+                await self._waiter
+                timer.cancel()
 
     def _fire_timers(self, now: float) -> None:
         assert self._fire is not None
@@ -378,6 +392,7 @@ class Dispatcher:
                 if queue is None:
                     break
                 sid, step_id = self._ready[queue].popleft()
+                self._ready_count -= 1
                 worker.reserved += 1
                 self.spawn(self._hand_out(sid, step_id, worker))
 
