@@ -149,7 +149,7 @@ class Traffic:
         while True:
             try:
                 result = await self.client.wait_turn(session_id, turn, timeout=30)
-                if result["status"] != "running":
+                if result["status"] not in ("running", "waiting"):  # the approver approves
                     return
             except Exception as e:
                 self.note(f"wait {session_id} turn {turn}", e)

@@ -264,7 +264,7 @@ def _check_messages(found: Findings, evidence: Evidence) -> None:
             turn = evidence.turns.get((send.session, send.turn))
             status = turn["status"] if turn else "missing"
             found.turns[status] += 1
-            if status in ("running", "missing"):
+            if status in ("running", "waiting", "missing"):
                 found.add("stuck", send.session, f"turn {send.turn} ({send.message_id}) {status}")
     for session, texts in in_history.items():
         for text in texts:
@@ -292,7 +292,11 @@ def _check_steps(found: Findings, evidence: Evidence) -> None:
             found.add("step_running_unheld", session, attempt)
         turn = snapshot["current_turn"]
         state = snapshot["session"]
-        if state["status"] != "idle" or turn is not None or state["queued_messages"]:
+        if (
+            state["status"] not in ("idle", "failed")
+            or turn is not None
+            or state["queued_messages"]
+        ):
             found.add(
                 "stuck",
                 session,
@@ -300,7 +304,7 @@ def _check_steps(found: Findings, evidence: Evidence) -> None:
                 f"{len(state['queued_messages'])} queued, waits {snapshot['waits']}",
             )
     for (session, number), turn in evidence.turns.items():
-        if turn["status"] == "running":
+        if turn["status"] in ("running", "waiting"):
             continue
         for step in turn["steps"]:
             if step["status"] in ("running", "queued", "waiting"):

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+
+import pytest
 
 from dex.testing import wait_until
 from tests.support.rig import Rig
@@ -122,3 +125,46 @@ def test_dex_fork_makes_a_session_with_the_history_before_a_turn(rig: Rig) -> No
     assert rig.client.get_agent_snapshot("again")["history"] == original[: starts[1]]
     missing = dex(rig, "fork", sid, "--turn", "7")
     assert missing.returncode == 1 and "has no turn 7" in missing.stderr
+
+
+ISO_LOCAL = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d")
+
+
+@pytest.mark.timeout(240)  # nine dex commands, each a process of its own
+def test_dex_send_returns_at_an_approval_and_inbox_and_sessions_show_it(rig: Rig) -> None:
+    rig.start_server()
+    rig.start_worker()
+    idle = rig.session("waiter")
+    sid = rig.session("waiter")
+
+    sent = dex(rig, "send", sid, 'call: [["delete_all", {}]]', "--wait", "60")
+
+    assert sent.returncode == 0, sent.stderr
+    turn = json.loads(sent.stdout)
+    assert turn["status"] == "waiting" and turn["waiting_for"][0]["tool"] == "delete_all"
+    assert "waits: approve delete_all()" in sent.stderr
+    assert f"dex approve {sid} 1.1" in sent.stderr
+
+    inbox = dex(rig, "inbox")
+    assert inbox.returncode == 0, inbox.stderr
+    [line] = [line for line in inbox.stdout.splitlines() if sid in line]
+    assert "1.1" in line and "approve delete_all()" in line and ISO_LOCAL.search(line)
+
+    waiting = dex(rig, "sessions", "--status", "waiting")
+    [row] = [line for line in waiting.stdout.splitlines() if sid in line]
+    assert "waiting" in row and len(ISO_LOCAL.findall(row)) == 3  # created, updated, since
+    assert idle not in waiting.stdout
+    page = dex(rig, "sessions", "--limit", "1", "--created-since", "1h")
+    assert sid in page.stdout and idle not in page.stdout  # newest first
+    cursor = page.stderr.split("--cursor ")[1].split()[0]
+    rest = json.loads(dex(rig, "sessions", "--limit", "1", "--cursor", cursor, "--json").stdout)
+    assert [s["id"] for s in rest["sessions"]] == [idle] and rest["next_cursor"] is None
+
+    bad = dex(rig, "sessions", "--created-since", "yesterday")
+    assert bad.returncode == 2 and "is not a time" in bad.stderr
+    stale = dex(rig, "sessions", "--cursor", "not-a-cursor")
+    assert stale.returncode == 1 and "error: the cursor is not one" in stale.stderr
+
+    rig.client.approve(sid, "1.1")
+    assert rig.wait_turn(sid, turn["turn"])["status"] == "completed"
+    assert "nothing waits for a person" in dex(rig, "inbox").stdout

@@ -36,7 +36,7 @@ def test_a_server_on_postgres_runs_turns_and_recovers_after_a_kill(
     assert results(t)[0]["status"] == "succeeded"  # a read runs again
     history = rig.client.get_agent_snapshot(sid)["history"]
     assert [i["type"] for i in history][:2] == ["user", "assistant"]
-    assert [r["id"] for r in rig.client.list_sessions()] == [sid]
+    assert [r["id"] for r in rig.client.list_sessions()["sessions"]] == [sid]
     assert not (rig.tmp / "data" / "dex.sqlite3").exists()  # it ran on PostgreSQL
 
 
@@ -56,7 +56,7 @@ def test_two_servers_on_one_postgres_one_leads_and_the_other_takes_over_when_it_
     try:
         assert readyz(first) == (200, {"status": "ready", "role": "active", "epoch": 1})
         with dex.SyncClient(first.address) as client:
-            assert client.list_sessions() == []
+            assert client.list_sessions() == {"sessions": [], "next_cursor": None}
 
         second.start(ready=False)  # it answers, and waits for the lease as a standby
         assert not second.ready()

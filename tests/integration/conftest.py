@@ -35,6 +35,7 @@ from dex.wire import (
     AgentSpec,
     Item,
     ModelResponse,
+    RecoveryError,
     RetryPolicy,
     ToolKind,
     ToolResultItem,
@@ -208,6 +209,10 @@ class FakeWorker:
 
     def done(self, attempt_id: str, result: dict[str, Any]) -> dict[str, Any]:
         self.send({"t": "done", "attempt_id": attempt_id, "result": result})
+        return self.ack(attempt_id)
+
+    def fail(self, attempt_id: str, error: RecoveryError) -> dict[str, Any]:
+        self.send({"t": "fail", "attempt_id": attempt_id, "error": error.model_dump(mode="json")})
         return self.ack(attempt_id)
 
 

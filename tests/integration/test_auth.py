@@ -45,7 +45,7 @@ def test_no_token_is_a_401_with_a_json_body_and_changes_nothing(http: TestClient
     assert refused.headers["www-authenticate"] == "Bearer"
     assert http.get("/v1/sessions", headers=bearer("wrong")).status_code == 401
     listed = http.get("/v1/sessions", headers=bearer(CLIENT))
-    assert listed.status_code == 200 and listed.json() == {"sessions": []}
+    assert listed.status_code == 200 and listed.json() == {"sessions": [], "next_cursor": None}
 
 
 def test_a_token_of_another_role_is_a_403(http: TestClient) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,18 @@ async def test_create_and_list_sessions(client: dex.Client, dex_worker: dex.Work
     generated = await client.create_session("helper")
     assert generated["id"] not in ("", "alpha")
     await client.create_session("helper", "beta")
-    listed = await client.list_sessions()
-    assert sorted(s["id"] for s in listed) == sorted(["alpha", "beta", generated["id"]])
+    listed = (await client.list_sessions())["sessions"]
+    assert [s["id"] for s in listed] == ["beta", generated["id"], "alpha"]  # newest first
     first_two = await client.list_sessions(limit=2)
-    rest = await client.list_sessions(limit=2, after=first_two[-1]["id"])
-    assert [s["id"] for s in first_two + rest] == sorted(s["id"] for s in listed)
+    rest = await client.list_sessions(limit=2, cursor=first_two["next_cursor"])
+    assert [s["id"] for s in first_two["sessions"] + rest["sessions"]] == [s["id"] for s in listed]
+    assert rest["next_cursor"] is None
+    between = (listed[1]["created_at"] + listed[2]["created_at"]) / 2
+    since = datetime.fromtimestamp(between, UTC)
+    newer = await client.list_sessions(created_since=since, status="idle", agent="helper")
+    assert [s["id"] for s in newer["sessions"]] == ["beta", generated["id"]]
+    with pytest.raises(ValueError, match="timezone"):
+        await client.list_sessions(created_since=datetime(2024, 1, 1))
 
 
 async def test_send_message_and_wait_returns_the_final_text(
@@ -132,7 +140,7 @@ async def test_errors_map_to_dex_exceptions(client: dex.Client, dex_worker: dex.
         await client.list_sessions(limit=0)
     for exc in (missing.value, conflict.value, invalid.value):
         assert isinstance(exc, dex.DexError) and exc.message and not exc.retryable
-    assert [s["id"] for s in await client.list_sessions()] == ["taken"]
+    assert [s["id"] for s in (await client.list_sessions())["sessions"]] == ["taken"]
 
 
 async def test_client_with_no_server_raises_unavailable() -> None:

@@ -139,8 +139,10 @@ class Rig:
         return turn
 
     def wait_turn(self, session_id: str, turn: int, timeout: float = 30) -> dict[str, Any]:
+        """The turn once it has ended (a turn that waits for a person has not)."""
         result: dict[str, Any] = self.client.wait_turn(session_id, turn, timeout=timeout)
-        assert result["status"] != "running", f"turn {turn} still running after {timeout}s"
+        status = result["status"]
+        assert status not in ("running", "waiting"), f"turn {turn} still {status} after {timeout}s"
         return result
 
     def current_step(self, session_id: str, type_: str) -> dict[str, Any] | None:

@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from dex.errors import StorageError
-from dex.server.engine.state import SessionState
+from dex.server import records, views
+from dex.server.engine import handlers
+from dex.server.engine.state import SessionState, ToolCall, Turn, TurnStatus
 from dex.server.records import write
 from dex.server.store import postgres as postgres_module
 from dex.server.store import sqlite as sqlite_module
-from dex.server.store.base import migrations
+from dex.server.store.base import SessionQuery, Store, migrations
 from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore
+from dex.wire import AgentSpec, Approval, ModelResponse, ModelToolCall, ToolCallStatus, ToolSpec
 
 # table -> column -> (declared type, NOT NULL, position in the primary key or 0).
 # SQLite reports a TEXT PRIMARY KEY column as nullable unless it says NOT NULL.
@@ -36,6 +43,9 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "status": ("TEXT", True, 0),
         "state": ("TEXT", True, 0),
         "turn": ("INTEGER", False, 0),
+        "updated_at": ("DOUBLE PRECISION", True, 0),
+        "waiting_since": ("DOUBLE PRECISION", False, 0),
+        "outcome_unknown": ("INTEGER", True, 0),
     },
     "steps": {
         "session_id": ("TEXT", True, 1),
@@ -67,7 +77,15 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
     },
 }
 # Named indexes (the primary keys' own indexes aside): name -> (table, columns).
-INDEXES = {"sessions_running": ("sessions", ["status"])}
+INDEXES = {
+    "sessions_created": ("sessions", ["created_at", "id"]),
+    "sessions_updated": ("sessions", ["updated_at", "id"]),
+    "sessions_agent": ("sessions", ["agent", "created_at", "id"]),
+    "sessions_status": ("sessions", ["status", "created_at", "id"]),
+    "sessions_status_updated": ("sessions", ["status", "updated_at", "id"]),
+    "sessions_unknown": ("sessions", ["created_at", "id"]),
+    "sessions_waiting": ("sessions", ["waiting_since", "id"]),
+}
 
 LATEST = max(number for number, _ in migrations("sqlite"))
 
@@ -267,3 +285,216 @@ async def test_a_failing_postgres_migration_changes_nothing(
     assert "extra" not in pg_columns(postgres_url)
     monkeypatch.undo()
     assert await open_and_close_pg(postgres_url) == PG_LATEST
+
+
+def pg_indexes(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'sessions' "
+            "AND indexname <> 'sessions_pkey'"
+        ).fetchall()
+    return {name for (name,) in rows}
+
+
+async def test_postgres_migrations_give_the_sqlite_indexes(postgres_url: str) -> None:
+    await open_and_close_pg(postgres_url)
+
+    assert pg_indexes(postgres_url) == set(INDEXES)
+
+
+# --- sessions stored before the fleet columns (SQLite 0002, PostgreSQL 0003) ------------------
+
+T0 = 1_000.0
+SPEC = AgentSpec(name="helper", tools=[ToolSpec(name="charge", approval=Approval.ALWAYS)])
+NEW_FIELDS = ("updated_at", "last_turn_status", "unknown_ended")
+
+
+@dataclass
+class Before:
+    """Rows as the versions before the fleet columns stored them."""
+
+    sessions: list[tuple[Any, ...]] = field(default_factory=list)
+    """(id, agent, created_at, status, turn, state)"""
+    turns: list[tuple[Any, ...]] = field(default_factory=list)
+    """(session_id, number, status, turn)"""
+    steps: list[tuple[Any, ...]] = field(default_factory=list)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    """(session_id, turn, seq, json)"""
+
+    def add(self, state: SessionState, ended: Turn | None = None, *, format: int) -> None:
+        """``state`` (and its ended turn) as format 1 wrote it (Steps and calls inside the
+        records) or as format 2 did (in rows of their own)."""
+        if format == 1:
+            self.sessions.append((*self._columns(state), None, _old(views.plain(state))))
+            if ended is not None:
+                self.turns.append(
+                    (state.id, ended.number, ended.status.value, _old(views.plain(ended)))
+                )
+            return
+        w = records.write(session=state, ended_turn=ended)
+        assert w.session is not None
+        self.sessions.append(
+            (*self._columns(state), w.session.turn, _old(json.loads(w.session.state)))
+        )
+        if w.ended_turn is not None:
+            t = w.ended_turn
+            self.turns.append((state.id, t.number, t.status, t.turn))
+        self.steps += [(state.id, r.turn, r.seq, r.json) for r in w.steps]
+        self.calls += [(state.id, r.turn, r.seq, r.json) for r in w.calls]
+
+    @staticmethod
+    def _columns(state: SessionState) -> tuple[Any, ...]:
+        return (state.id, state.agent, state.created_at, state.status.value)
+
+
+def _old(data: dict[str, Any]) -> str:
+    """A record's JSON without the fields the fleet columns brought."""
+    for name in NEW_FIELDS:
+        data.pop(name, None)
+    return json.dumps(data, separators=(",", ":"))
+
+
+def _waiting(session_id: str, note: str) -> SessionState:
+    state = SessionState(id=session_id, agent="helper", created_at=T0)
+    t, _ = handlers.receive_message(state, SPEC, "charge", None, T0 + 1)
+    handlers.assign(state, t.ready[0].id, "w1", T0 + 1)
+    call = ModelToolCall(id="c1", name="charge", arguments={"note": note})
+    handlers.complete_model(state, SPEC, t.ready[0].id, 1, ModelResponse(tool_calls=[call]), T0 + 2)
+    return state
+
+
+def _failed(session_id: str) -> tuple[SessionState, Turn]:
+    """An idle session whose turn 1 failed with an outcome_unknown call."""
+    unknown = ToolCall(
+        id="1.1",
+        model_call_id="c1",
+        name="charge",
+        arguments={},
+        kind=None,
+        idempotency_key=f"{session_id}/1.1",
+        status=ToolCallStatus.OUTCOME_UNKNOWN,
+    )
+    turn = Turn(
+        number=1, status=TurnStatus.FAILED, started_at=T0, ended_at=T0 + 1, tool_calls=[unknown]
+    )
+    return SessionState(id=session_id, agent="helper", created_at=T0, messages_received=1), turn
+
+
+def stored_before() -> Before:
+    """In each format: a session whose last turn failed with an outcome_unknown call, one
+    waiting for an approval (a NUL in its arguments), one whose approval is recorded; and
+    one idle after a good turn."""
+    before = Before()
+    for f in (1, 2):
+        before.add(*_failed(f"failed-{f}"), format=f)
+        before.add(_waiting(f"waiting-{f}", "a\x00b"), format=f)
+        approved = _waiting(f"approved-{f}", "ok")
+        handlers.record_input(approved, {"kind": "approve", "call_id": "1.1"}, T0 + 3)
+        before.add(approved, format=f)
+    done = SessionState(id="done", agent="helper", created_at=T0 + 1, messages_received=1)
+    before.add(
+        done,
+        Turn(number=1, status=TurnStatus.COMPLETED, started_at=T0, ended_at=T0 + 1),
+        format=1,
+    )
+    return before
+
+
+EXPECTED = {
+    # id: (status, waiting_since, outcome_unknown, updated_at)
+    **{f"failed-{f}": ("failed", None, 1, T0) for f in (1, 2)},
+    **{f"waiting-{f}": ("waiting", T0 + 2, 0, T0) for f in (1, 2)},
+    **{f"approved-{f}": ("running", None, 0, T0) for f in (1, 2)},
+    "done": ("idle", None, 0, T0 + 1),
+}
+
+
+async def _check_filled(store: Store) -> None:
+    listed = await store.list_sessions(SessionQuery(limit=10))
+    got = {r.id: (r.status, r.waiting_since, r.outcome_unknown, r.updated_at) for r in listed}
+    assert got == EXPECTED
+    for f in (1, 2):
+        raw = await store.load_session(f"failed-{f}")
+        assert raw is not None
+        failed, _, _ = records.session(raw)
+        assert (failed.last_turn_status, failed.unknown_ended, failed.updated_at) == (
+            TurnStatus.FAILED,
+            1,
+            T0,
+        )
+        assert failed.fleet_status().value == "failed"
+        raw = await store.load_session(f"waiting-{f}")
+        assert raw is not None
+        waiting, _, _ = records.session(raw)
+        assert waiting.turn is not None
+        assert waiting.turn.tool_calls[0].arguments == {"note": "a\x00b"}
+        assert waiting.last_turn_status is None and waiting.unknown_ended == 0
+    in_a_turn = [f"{kind}-{f}" for kind in ("approved", "waiting") for f in (1, 2)]
+    assert sorted(await store.running_sessions()) == sorted(in_a_turn)
+
+
+COLUMNS = {
+    "sessions": "id, agent, created_at, status, turn, state",
+    "turns": "session_id, number, status, turn",
+    "steps": "session_id, turn, seq, step",
+    "calls": "session_id, turn, seq, call",
+}
+
+
+def insert(
+    executemany: Callable[[str, list[tuple[Any, ...]]], Any], rows: Before, mark: str
+) -> None:
+    """Insert ``rows`` with a driver's ``executemany`` and its placeholder ``mark``."""
+    for table, columns in COLUMNS.items():
+        marks = ", ".join([mark] * len(columns.split(",")))
+        executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", getattr(rows, table))
+
+
+def _numbered(dialect: str, name: str) -> int:
+    """The number of the migration file ``NNNN_{name}.sql`` of ``dialect``."""
+    folder = resources.files("dex.server.store") / "migrations" / dialect
+    (number,) = [int(e.name[:4]) for e in folder.iterdir() if e.name[5:] == f"{name}.sql"]
+    return number
+
+
+FLEET_SQLITE, FLEET_POSTGRES = _numbered("sqlite", "fleet"), _numbered("postgresql", "fleet")
+"""The migrations that bring the fleet columns."""
+
+
+async def test_sqlite_migration_fills_the_fleet_columns_of_stored_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "dex.sqlite3"
+    older = migrations("sqlite")[: FLEET_SQLITE - 1]
+    monkeypatch.setattr(sqlite_module, "migrations", lambda dialect: older)
+    await open_and_close(path)
+    conn = sqlite3.connect(path)
+    with conn:
+        insert(conn.executemany, stored_before(), "?")
+    conn.close()
+    monkeypatch.undo()
+
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        await _check_filled(store)
+    finally:
+        await store.close()
+
+
+async def test_postgres_migration_fills_the_fleet_columns_of_stored_sessions(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    older = migrations("postgresql")[: FLEET_POSTGRES - 1]
+    monkeypatch.setattr(postgres_module, "migrations", lambda dialect: older)
+    await open_and_close_pg(postgres_url)
+    with psycopg.connect(postgres_url) as conn, conn.cursor() as cur:
+        insert(cur.executemany, stored_before(), "%s")
+    monkeypatch.undo()
+
+    store = PostgresStore(postgres_url)
+    await store.open()
+    try:
+        await _check_filled(store)
+    finally:
+        await store.close()

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -257,6 +258,22 @@ def demo(
 
 Address = Annotated[str, typer.Option(envvar="DEX_ADDRESS", help="Server address(es).")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+class StatusFilter(StrEnum):
+    IDLE = "idle"
+    RUNNING = "running"
+    WAITING = "waiting"
+    FAILED = "failed"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+
+
+class Order(StrEnum):
+    CREATED = "created"
+    UPDATED = "updated"
+
+
+TIME_HELP = "ISO-8601 (local time unless it says), a time ago (30m, 2h, 7d) or Unix seconds."
 # Client commands send DEX_CLIENT_TOKEN when the server has auth on (dex.Client reads it).
 By = Annotated[str | None, typer.Option(help="Who does it (recorded).")]
 
@@ -271,8 +288,15 @@ def _call(address: str, action: Callable[[SyncClient], Any]) -> None:
             if value is not None:
                 _print(value)
         except DexError as e:
-            typer.echo(f"error: {e.message}", err=True)
+            typer.echo(f"error: {_explained(e)}", err=True)
             raise typer.Exit(1) from None
+
+
+def _explained(e: DexError) -> str:
+    """The error's message, with each problem the server found in the request."""
+    problems = e.details.get("problems") or []
+    found = "; ".join(f"{p.get('where')}: {p.get('problem')}" for p in problems)
+    return f"{e.message} ({found})" if found else e.message
 
 
 @app.command()
@@ -329,6 +353,29 @@ def events(
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         pass
+
+
+@app.command()
+def chat(
+    agent: Annotated[
+        str | None,
+        typer.Argument(help="The agent to talk to (default: the only one a Worker serves)."),
+    ] = None,
+    session: Annotated[
+        str | None, typer.Option("--session", help="Go on with this session.")
+    ] = None,
+    address: Address = DEFAULT_ADDRESS,
+) -> None:
+    """Talk to an agent in the terminal: its text streams as it comes, tool calls show as
+    they run, approvals and questions are asked here, and the chat picks up where it was
+    when the server restarts."""
+    from dex.cli import chat as chat_module
+
+    try:
+        chat_module.run(address, agent, session)
+    except DexError as e:
+        typer.echo(f"error: {e.message}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("step-down")
@@ -402,10 +449,123 @@ def send(
     session_id: str,
     text: str,
     address: Address = DEFAULT_ADDRESS,
-    wait: Annotated[float, typer.Option(help="Seconds to wait for the turn to end.")] = 60.0,
+    wait: Annotated[
+        float,
+        typer.Option(help="Seconds to wait for the turn to end or to wait for a person."),
+    ] = 60.0,
 ) -> None:
-    """Send a message to a session and print its turn."""
-    _call(address, lambda c: c.send_message(session_id, text, wait=wait > 0, timeout=wait))
+    """Send a message to a session and print its turn: once it ends, or as soon as it waits
+    for a person (an approval, an answer), saying what it waits for."""
+    from dex.cli import render
+
+    def sent(client: SyncClient) -> Any:
+        turn = client.send_message(session_id, text, wait=wait > 0, timeout=wait)
+        err = render.console(stderr=True)
+        for w in turn.get("waiting_for", []):
+            err.print(f"turn {turn['turn']} waits: {render.wait_text(w)}", markup=False)
+            err.print(f"  {render.how_to_act(w)}", markup=False)
+        return turn
+
+    _call(address, sent)
+
+
+@app.command()
+def sessions(
+    address: Address = DEFAULT_ADDRESS,
+    agent: Annotated[str | None, typer.Option(help="Only this agent's sessions.")] = None,
+    status: Annotated[
+        StatusFilter | None,
+        typer.Option(
+            help="waiting: for a person; failed: the last turn; outcome_unknown: a tool "
+            "call's outcome is unknown, not reconciled."
+        ),
+    ] = None,
+    created_since: Annotated[str | None, typer.Option(help=TIME_HELP)] = None,
+    created_before: Annotated[str | None, typer.Option(help=TIME_HELP)] = None,
+    updated_since: Annotated[str | None, typer.Option(help=TIME_HELP)] = None,
+    updated_before: Annotated[str | None, typer.Option(help=TIME_HELP)] = None,
+    order: Annotated[
+        Order, typer.Option(help="Newest created first, or the latest changed first.")
+    ] = Order.CREATED,
+    limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="Where the previous page ended.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Sessions newest first, filtered: one page, and how to ask for the next."""
+    from dex.cli import render
+
+    times = {
+        name: _time(name, value)
+        for name, value in (
+            ("created_since", created_since),
+            ("created_before", created_before),
+            ("updated_since", updated_since),
+            ("updated_before", updated_before),
+        )
+    }
+
+    def show(client: SyncClient) -> Any:
+        page = client.list_sessions(
+            agent=agent,
+            status=status.value if status else None,
+            order=order.value,
+            limit=limit,
+            cursor=cursor,
+            **times,
+        )
+        if json_output:
+            return page
+        if not page["sessions"]:
+            typer.echo("no session matches")
+        else:
+            render.console().print(render.sessions_table(page["sessions"]))
+        _next_page(page["next_cursor"])
+        return None
+
+    _call(address, show)
+
+
+@app.command()
+def inbox(
+    address: Address = DEFAULT_ADDRESS,
+    limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="Where the previous page ended.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """What waits for a person across sessions: tool calls to approve, questions to answer."""
+    from dex.cli import render
+
+    def show(client: SyncClient) -> Any:
+        page = client.list_inbox(limit=limit, cursor=cursor)
+        if json_output:
+            return page
+        items = page["items"]
+        if not items:
+            typer.echo("nothing waits for a person")
+        else:
+            render.console().print(render.inbox_table(items))
+            typer.echo("approve: dex approve SESSION CALL   deny: dex deny SESSION CALL REASON")
+            typer.echo("answer:  dex answer SESSION CALL ANSWER")
+        _next_page(page["next_cursor"])
+        return None
+
+    _call(address, show)
+
+
+def _time(name: str, value: str | None) -> float | None:
+    from dex.cli.render import parse_time
+
+    if value is None:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--" + name.replace("_", "-")) from None
+
+
+def _next_page(cursor: str | None) -> None:
+    if cursor is not None:
+        typer.echo(f"more: the same command with --cursor {cursor}", err=True)
 
 
 @app.command()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -36,6 +37,9 @@ LONG_POLL_SLACK = 2.0
 RETRY_INITIAL = 0.05
 RETRY_MAX = 1.0
 """Backoff between rounds over the addresses: full jitter, up to 0.05 s doubling to 1 s."""
+
+Time = float | datetime
+"""A moment: Unix seconds, or a timezone-aware datetime."""
 
 _ERRORS: dict[int, type[DexError]] = {
     401: AuthError,
@@ -98,14 +102,46 @@ class Client:
         return await self._request("POST", f"/v1/sessions/{session_id}/fork", body)
 
     async def list_sessions(
-        self, limit: int = 100, after: str | None = None
-    ) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"limit": limit}
-        if after:
-            params["after"] = after
-        result = await self._request("GET", "/v1/sessions", params=params)
-        sessions: list[dict[str, Any]] = result["sessions"]
-        return sessions
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        created_since: Time | None = None,
+        created_before: Time | None = None,
+        updated_since: Time | None = None,
+        updated_before: Time | None = None,
+        order: str = "created",
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of sessions, newest first by ``order`` (``created`` or ``updated``):
+        ``{"sessions": [...], "next_cursor": ...}``; pass ``next_cursor`` as ``cursor``
+        (with the same filters) for the next page, until it is None.
+
+        ``status``: ``idle``, ``running``, ``waiting`` (for a person), ``failed`` (the last
+        turn failed) or ``outcome_unknown`` (a tool call's outcome is unknown and not
+        reconciled). Times are Unix seconds or aware datetimes; a range is ``[since,
+        before)``."""
+        params = _params(
+            agent=agent,
+            status=status,
+            created_since=_unix(created_since),
+            created_before=_unix(created_before),
+            updated_since=_unix(updated_since),
+            updated_before=_unix(updated_before),
+            order=order,
+            limit=limit,
+            cursor=cursor,
+        )
+        return await self._request("GET", "/v1/sessions", params=params)
+
+    async def list_inbox(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+        """What waits for a person across sessions, the latest first: ``{"items": [...],
+        "next_cursor": ...}``. Each item names the session, the tool call, its ``kind``
+        (``approval``: approve or deny it; ``question``: answer it), the tool and its
+        arguments, and the question and choices. A page holds the waits of up to
+        ``limit`` sessions."""
+        return await self._request("GET", "/v1/inbox", params=_params(limit=limit, cursor=cursor))
 
     async def send_message(
         self,
@@ -118,8 +154,10 @@ class Client:
     ) -> dict[str, Any]:
         """Send a user message. Its turn starts now, or after the running turn ends.
 
-        With ``wait=True`` return once the turn has ended (or ``timeout`` passed). Sending
-        again with the same ``message_id`` returns the first send's turn and changes nothing.
+        With ``wait=True`` return once the turn has ended, or as soon as it waits for a
+        person (``status`` ``waiting``: ``waiting_for`` lists each call to approve or
+        question to answer), or when ``timeout`` passed (``running``). Sending again with
+        the same ``message_id`` returns the first send's turn and changes nothing.
         """
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -147,7 +185,8 @@ class Client:
     async def wait_turn(
         self, session_id: str, turn: int, timeout: float | None = None
     ) -> dict[str, Any]:
-        """The turn once it has ended; if ``timeout`` passes first, its current record."""
+        """The turn once it has ended or waits for a person (``waiting``, with
+        ``waiting_for``); if ``timeout`` passes first, its current record."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             remaining = max(0.0, deadline - time.monotonic())
@@ -180,7 +219,7 @@ class Client:
 
     async def stream_events(
         self, session_id: str, *, last_event_id: int | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """The session's events as they happen (Server-Sent Events): ``history.item``,
         ``turn.started`` / ``turn.completed`` / ``turn.failed`` / ``turn.cancelled``,
         ``wait.started``, ``message.queued`` and live ``model.delta`` text. Each is
@@ -398,6 +437,19 @@ class _NoAnswer(Exception):
     def __init__(self, last: Exception | None) -> None:
         super().__init__(str(last))
         self.last = last
+
+
+def _unix(value: Time | None) -> float | None:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("give the datetime a timezone: a naive one names no moment")
+        return value.timestamp()
+    return value
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    """Query parameters, leaving out the ones not given."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _error(status: int, body: Any) -> DexError:

@@ -85,6 +85,15 @@ class Actor:
             if not waiter.done():
                 waiter.set_result(turn)
 
+    def wake_if_waiting(self) -> None:
+        """The current turn waits for a person: who waits for it hears of it now."""
+        turn = self.state.turn
+        if turn is None or turn.number not in self.turn_waiters or not self.state.person_waits():
+            return
+        for waiter in self.turn_waiters.pop(turn.number):
+            if not waiter.done():
+                waiter.set_result(turn)
+
     @property
     def idle(self) -> bool:
         """Nothing holds it, waits on it or is recorded for it: it may be forgotten."""

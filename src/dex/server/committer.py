@@ -104,6 +104,7 @@ class Committer:
             self.tracing.before_commit(state)
         start = state.history_length
         state.history_length += len(t.history)  # before encoding: the stored state counts them
+        state.updated_at = now
         try:
             write = records.write(
                 session=state,
@@ -200,6 +201,8 @@ class Committer:
         for step in t.timers:
             assert step.wait is not None and step.wait.deadline is not None
             self.dispatcher.arm_timer(sid, step.id, step.wait.deadline)
+        if actor.turn_waiters:
+            actor.wake_if_waiting()
         if t.ended_turn is not None:
             self.metrics.turn_ended(t.ended_turn)
             actor.remember(t.ended_turn)

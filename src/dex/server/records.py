@@ -156,7 +156,7 @@ def write(
         for archived in archived_turns or ():  # a fork's copies: every row
             Rows().changed(archived, steps, calls)
         return Write(
-            session=session_record(session) if session is not None else None,
+            session=session_record(session, memory) if session is not None else None,
             create=create,
             history=[ITEM.dump_json(item).decode() for item in history or ()],
             history_start=history_start,
@@ -176,15 +176,26 @@ def _seq(item_id: str) -> int:
     return int(item_id.rpartition(".")[2])
 
 
-def session_record(state: SessionState) -> SessionRecord:
+def session_record(state: SessionState, rows: Rows | None = None) -> SessionRecord:
+    """The state as JSON, with the columns the session list filters on: what the API
+    shows as its status, since when it waits for a person, its unknown outcomes. Those
+    look at the current turn's Steps and calls that may still change (``rows`` knows
+    which), so they cost what the change costs, not what the turn holds."""
     turn = state.turn
+    steps = calls = 0
+    if rows is not None and turn is not None and rows.turn == turn.number:
+        steps, calls = rows.done["s"], rows.done["c"]
+    waits = state.person_waits(steps)
     return SessionRecord(
         state.id,
         state.agent,
         state.created_at,
-        state.status.value,
+        state.fleet_status(waits).value,
         _bare(state, turn),
         turn.number if turn is not None else None,
+        updated_at=state.updated_at or state.created_at,
+        waiting_since=state.waiting_since(waits),
+        outcome_unknown=state.outcome_unknown(calls),
     )
 
 
@@ -221,6 +232,12 @@ def turn(stored: StoredTurn) -> Turn:
     record = _decode(_TURN, stored.turn)
     if _format(stored.turn) >= 2:
         _attach(record, stored.steps, stored.calls)
+        return record
+    for text in stored.calls:  # a format-1 turn's call changed since (reconciled): a row
+        call = _decode(_CALL, text)
+        seq = _seq(call.id)
+        if 0 < seq <= len(record.tool_calls):
+            record.tool_calls[seq - 1] = call
     return record
 
 

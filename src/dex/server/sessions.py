@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, DexError, InvalidInput, NotFound
-from dex.server import records, views
+from dex.server import fleet, records, views
 from dex.server.actors import Actor, Actors
 from dex.server.committer import Committer, Handle
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
@@ -268,7 +268,8 @@ class Sessions:
 
     async def create(self, agent: str, session_id: str | None) -> SessionState:
         self._spec(agent)
-        state = SessionState(id=_new_id(session_id), agent=agent, created_at=self.clock.now())
+        now = self.clock.now()
+        state = SessionState(id=_new_id(session_id), agent=agent, created_at=now, updated_at=now)
         await self._write_new(records.write(session=state, create=True))
         return state
 
@@ -298,8 +299,21 @@ class Sessions:
             sid = write.session.id
             raise Conflict(f"session {sid!r} already exists", session_id=sid) from None
 
-    async def list_rows(self, limit: int, after: str | None) -> list[SessionRow]:
-        return await self.store.list_sessions(limit, after)
+    async def list_sessions(
+        self, filters: fleet.Filters, limit: int, cursor: str | None
+    ) -> tuple[list[SessionRow], str | None]:
+        """One page of the sessions ``filters`` select, and the next page's cursor."""
+        return await fleet.list_sessions(self.store, filters, limit, cursor)
+
+    async def inbox(
+        self, limit: int, cursor: str | None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """What waits for a person (approvals, questions) across sessions, one page."""
+
+        async def state_of(session_id: str) -> SessionState:
+            return (await self.actors.get(session_id)).state
+
+        return await fleet.inbox(self.store, state_of, limit, cursor)
 
     async def send(self, session_id: str, text: str, message_id: str | None) -> tuple[int, bool]:
         """Returns (message number, whether this call created it)."""
@@ -328,30 +342,51 @@ class Sessions:
 
         return lambda s, now: handlers.receive_message(s, spec, text, message_id, now)[0]
 
-    async def wait_turn(self, session_id: str, number: int, timeout: float) -> Turn | None:
-        """The turn once it has ended, or ``None`` if it runs past ``timeout``."""
+    async def wait_turn(
+        self, session_id: str, number: int, timeout: float
+    ) -> tuple[Turn | None, list[dict[str, Any]]]:
+        """The turn once it has ended or waits for a person, with what it waits for (an
+        approval, an answer); ``(None, [])`` if it runs on past ``timeout``."""
         actor = await self.actors.get(session_id)
         if number < 1 or number > actor.state.messages_received:
             raise NotFound(f"session {session_id} has no turn {number}")
-        turn = await self._ended_turn(actor, number)
-        if turn is not None or timeout <= 0:
-            return turn
+        found = await self._turn_now(actor, number)
+        if found[0] is not None or timeout <= 0:
+            return found
         loop = asyncio.get_running_loop()
-        ended: asyncio.Future[Turn | None] = loop.create_future()
+        woken: asyncio.Future[Turn | None] = loop.create_future()
         waiters = actor.turn_waiters.setdefault(number, [])
-        waiters.append(ended)
-        timer = loop.call_later(timeout, _give_up, ended)
+        waiters.append(woken)
+        timer = loop.call_later(timeout, _give_up, woken)
         try:
-            # it may have ended while storage was read: look once more, now that ``ended``
-            # is registered to hear of it
-            turn = actor.ended.get(number) or await self._ended_turn(actor, number)
-            return turn if turn is not None else await ended
+            # it may have moved on while storage was read: look once more, now that
+            # ``woken`` is registered to hear of it
+            found = await self._turn_now(actor, number)
+            if found[0] is not None:
+                return found
+            await woken  # the turn ended, waits for a person, or the time is up
+            return await self._turn_now(actor, number)
         finally:
             timer.cancel()
-            if ended in waiters:
-                waiters.remove(ended)
+            if woken in waiters:
+                waiters.remove(woken)
             if not waiters and actor.turn_waiters.get(number) is waiters:
                 del actor.turn_waiters[number]
+
+    async def _turn_now(
+        self, actor: Actor, number: int
+    ) -> tuple[Turn | None, list[dict[str, Any]]]:
+        """Turn ``number`` if it has ended, or if it is the current one and waits for a
+        person (with what it waits for); ``(None, [])`` while it runs on."""
+        turn = actor.ended.get(number) or await self._ended_turn(actor, number)
+        if turn is not None:
+            return turn, []
+        current = actor.state.turn
+        if current is not None and current.number == number:
+            waits = views.person_waits(actor.state)
+            if waits:
+                return current, waits
+        return None, []
 
     async def _ended_turn(self, actor: Actor, number: int) -> Turn | None:
         turn = actor.state.turn
@@ -482,9 +517,7 @@ class Sessions:
             raise
 
         def handle(s: SessionState, now: float) -> Transition:
-            t = Transition()
-            handlers.append_history(s, t, handlers.reconcile(call, status, result, error, by, now))
-            return t
+            return handlers.reconcile_call(s, call, archived, status, result, error, by, now)
 
         # a failed commit drops the actor (and the loaded turn): nothing half-applied stays
         await self._apply_held(

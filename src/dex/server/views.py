@@ -40,10 +40,8 @@ def snapshot(
         )
     return {
         "session": {
-            "id": state.id,
-            "agent": state.agent,
-            "status": state.status.value,
-            "created_at": state.created_at,
+            **session_row(state),
+            "last_turn_status": state.last_turn_status,
             "messages_received": state.messages_received,
             "queued_messages": plain(state.queued),
             "forked_from": plain(state.forked_from) if state.forked_from else None,
@@ -78,26 +76,57 @@ def snapshot(
     }
 
 
-def pending_approvals(state: SessionState) -> list[dict[str, Any]]:
-    """The tool calls that wait for a person's approval (and none is recorded yet)."""
+def session_row(state: SessionState) -> dict[str, Any]:
+    """A session as the API lists it (the same columns the store keeps for the list)."""
+    return {
+        "id": state.id,
+        "agent": state.agent,
+        "status": state.fleet_status().value,
+        "created_at": state.created_at,
+        "updated_at": state.updated_at or state.created_at,
+        "waiting_since": state.waiting_since(),
+        "outcome_unknown": state.outcome_unknown(),
+    }
+
+
+WAIT_KIND = {StepType.AWAIT_TOOL_APPROVAL: "approval", StepType.AWAIT_QUESTION_ANSWER: "question"}
+
+
+def person_waits(state: SessionState) -> list[dict[str, Any]]:
+    """What the session's turn waits for a person to do: approve (or deny) a tool call, or
+    answer the question a tool asked; each with the call it is about."""
     turn = state.turn
     found = []
-    for step in state.waiting_steps():
-        if step.type != StepType.AWAIT_TOOL_APPROVAL or turn is None:
-            continue
-        call = turn.tool_call(step.tool_call_id or "")
-        if call is None or any(e["call_id"] == call.id for e in state.inbox):
+    for step in state.person_waits():
+        call = turn.tool_call(step.tool_call_id or "") if turn is not None else None
+        if turn is None or call is None:
             continue
         found.append(
             {
+                "session_id": state.id,
+                "agent": state.agent,
+                "turn": turn.number,
                 "call_id": call.id,
+                "step_id": step.id,
+                "kind": WAIT_KIND[step.type],
                 "tool": call.name,
                 "arguments": call.arguments,
                 "arguments_hash": call.arguments_hash,
+                "question": step.wait.question if step.wait else None,
+                "choices": step.wait.choices if step.wait else None,
                 "since": step.wait.since if step.wait else step.created_at,
             }
         )
     return found
+
+
+def pending_approvals(state: SessionState) -> list[dict[str, Any]]:
+    """The tool calls that wait for a person's approval (and none is recorded yet)."""
+    return [
+        {k: w[k] for k in ("call_id", "tool", "arguments", "arguments_hash", "since")}
+        for w in person_waits(state)
+        if w["kind"] == "approval"
+    ]
 
 
 def workers(dispatcher: Dispatcher, agents: dict[str, AgentSpec]) -> list[dict[str, Any]]:

@@ -10,14 +10,15 @@ the engine's own models, so the document follows them when they change.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from dex.server.engine.state import (
+    FleetStatus,
     ForkedFrom,
     QueuedMessage,
-    SessionStatus,
     Step,
     ToolCall,
     Turn,
@@ -66,18 +67,35 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 # --- sessions ------------------------------------------------------------------------------
 
 
+NEXT_CURSOR = (
+    "Pass it as `cursor` for the next page (with the same filters); null on the last page."
+)
+
+
 class Session(BaseModel):
     id: str
     agent: str
-    status: SessionStatus
-    created_at: float
+    status: FleetStatus = Field(
+        description="`idle`, `running`, `waiting` (the turn waits for a person: an approval "
+        "or an answer), or `failed` (no turn runs, and the last one failed)."
+    )
+    created_at: float = Field(description="Unix time.")
+    updated_at: float = Field(description="Unix time of the session's latest change.")
+    waiting_since: float | None = Field(
+        description="Since when the turn waits for a person (Unix time); null if it does not."
+    )
+    outcome_unknown: int = Field(
+        description="How many of its tool calls are `outcome_unknown`, not reconciled yet."
+    )
 
 
 class SessionList(BaseModel):
-    sessions: list[Session]
+    sessions: list[Session] = Field(description="Newest first by the `order` asked for.")
+    next_cursor: str | None = Field(description=NEXT_CURSOR)
 
 
 class SnapshotSession(Session):
+    last_turn_status: TurnStatus | None = Field(description="How the latest ended turn ended.")
     messages_received: int
     queued_messages: list[QueuedMessage]
     forked_from: ForkedFrom | None = Field(
@@ -139,12 +157,53 @@ class Snapshot(BaseModel):
     tool_calls: list[SessionToolCall]
 
 
+class PersonWait(BaseModel):
+    """Something a person must do for a turn to go on."""
+
+    session_id: str
+    agent: str
+    turn: int
+    call_id: str = Field(description="The tool call to approve, deny or answer.")
+    step_id: str
+    kind: Literal["approval", "question"] = Field(
+        description="`approval`: approve or deny the call; `question`: answer it."
+    )
+    tool: str
+    arguments: dict[str, Any]
+    arguments_hash: str = Field(description="What an approval is bound to.")
+    question: str | None = Field(description="What the tool asks (a `question`).")
+    choices: list[str] | None = Field(description="The answers it takes, if it named them.")
+    since: float = Field(description="Unix time the wait started.")
+
+
+class Inbox(BaseModel):
+    items: list[PersonWait] = Field(
+        description="What waits for a person, the sessions that started waiting last first."
+    )
+    next_cursor: str | None = Field(description=NEXT_CURSOR)
+
+
+class ShownTurnStatus(StrEnum):
+    """A turn's status as answered: ``waiting`` is a running turn that waits for a person."""
+
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
 class TurnResult(BaseModel):
-    """A turn: only `session_id`, `turn` and `status` while it runs."""
+    """A turn: only `session_id`, `turn` and `status` while it runs; while it waits for a
+    person, its record so far and `waiting_for`."""
 
     session_id: str
     turn: int
-    status: TurnStatus
+    status: ShownTurnStatus
+    waiting_for: list[PersonWait] = Field(
+        default_factory=list,
+        description="With `waiting`: each approval or answer the turn waits for.",
+    )
     text: str | None = None
     error: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)

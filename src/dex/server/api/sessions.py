@@ -14,7 +14,8 @@ from dex.server import views
 from dex.server.api import models
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
-from dex.server.engine.state import ToolCall
+from dex.server.engine.state import ToolCall, Turn
+from dex.server.fleet import Filters
 from dex.server.sessions import Sessions
 from dex.wire import Wire
 
@@ -52,7 +53,8 @@ class SendMessage(Wire):
         0,
         ge=0,
         le=3600,
-        description="Hold the response until the turn ends, up to this long.",
+        description="Hold the response until the turn ends or waits for a person (an "
+        "approval, an answer), up to this long.",
     )
 
 
@@ -89,13 +91,16 @@ def _sessions(request: Request) -> Sessions:
     return sessions
 
 
-def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
+def _turn_body(
+    session_id: str, number: int, turn: Turn | None, waits: list[dict[str, Any]]
+) -> dict[str, Any]:
     if turn is None:
         return {"session_id": session_id, "turn": number, "status": "running"}
     return {
         "session_id": session_id,
         "turn": number,
-        "status": turn.status.value,
+        "status": "waiting" if waits else turn.status.value,
+        "waiting_for": waits,
         "text": turn.text,
         "error": turn.error,
         "tool_calls": views.plain(turn.tool_calls),
@@ -113,15 +118,18 @@ def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
 )
 async def create_session(body: CreateSession, request: Request) -> ORJSONResponse:
     state = await _sessions(request).create(body.agent, body.session_id)
-    return ORJSONResponse(
-        {
-            "id": state.id,
-            "agent": state.agent,
-            "status": state.status.value,
-            "created_at": state.created_at,
-        },
-        201,
-    )
+    return ORJSONResponse(views.session_row(state), 201)
+
+
+def _time(description: str) -> Any:
+    return Query(ge=0, allow_inf_nan=False, description=description + " (Unix time).")
+
+
+Limit = Annotated[int, Query(ge=1, le=1000, description="At most this many per page.")]
+Cursor = Annotated[
+    str | None,
+    Query(max_length=1000, description="The `next_cursor` of the previous page."),
+]
 
 
 @router.post(
@@ -151,11 +159,47 @@ async def fork_session(session_id: str, body: Fork, request: Request) -> ORJSONR
 @router.get("/sessions", response_model=models.SessionList, responses=errors(422))
 async def list_sessions(
     request: Request,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    after: str | None = None,
+    agent: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    status: Annotated[
+        Literal["idle", "running", "waiting", "failed", "outcome_unknown"] | None,
+        Query(
+            description="A session status, or `outcome_unknown`: sessions with a tool call "
+            "whose outcome is unknown and not reconciled."
+        ),
+    ] = None,
+    created_since: Annotated[float | None, _time("Created at or after")] = None,
+    created_before: Annotated[float | None, _time("Created before")] = None,
+    updated_since: Annotated[float | None, _time("Last changed at or after")] = None,
+    updated_before: Annotated[float | None, _time("Last changed before")] = None,
+    order: Annotated[
+        Literal["created", "updated"],
+        Query(description="Newest first by creation, or by the latest change."),
+    ] = "created",
+    limit: Limit = 100,
+    cursor: Cursor = None,
 ) -> ORJSONResponse:
-    rows = await _sessions(request).list_rows(limit, after)
-    return ORJSONResponse({"sessions": [row.__dict__ for row in rows]})
+    """Sessions newest first, filtered, one page at a time. Each page costs the same at any
+    depth and any number of sessions: one filter with either order reads one index."""
+    filters = Filters(
+        agent=agent,
+        status=status,
+        created_since=created_since,
+        created_before=created_before,
+        updated_since=updated_since,
+        updated_before=updated_before,
+        order=order,
+    )
+    rows, next_cursor = await _sessions(request).list_sessions(filters, limit, cursor)
+    return ORJSONResponse({"sessions": [row.__dict__ for row in rows], "next_cursor": next_cursor})
+
+
+@router.get("/inbox", tags=["waits"], response_model=models.Inbox, responses=errors(422))
+async def list_inbox(request: Request, limit: Limit = 100, cursor: Cursor = None) -> ORJSONResponse:
+    """What waits for a person across sessions: tool calls to approve or deny, questions to
+    answer. A page holds the waits of up to `limit` sessions, the sessions that started
+    waiting last first."""
+    items, next_cursor = await _sessions(request).inbox(limit, cursor)
+    return ORJSONResponse({"items": items, "next_cursor": next_cursor})
 
 
 @router.get("/sessions/{session_id}", response_model=models.Snapshot, responses=errors(404, 422))
@@ -190,11 +234,12 @@ async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, 
     the status."""
     sessions: Sessions = app.state.sessions
     number, created = await sessions.send(session_id, body.text, body.message_id)
-    turn = None
+    turn: Turn | None = None
+    waits: list[dict[str, Any]] = []
     if body.wait_seconds > 0:
         wait = min(body.wait_seconds, app.state.config.max_wait_seconds)
-        turn = await sessions.wait_turn(session_id, number, wait)
-    result = _turn_body(session_id, number, turn)
+        turn, waits = await sessions.wait_turn(session_id, number, wait)
+    result = _turn_body(session_id, number, turn, waits)
     result["created"] = created
     return result, 201 if created else 200
 
@@ -208,12 +253,22 @@ async def get_turn(
     session_id: str,
     number: int,
     request: Request,
-    wait_seconds: Annotated[float, Query(ge=0, le=3600)] = 0,
+    wait_seconds: Annotated[
+        float,
+        Query(
+            ge=0,
+            le=3600,
+            description="Hold the answer until the turn ends or waits for a person, up to "
+            "this long.",
+        ),
+    ] = 0,
 ) -> ORJSONResponse:
+    """Turn `number`: `running`, `waiting` (for a person: `waiting_for` says for what), or
+    how it ended."""
     sessions = _sessions(request)
     wait = min(wait_seconds, request.app.state.config.max_wait_seconds)
-    turn = await sessions.wait_turn(session_id, number, wait)
-    return ORJSONResponse(_turn_body(session_id, number, turn))
+    turn, waits = await sessions.wait_turn(session_id, number, wait)
+    return ORJSONResponse(_turn_body(session_id, number, turn, waits))
 
 
 @router.get("/agents", tags=["agents"], response_model=models.AgentList)

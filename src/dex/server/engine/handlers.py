@@ -203,6 +203,25 @@ def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -
     return t
 
 
+def reconcile_call(
+    state: SessionState,
+    call: ToolCall,
+    ended: bool,
+    status: str,
+    result: Any,
+    error: str | None,
+    by: str | None,
+    now: float,
+) -> Transition:
+    """Reconcile ``call``, of the current turn or (``ended``) of an ended one; the note
+    goes into the history."""
+    t = Transition()
+    append_history(state, t, reconcile(call, status, result, error, by, now))
+    if ended:
+        state.unknown_ended = max(0, state.unknown_ended - 1)
+    return t
+
+
 def reconcile(
     call: ToolCall, status: str, result: Any, error: str | None, by: str | None, now: float
 ) -> NoteItem:
@@ -684,6 +703,8 @@ def _end_turn(
             append_history(state, t, NoteItem(text=_failed_turn_note(ran)))
     t.ended_turn = turn
     t.events.append({"type": f"turn.{status.value}", "turn": turn.number})
+    state.last_turn_status = status
+    state.unknown_ended += sum(c.status == ToolCallStatus.OUTCOME_UNKNOWN for c in turn.tool_calls)
     state.turn = None
     state.status = SessionStatus.IDLE
     if state.queued:

@@ -259,6 +259,24 @@ class SessionStatus(StrEnum):
     RUNNING = "running"
 
 
+class FleetStatus(StrEnum):
+    """A session's status as the API shows it (and the store indexes it): the engine's
+    ``SessionStatus`` told apart further."""
+
+    IDLE = "idle"
+    """No turn runs; the last one completed or was cancelled (or there was none)."""
+    RUNNING = "running"
+    """A turn runs and waits for no person."""
+    WAITING = "waiting"
+    """A turn waits for a person: an approval or an answer to a question."""
+    FAILED = "failed"
+    """No turn runs, and the last one failed."""
+
+
+PERSON_WAITS = (StepType.AWAIT_TOOL_APPROVAL, StepType.AWAIT_QUESTION_ANSWER)
+"""The waits that a person ends (a timer ends by itself)."""
+
+
 @dataclass(slots=True, kw_only=True)
 class SessionState:
     id: str
@@ -278,6 +296,12 @@ class SessionState:
     inbox: list[dict[str, Any]] = field(default_factory=list)
     """Recorded inputs (an approval, an answer, a fired timer) whose handler has not run."""
     forked_from: ForkedFrom | None = None
+    updated_at: float = 0.0
+    """When the latest transition was committed."""
+    last_turn_status: TurnStatus | None = None
+    """How the latest ended turn ended."""
+    unknown_ended: int = 0
+    """Tool calls of ended turns that are ``outcome_unknown`` and not reconciled yet."""
 
     def context(self, history: Sequence[T], end: int | None = None) -> list[T]:
         """What the model sees: the latest summary, then the history from ``context_start``
@@ -307,6 +331,46 @@ class SessionState:
         if self.turn is None:
             return []
         return [s for s in self.turn.steps if s.status == StepStatus.WAITING]
+
+    def person_waits(self, start: int = 0) -> list[Step]:
+        """The waits for a person (an approval, an answer) whose resolution is not recorded
+        yet: what the turn waits for until somebody acts. ``start``: the Steps before it
+        are known to have ended (a commit looks at the others only)."""
+        if self.turn is None:
+            return []
+        steps = self.turn.steps
+        recorded = {e["step_id"] for e in self.inbox}
+        return [
+            step
+            for i in range(start, len(steps))
+            if (step := steps[i]).status == StepStatus.WAITING
+            and step.type in PERSON_WAITS
+            and step.id not in recorded
+        ]
+
+    def waiting_since(self, waits: list[Step] | None = None) -> float | None:
+        """Since when the turn waits for a person (its oldest such wait); None if it does
+        not. ``waits``: its ``person_waits()``, when known."""
+        found = self.person_waits() if waits is None else waits
+        since = [s.wait.since if s.wait else s.created_at for s in found]
+        return min(since) if since else None
+
+    def fleet_status(self, waits: list[Step] | None = None) -> FleetStatus:
+        if self.turn is not None:
+            found = self.person_waits() if waits is None else waits
+            return FleetStatus.WAITING if found else FleetStatus.RUNNING
+        if self.last_turn_status == TurnStatus.FAILED:
+            return FleetStatus.FAILED
+        return FleetStatus.IDLE
+
+    def outcome_unknown(self, start: int = 0) -> int:
+        """How many of the session's tool calls are ``outcome_unknown``, not reconciled.
+        ``start``: the current turn's calls before it are known to be settled otherwise."""
+        calls = self.turn.tool_calls if self.turn is not None else []
+        live = sum(
+            calls[i].status == ToolCallStatus.OUTCOME_UNKNOWN for i in range(start, len(calls))
+        )
+        return self.unknown_ended + live
 
 
 def attempt_id(session_id: str, step_id: str, number: int) -> str:

@@ -22,9 +22,17 @@ class SessionRecord:
     agent: str
     created_at: float
     status: str
+    """``idle``, ``running``, ``waiting`` or ``failed``: a session is in a turn (one a
+    starting node recovers) when it is ``running`` or ``waiting``."""
     state: str
     turn: int | None = None
     """The current turn's number: ``load_session`` reads that turn's Step and call rows."""
+    updated_at: float | None = None
+    """When this write happens (None: ``created_at``)."""
+    waiting_since: float | None = None
+    """Since when the session waits for a person; None when it does not."""
+    outcome_unknown: int = 0
+    """How many of its tool calls have an unknown outcome nobody has settled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +113,32 @@ class SessionRow:
     agent: str
     created_at: float
     status: str
+    updated_at: float
+    waiting_since: float | None
+    outcome_unknown: int
+
+
+IN_A_TURN = ("running", "waiting")
+"""The statuses of a session in a turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionQuery:
+    """Which sessions to list, newest first by ``order``, one page at a time."""
+
+    limit: int
+    order: str = "created"
+    """``created`` or ``updated``: the time the list is ordered by, newest first."""
+    before: tuple[float, str] | None = None
+    """Keyset: only sessions strictly after this (time, id) in the order (the last row of
+    the previous page)."""
+    agent: str | None = None
+    status: str | None = None
+    outcome_unknown: bool = False
+    """Only sessions with an ``outcome_unknown`` tool call."""
+    created: tuple[float | None, float | None] = (None, None)
+    """``[since, before)`` on ``created_at``; None leaves a side open."""
+    updated: tuple[float | None, float | None] = (None, None)
 
 
 def migrations(dialect: str) -> list[tuple[int, str]]:
@@ -143,8 +177,17 @@ class Store(ABC):
     async def load_session(self, session_id: str) -> StoredSession | None: ...
 
     @abstractmethod
-    async def list_sessions(self, limit: int, after: str | None) -> list[SessionRow]:
-        """Sessions ordered by id (byte order on every backend), after ``after``."""
+    async def list_sessions(self, query: SessionQuery) -> list[SessionRow]:
+        """One page of the sessions ``query`` selects, newest first by its order (ties by
+        id, in byte order on every backend), at a cost that does not grow with the
+        sessions stored: an index gives each filter alone in its order."""
+
+    @abstractmethod
+    async def waiting_sessions(
+        self, limit: int, before: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        """(id, waiting_since) of sessions that wait for a person, the latest to start
+        waiting first, strictly after ``before`` in that order."""
 
     @abstractmethod
     async def running_sessions(self) -> list[str]:

@@ -13,7 +13,15 @@ import time
 from abc import abstractmethod
 from typing import Any
 
-from dex.server.store.base import SessionRow, Store, StoredSession, StoredTurn, Write
+from dex.server.store.base import (
+    IN_A_TURN,
+    SessionQuery,
+    SessionRow,
+    Store,
+    StoredSession,
+    StoredTurn,
+    Write,
+)
 
 Statement = tuple[str, list[tuple[Any, ...]]]
 """A query and its rows of parameters (one row, or many for ``executemany``)."""
@@ -24,9 +32,13 @@ UPSERT_AGENT = (
     "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at"
 )
 INSERT_SESSION = (
-    "INSERT INTO sessions (id, agent, created_at, status, turn, state) VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO sessions (id, agent, created_at, status, turn, state, updated_at, "
+    "waiting_since, outcome_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-UPDATE_SESSION = "UPDATE sessions SET status = ?, turn = ?, state = ? WHERE id = ?"
+UPDATE_SESSION = (
+    "UPDATE sessions SET status = ?, turn = ?, state = ?, updated_at = ?, waiting_since = ?, "
+    "outcome_unknown = ? WHERE id = ?"
+)
 INSERT_MESSAGE = "INSERT INTO messages (session_id, message_id, number) VALUES (?, ?, ?)"
 INSERT_HISTORY = "INSERT INTO history (session_id, seq, item) VALUES (?, ?, ?)"
 UPSERT_STEP = (
@@ -44,10 +56,17 @@ _CURRENT = "session_id = ? AND turn = (SELECT turn FROM sessions WHERE id = ?) O
 SESSION_STEPS = "SELECT step FROM steps WHERE " + _CURRENT
 SESSION_CALLS = "SELECT call FROM calls WHERE " + _CURRENT
 SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
-LIST_SESSIONS = (
-    "SELECT id, agent, created_at, status FROM sessions WHERE id > ? ORDER BY id LIMIT ?"
+SESSION_ROW = "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown"
+ORDER_COLUMN = {"created": "created_at", "updated": "updated_at"}
+RUNNING_SESSIONS = (
+    "SELECT id FROM sessions WHERE status IN ("
+    + ", ".join(f"'{status}'" for status in IN_A_TURN)
+    + ") ORDER BY id"
 )
-RUNNING_SESSIONS = "SELECT id FROM sessions WHERE status <> 'idle' ORDER BY id"
+WAITING_SESSIONS = (
+    "SELECT id, waiting_since FROM sessions WHERE waiting_since IS NOT NULL{} "
+    "ORDER BY waiting_since DESC, id DESC LIMIT ?"
+)
 LOAD_TURN = "SELECT turn FROM turns WHERE session_id = ? AND number = ?"
 TURN_STEPS = "SELECT step FROM steps WHERE session_id = ? AND turn = ? ORDER BY seq"
 TURN_CALLS = "SELECT call FROM calls WHERE session_id = ? AND turn = ? ORDER BY seq"
@@ -74,10 +93,15 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
     s = w.session
     if s is None:
         return out
+    updated_at = s.created_at if s.updated_at is None else s.updated_at
     if w.create:
-        out.append((INSERT_SESSION, [(s.id, s.agent, s.created_at, s.status, s.turn, s.state)]))
+        fleet = (updated_at, s.waiting_since, s.outcome_unknown)
+        out.append(
+            (INSERT_SESSION, [(s.id, s.agent, s.created_at, s.status, s.turn, s.state, *fleet)])
+        )
     else:
-        out.append((UPDATE_SESSION, [(s.status, s.turn, s.state, s.id)]))
+        fleet = (updated_at, s.waiting_since, s.outcome_unknown)
+        out.append((UPDATE_SESSION, [(s.status, s.turn, s.state, *fleet, s.id)]))
     if w.message is not None:
         out.append((INSERT_MESSAGE, [(s.id, w.message[0], w.message[1])]))
     if w.history:
@@ -93,6 +117,48 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
         t = w.ended_turn
         out.append((INSERT_TURN, [(s.id, t.number, t.status, t.turn)]))
     return out
+
+
+def list_sessions(q: SessionQuery) -> Query:
+    """The query for one page of the session list. Each filter alone, in either order,
+    reads a range of one index (migrations sqlite/0003, postgresql/0004), so a page costs
+    the same however many sessions are stored; filters combined read one of their indexes
+    and skip what the others refuse."""
+    column = ORDER_COLUMN[q.order]
+    where: list[str] = []
+    params: list[Any] = []
+    for clause, value in (("agent = ?", q.agent), ("status = ?", q.status)):
+        if value is not None:
+            where.append(clause)
+            params.append(value)
+    if q.outcome_unknown:
+        where.append("outcome_unknown > 0")  # as the partial index says: it applies
+    keyset = q.before
+    for name, (since, before) in (("created_at", q.created), ("updated_at", q.updated)):
+        if since is not None:
+            where.append(f"{name} >= ?")
+            params.append(since)
+        if before is not None and name == column and keyset is not None:
+            # One upper bound on the ordered column, the tighter: with two, a backend may
+            # read from the looser one and skip every row of the earlier pages.
+            if keyset[0] < before:
+                continue
+            keyset = None
+        if before is not None:
+            where.append(f"{name} < ?")
+            params.append(before)
+    if keyset is not None:
+        where.append(f"({column}, id) < (?, ?)")
+        params.extend(keyset)
+    condition = " WHERE " + " AND ".join(where) if where else ""
+    sql = f"SELECT {SESSION_ROW} FROM sessions{condition} ORDER BY {column} DESC, id DESC LIMIT ?"
+    return sql, (*params, q.limit)
+
+
+def waiting_sessions(limit: int, before: tuple[float, str] | None) -> Query:
+    if before is None:
+        return WAITING_SESSIONS.format(""), (limit,)
+    return WAITING_SESSIONS.format(" AND (waiting_since, id) < (?, ?)"), (*before, limit)
 
 
 def _texts(rows: list[tuple[Any, ...]]) -> list[str]:
@@ -140,9 +206,26 @@ class SqlStore(Store):
             return None
         return StoredSession(str(state[0][0]), _texts(steps), _texts(calls), _texts(history))
 
-    async def list_sessions(self, limit: int, after: str | None) -> list[SessionRow]:
-        rows = await self._rows(LIST_SESSIONS, after or "", limit)
-        return [SessionRow(str(r[0]), str(r[1]), float(r[2]), str(r[3])) for r in rows]
+    async def list_sessions(self, query: SessionQuery) -> list[SessionRow]:
+        [rows] = await self._read([list_sessions(query)])
+        return [
+            SessionRow(
+                id=str(r[0]),
+                agent=str(r[1]),
+                created_at=float(r[2]),
+                status=str(r[3]),
+                updated_at=float(r[4]),
+                waiting_since=None if r[5] is None else float(r[5]),
+                outcome_unknown=int(r[6]),
+            )
+            for r in rows
+        ]
+
+    async def waiting_sessions(
+        self, limit: int, before: tuple[float, str] | None
+    ) -> list[tuple[str, float]]:
+        [rows] = await self._read([waiting_sessions(limit, before)])
+        return [(str(r[0]), float(r[1])) for r in rows]
 
     async def running_sessions(self) -> list[str]:
         return [str(r[0]) for r in await self._rows(RUNNING_SESSIONS)]

@@ -1,0 +1,357 @@
+"""``dex chat``: talk to an agent in the terminal.
+
+The model's text streams into a live region at the bottom of the screen, with the tool
+calls that run and what the turn waits for; what is durable (the session's history
+items) is printed above it, each exactly once, by its index in the history. So whatever
+happens to the connection, the chat prints only what Dex committed: after a server
+restart it reads the snapshot, prints the items it had not shown, and streams on. Live
+text is never printed for good: the region shows the current attempt's text (a
+``discard`` event, or the next attempt of the same Step, drops a failed attempt's), and
+the assistant's item replaces it once committed.
+
+Approvals and questions are asked inline. Ctrl-C during a turn cancels it; at the prompt
+(or Ctrl-D) it leaves the chat. Messages carry an id, so a send cut off by a node's death
+is sent again safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.spinner import Spinner
+from rich.text import Text
+
+from dex.cli.render import call_text
+from dex.client import Client
+from dex.errors import Conflict, DexError, NotFound, Unavailable
+
+PERSON_WAITS = ("AwaitToolApproval", "AwaitQuestionAnswer")
+ENDED = ("completed", "failed", "cancelled")
+RECONNECT = (0.1, 0.2, 0.5, 1.0, 2.0)
+"""Seconds between tries to reach the server again; the last repeats."""
+
+
+class Resync(Exception):
+    """The stream missed something: read the snapshot again."""
+
+
+@dataclass
+class Chat:
+    client: Client
+    session_id: str
+    console: Console
+    by: str = field(default_factory=getpass.getuser)
+    shown: int = 0
+    """How many history items are printed (they are printed in order, by index)."""
+    typed: list[str] = field(default_factory=list)
+    """Messages typed here whose history item has not come yet: the prompt showed them."""
+    asked: set[str] = field(default_factory=set)
+    """Tool calls whose approval or question was asked here (each once)."""
+    partial: dict[str, str] = field(default_factory=dict)
+    """Live text by step id: the attempt that streams it, and its text so far."""
+    attempt_of: dict[str, str] = field(default_factory=dict)
+    running: dict[str, str] = field(default_factory=dict)
+    """Tool calls of the latest model answer without a result yet: model call id -> text."""
+    status: str = "thinking"
+    live: Live | None = None
+
+    # --- what is printed for good: history items -------------------------------------------
+
+    def show_history(self, items: list[dict[str, Any]], start: int = 0) -> None:
+        """Print the items of ``items`` (``items[0]`` is history index ``start``) not shown
+        yet; a gap means the stream missed one."""
+        for index, item in enumerate(items, start):
+            if item["type"] == "assistant":
+                self.partial.clear()  # its text is in the item: live text before it is old
+            if index < self.shown:
+                continue
+            if index > self.shown:
+                raise Resync()
+            self._print_item(item)
+            self.shown += 1
+
+    def _print_item(self, item: dict[str, Any]) -> None:
+        kind = item["type"]
+        if kind == "user":
+            if self.typed and self.typed[0] == item["text"]:
+                self.typed.pop(0)  # the prompt shows it already
+            else:
+                self._print(Text.assemble(("you> ", "bold cyan"), item["text"]))
+        elif kind == "assistant":
+            self.status = "running tools" if item["tool_calls"] else "thinking"
+            if item["text"]:
+                self._print(Text.assemble(("agent> ", "bold green"), item["text"]))
+            for call in item["tool_calls"]:
+                text = call_text({"tool": call["name"], "arguments": call["arguments"]})
+                self.running[call["id"]] = text
+                self._print(Text(f"  → {text}", style="magenta"))
+        elif kind == "tool_result":
+            self.running.pop(item["call_id"], None)
+            status = item["status"]
+            style = {"succeeded": "green", "outcome_unknown": "yellow"}.get(status, "red")
+            detail = json.dumps(item["result"]) if status == "succeeded" else item["error"]
+            self._print(Text(f"  ← {item['name']} {status}: {detail}", style=style))
+        elif kind == "note":
+            self._print(Text(f"note: {item['text']}", style="dim"))
+        else:
+            self._print(Text("(the conversation before this was summarized)", style="dim"))
+
+    def _print(self, renderable: RenderableType) -> None:
+        (self.live.console if self.live is not None else self.console).print(renderable)
+
+    # --- what is live: the region at the bottom ---------------------------------------------
+
+    def _view(self) -> RenderableType:
+        parts: list[RenderableType] = []
+        for text in self.partial.values():
+            parts.append(Text.assemble(("agent> ", "bold green"), text))
+        for text in self.running.values():
+            parts.append(Text(f"  ⋯ {text}", style="dim"))
+        parts.append(Spinner("dots", Text(self.status, style="dim")))
+        return Group(*parts)
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._view())
+
+    def _delta(self, data: dict[str, Any]) -> None:
+        step, attempt = data.get("step_id"), data.get("attempt_id")
+        if step is None:
+            return
+        if self.attempt_of.get(step) != attempt:  # a new attempt: the last one's text is void
+            self.attempt_of[step] = str(attempt)
+            self.partial[step] = ""
+        self.partial[step] += data.get("text", "")
+        self.status = "streaming"
+
+    def _discard(self, data: dict[str, Any]) -> None:
+        attempt = data.get("attempt_id")
+        for step, of in list(self.attempt_of.items()):
+            if attempt is None or of == attempt:
+                self.partial.pop(step, None)
+                self.attempt_of.pop(step, None)
+
+    # --- a turn ------------------------------------------------------------------------------
+
+    async def send(self, text: str) -> int:
+        self.typed.append(text)
+        sent = await self.client.send_message(self.session_id, text, message_id=uuid.uuid4().hex)
+        return int(sent["turn"])
+
+    async def follow(self, turn: int) -> list[dict[str, Any]]:
+        """Show the turn until it ends (returns ``[]``) or waits for a person (returns what
+        it waits for that was not asked here yet)."""
+        self.status = "thinking"
+        with Live(
+            self._view(), console=self.console, transient=True, refresh_per_second=12
+        ) as live:
+            self.live = live
+            try:
+                return await self._follow(turn)
+            finally:
+                self.live = None
+                self.partial.clear()
+                self.attempt_of.clear()
+
+    async def _follow(self, turn: int) -> list[dict[str, Any]]:
+        tries = 0
+        while True:
+            try:
+                return await self._sync_and_stream(turn)
+            except Resync:
+                continue
+            except Unavailable:
+                self.status = "the server does not answer: reconnecting"
+                self.partial.clear()  # the node's live text is gone; the retry streams anew
+                self._refresh()
+                await asyncio.sleep(RECONNECT[min(tries, len(RECONNECT) - 1)])
+                tries += 1
+
+    async def _sync_and_stream(self, turn: int) -> list[dict[str, Any]]:
+        """Print what the snapshot has that was not shown, then stream what follows (the
+        stream starts with the events the node still buffers: a restarted node numbers
+        them anew, so they are told apart by history index and turn, not by event id)."""
+        if (state := await self._settled(turn)) is not None:
+            return state
+        self.status = "thinking"
+        self._refresh()
+        async with contextlib.aclosing(self.client.stream_events(self.session_id)) as events:
+            async for event in events:
+                if (state := await self._on(turn, event)) is not None:
+                    return state
+        raise Unavailable("the event stream ended")
+
+    async def _on(self, turn: int, event: dict[str, Any]) -> list[dict[str, Any]] | None:
+        kind, data = event["type"], event["data"]
+        if kind == "history.item":
+            self.show_history([data["item"]], data["index"])
+        elif kind == "model.delta":
+            if str(data.get("step_id", "")).split(".")[0] == str(turn):
+                self._delta(data)
+        elif kind == "discard":
+            self._discard(data)
+        elif data.get("turn") == turn and (
+            kind in {f"turn.{s}" for s in ENDED}
+            or (kind == "wait.started" and data.get("wait") in PERSON_WAITS)
+        ):
+            # a replayed event may be old news: the turn's record says where it is now
+            return await self._settled(turn)
+        self._refresh()
+        return None
+
+    async def _settled(self, turn: int) -> list[dict[str, Any]] | None:
+        """Where the turn is now: ``[]`` if it ended, the waits not asked here yet if it
+        waits for a person (everything the history has up to then printed first), or
+        None while it runs on."""
+        record = await self.client.wait_turn(self.session_id, turn, timeout=0)
+        status = record["status"]
+        waits = [w for w in record.get("waiting_for", []) if w["call_id"] not in self.asked]
+        if status not in ENDED and not waits:
+            self.status = "waiting for a person" if status == "waiting" else self.status
+            return None
+        snapshot = await self.client.get_agent_snapshot(self.session_id)  # has all of it
+        self.show_history(snapshot["history"])
+        if status == "failed":
+            self._print(Text(f"the turn failed: {record['error']}", style="bold red"))
+        elif status == "cancelled":
+            self._print(Text(f"the turn was {record['error']}", style="yellow"))
+        return waits
+
+    # --- a person's part ---------------------------------------------------------------------
+
+    def ask(self, wait: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Ask the person at the terminal; returns the client method and its arguments."""
+        self.asked.add(wait["call_id"])
+        if wait["kind"] == "approval":
+            prompt = f"[bold yellow]approve {escape(call_text(wait))}?[/] \\[y/n] "
+            while True:
+                reply = self.console.input(prompt).strip().lower()
+                if reply in ("y", "yes"):
+                    return "approve", {"arguments_hash": wait["arguments_hash"]}
+                if reply in ("n", "no"):
+                    reason = self.console.input("reason: ").strip() or "denied in dex chat"
+                    return "deny", {"reason": reason}
+        choices = f" [{'/'.join(wait['choices'])}]" if wait.get("choices") else ""
+        asked = f"{wait['tool']} asks: {wait['question']}{choices}"
+        prompt = f"[bold yellow]{escape(asked)}[/] "
+        while True:
+            reply = self.console.input(prompt).strip()
+            if reply and (not wait.get("choices") or reply in wait["choices"]):
+                return "answer", {"answer": reply}
+
+    async def resolve(self, wait: dict[str, Any], verb: str, args: dict[str, Any]) -> None:
+        """Record the person's decision. If the server did not take it, it is asked again."""
+        sid, call = wait["session_id"], wait["call_id"]
+        try:
+            if verb == "approve":
+                await self.client.approve(sid, call, by=self.by, **args)
+            elif verb == "deny":
+                await self.client.deny(sid, call, args["reason"], by=self.by)
+            else:
+                await self.client.answer(sid, call, args["answer"], by=self.by)
+        except Conflict as e:  # somebody else was first, or the turn moved on
+            self.console.print(Text(f"not recorded: {e.message}", style="yellow"))
+        except DexError as e:
+            self.asked.discard(call)
+            self.console.print(Text(f"not recorded, asking again: {e.message}", style="red"))
+
+
+async def open_session(client: Client, agent: str | None, session_id: str | None) -> str:
+    """The session to chat in: ``session_id``'s, or a new one with ``agent`` (the only
+    agent a Worker serves, when none is named)."""
+    if session_id is not None:
+        snapshot = await client.get_agent_snapshot(session_id)
+        if agent is not None and snapshot["session"]["agent"] != agent:
+            raise DexError(
+                f"session {session_id} talks to {snapshot['session']['agent']}, not {agent}"
+            )
+        return session_id
+    if agent is None:
+        names = sorted(a["name"] for a in await client.list_agents())
+        if len(names) != 1:
+            raise NotFound(
+                "name the agent to talk to: " + (", ".join(names) or "no Worker serves one yet")
+            )
+        agent = names[0]
+    created = await client.create_session(agent)
+    return str(created["id"])
+
+
+def run(address: str, agent: str | None, session_id: str | None) -> None:
+    """The chat's loop: read a line, follow its turn, ask what the turn waits for."""
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401  (line editing and history at the prompt)
+    console = Console(highlight=False)
+    with asyncio.Runner() as runner:
+        client = Client(address)
+        try:
+            sid = runner.run(open_session(client, agent, session_id))
+            chat = Chat(client, sid, console)
+            snapshot = runner.run(client.get_agent_snapshot(sid))
+            who = snapshot["session"]["agent"]
+            console.print(
+                Text(
+                    f"session {sid} with {who}: Ctrl-D or /exit leaves, Ctrl-C cancels a turn",
+                    style="dim",
+                )
+            )
+            chat.show_history(snapshot["history"])
+            current = snapshot["current_turn"]
+            if current is not None:
+                _turn(runner, chat, int(current["number"]))
+            while True:
+                try:
+                    text = console.input("[bold cyan]you>[/] ")
+                except (EOFError, KeyboardInterrupt):
+                    console.print()
+                    return
+                if text.strip() in ("/exit", "/quit"):
+                    return
+                if text.strip() and (turn := _send(runner, chat, text)) is not None:
+                    _turn(runner, chat, turn)
+        finally:
+            runner.run(client.close())
+
+
+def _send(runner: asyncio.Runner, chat: Chat, text: str) -> int | None:
+    """The message's turn, or None if the server did not acknowledge it (said why: it may
+    still have been recorded, and then the snapshot and ``dex chat --session`` show it)."""
+    try:
+        return runner.run(chat.send(text))
+    except (DexError, KeyboardInterrupt) as e:
+        chat.typed.remove(text)
+        why = e.message if isinstance(e, DexError) else "interrupted"
+        chat.console.print(Text(f"the message was not acknowledged: {why}", style="red"))
+        return None
+
+
+def _turn(runner: asyncio.Runner, chat: Chat, turn: int) -> None:
+    """Follow a turn to its end, asking what it waits for; Ctrl-C cancels it."""
+    while True:
+        try:
+            waits = runner.run(chat.follow(turn))
+            for wait in waits:
+                verb, args = chat.ask(wait)
+                runner.run(chat.resolve(wait, verb, args))
+        except KeyboardInterrupt:
+            _cancel(runner, chat)
+            continue
+        if not waits:
+            return
+
+
+def _cancel(runner: asyncio.Runner, chat: Chat) -> None:
+    chat.console.print(Text("cancelling the turn ...", style="yellow"))
+    try:
+        runner.run(chat.client.cancel_turn(chat.session_id, "cancelled in dex chat"))
+    except Conflict:
+        chat.console.print(Text("it had ended already", style="dim"))

@@ -1,0 +1,202 @@
+"""``dex chat`` through a pseudo-terminal, against a real server and Worker: the model's
+text streams in live, tool calls and their results show, approvals and questions are
+answered inline, and a server's SIGKILL mid-answer costs nothing on screen (no line
+twice, nothing lost). What the terminal shows is read with a terminal emulator (pyte),
+as a person would see it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pexpect
+import pyte
+import pytest
+
+from tests.support.rig import Rig
+
+ROWS, COLUMNS = 60, 160
+
+
+class Terminal:
+    """``dex ARGS`` in a pseudo-terminal, and the screen it draws."""
+
+    def __init__(self, *args: str) -> None:
+        self.screen = pyte.Screen(COLUMNS, ROWS)
+        self._stream = pyte.ByteStream(self.screen)
+        self.raw = bytearray()
+        self.child = pexpect.spawn(
+            sys.executable,
+            ["-m", "dex", *args],
+            dimensions=(ROWS, COLUMNS),
+            env={"TERM": "xterm-256color", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            timeout=60,
+        )
+
+    def text(self) -> str:
+        return "\n".join(line.rstrip() for line in self.screen.display).rstrip()
+
+    def last_line(self) -> str:
+        return self.text().splitlines()[-1] if self.text() else ""
+
+    def wait(self, condition: Callable[[str], bool], timeout: float = 60, what: str = "") -> str:
+        """Read what the program draws until the screen meets ``condition``."""
+        deadline = time.monotonic() + timeout
+        while not condition(self.text()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the screen never showed {what}:\n{self.text()}")
+            try:
+                data = self.child.read_nonblocking(65536, timeout=0.1)
+            except pexpect.TIMEOUT:
+                continue
+            except pexpect.EOF:
+                raise AssertionError(f"dex chat exited:\n{self.text()}") from None
+            raw = data if isinstance(data, bytes) else data.encode()
+            self.raw += raw
+            self._stream.feed(raw)
+        return self.text()
+
+    def prompt(self, timeout: float = 60) -> str:
+        """Wait until the chat asks for the next message (its turn is over)."""
+        return self.wait(lambda _: self.last_line() == "you>", timeout, "the prompt")
+
+    def asks(self, question: str, timeout: float = 60) -> None:
+        self.wait(lambda _: question in self.last_line(), timeout, repr(question))
+
+    def type(self, line: str) -> None:
+        """Type a line, and wait until the terminal echoes it."""
+        before = self.text()
+        self.child.sendline(line)
+        self.wait(lambda screen: screen != before, what=f"the echo of {line!r}")
+
+    def close(self) -> None:
+        if self.child.isalive():
+            self.child.sendeof()
+            try:
+                self.child.expect(pexpect.EOF, timeout=10)
+            finally:
+                self.child.close(force=True)
+
+
+@pytest.fixture
+def terminals() -> Iterator[list[Terminal]]:
+    started: list[Terminal] = []
+    yield started
+    for terminal in started:
+        terminal.close()
+
+
+def chat(rig: Rig, terminals: list[Terminal], *args: str) -> Terminal:
+    terminal = Terminal("chat", *args, "--address", rig.server.address)
+    terminals.append(terminal)
+    terminal.prompt()
+    return terminal
+
+
+def calls(*wanted: tuple[str, dict[str, object]]) -> str:
+    return "call: " + json.dumps([list(c) for c in wanted])
+
+
+def test_approvals_questions_and_denials_are_answered_inline(
+    rig: Rig, terminals: list[Terminal]
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("waiter")  # the agent is registered
+    term = chat(rig, terminals, "waiter")
+
+    term.type(calls(("delete_all", {})))
+    term.asks("approve delete_all()? [y/n]")
+    assert rig.ledger.entries("delete_all") == []  # nothing ran while it waited
+    term.type("y")
+    screen = term.prompt()
+    assert "→ delete_all()" in screen
+    assert '← delete_all succeeded: "deleted"' in screen
+    assert len(rig.ledger.entries("delete_all")) == 1
+
+    term.type(calls(("order", {"item": "shirt"})))
+    term.asks("order asks: Which size of shirt? [S/M/L]")
+    term.type("XL")  # not a choice: asked again
+    term.asks("order asks: Which size of shirt? [S/M/L]")
+    term.type("M")
+    screen = term.prompt()
+    assert "ordered shirt in M" in screen
+
+    term.type(calls(("transfer", {"amount": 500})))
+    term.asks("approve transfer(amount=500)? [y/n]")
+    term.type("n")
+    term.asks("reason:")
+    term.type("too much money")
+    screen = term.prompt()
+    assert "← transfer denied: denied: too much money" in screen
+    assert rig.ledger.entries("transfer") == []
+
+    session_id = screen.splitlines()[0].split()[1]
+    recorded = rig.client.get_agent_snapshot(session_id)["tool_calls"]
+    assert [(c["name"], c["status"]) for c in recorded] == [
+        ("delete_all", "succeeded"),
+        ("order", "succeeded"),
+        ("transfer", "denied"),
+    ]
+    assert recorded[0]["approval"]["by"] and recorded[2]["approval"]["reason"] == "too much money"
+    lines = screen.splitlines()
+    assert sum(line.startswith("you> ") for line in lines) == 3  # each message once
+    assert sum(line.startswith("agent> ") for line in lines) == 3  # each answer once
+
+
+def test_text_streams_live_and_a_server_restart_mid_answer_shows_each_line_once(
+    rig: Rig, terminals: list[Terminal]
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("streamer")
+    term = chat(rig, terminals, "streamer")
+    term.type("hello")
+    term.prompt()
+    long = "stream me " * 200  # 2,000 characters, about 5 s of streaming
+
+    term.type(long)
+    # the text arrives while the turn runs: the prompt is not back yet
+    term.wait(
+        lambda screen: "agent> echo: stream me stream me" in screen and term.last_line() != "you>",
+        what="streamed text while the turn runs",
+    )
+    rig.restart_server()  # SIGKILL mid-answer; the same node again on its data
+    screen = term.prompt(timeout=90)
+
+    assert screen.count("agent> echo: hello") == 1
+    assert screen.count("agent> echo: stream me") == 1  # the retry's answer, shown once
+    assert screen.count("you> hello") == 1 and screen.count("you> stream me") == 1
+    session_id = screen.splitlines()[0].split()[1]
+    snapshot = rig.client.get_agent_snapshot(session_id)
+    assert snapshot["history"][-1]["text"] == f"echo: {long}"
+    turn = rig.client.wait_turn(session_id, 2, timeout=0)
+    attempts = turn["steps"][0]["attempts"]
+    assert len(attempts) == 2 and attempts[0]["outcome"] == "failed"  # cut off, then again
+    # below the message, the screen shows the whole answer and nothing else
+    lines = screen.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("agent> echo: stream"))
+    assert lines[-1] == "you>"
+    assert " ".join(lines[start:-1]).split() == f"agent> echo: {long}".split()
+    term.type("/exit")
+    term.child.expect(pexpect.EOF, timeout=10)
+
+
+def test_going_on_with_a_session_shows_its_history_once(
+    rig: Rig, terminals: list[Terminal]
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("assistant")
+    rig.client.send_message(sid, calls(("lookup", {"key": "k"})), wait=True)
+
+    term = chat(rig, terminals, "--session", sid)
+
+    screen = term.text()
+    assert screen.count('you> call: [["lookup", {"key": "k"}]]') == 1
+    assert '← lookup succeeded: {"key": "k", "value": "K"}' in screen
+    assert screen.count("agent> results:") == 1
+    term.type("and now?")
+    assert term.prompt().count("agent> echo: and now?") == 1
