@@ -39,7 +39,9 @@ SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
 LIST_SESSIONS = (
     "SELECT id, agent, created_at, status FROM sessions WHERE id > ? ORDER BY id LIMIT ?"
 )
-RUNNING_SESSIONS = "SELECT id FROM sessions WHERE status <> 'idle' ORDER BY id"
+RUNNING_SESSIONS = "SELECT id FROM sessions WHERE status <> 'idle'"
+"""No ``ORDER BY``: SQLite would walk the primary key (every session) to return them in
+order instead of the partial index of the few in a turn; they are sorted after."""
 LOAD_TURN = "SELECT turn FROM turns WHERE session_id = ? AND number = ?"
 LOAD_TURNS = "SELECT turn FROM turns WHERE session_id = ? ORDER BY number"
 FIND_MESSAGE = "SELECT number FROM messages WHERE session_id = ? AND message_id = ?"
@@ -119,7 +121,7 @@ class SqlStore(Store):
         return [SessionRow(str(r[0]), str(r[1]), float(r[2]), str(r[3])) for r in rows]
 
     async def running_sessions(self) -> list[str]:
-        return [str(r[0]) for r in await self._rows(RUNNING_SESSIONS)]
+        return sorted(str(r[0]) for r in await self._rows(RUNNING_SESSIONS))
 
     async def load_turn(self, session_id: str, number: int) -> str | None:
         rows = await self._rows(LOAD_TURN, session_id, number)
