@@ -151,29 +151,35 @@ class Sessions:
 
     # --- start -----------------------------------------------------------------------
 
-    async def start(self, reason: str = "the server restarted", parallel: int = 64) -> int:
+    async def start(self, reason: str = "the server restarted", parallel: int = 1024) -> int:
         """Load agents, fail every attempt left running, apply recorded inputs, arm timers,
-        and queue what was queued, for up to ``parallel`` sessions at once (their commits
-        group). Returns how many attempts were failed."""
+        and queue what was queued. Only the sessions in a turn are read: an idle one loads
+        when it is first used. They recover ``parallel`` at a time, in two waves: every
+        session of the wave is loaded (the reads reach the store together), then every one
+        recovers (little work lies between two of their writes, so they share a few
+        commits). Returns how many attempts were failed."""
         self.agents = {a.name: a for a in map(records.agent, await self.store.load_agents())}
-        room = asyncio.Semaphore(parallel)
 
-        async def recover(session_id: str) -> int:
-            async with room:
-                actor = await self._actor(session_id)
-                queued = {step.id for step in actor.state.queued_steps()}
-                running = await self._recover(actor, reason)
-                for step in actor.state.queued_steps():
-                    if step.id in queued:  # retries that recover() queued are offered already
-                        self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
-                for step in actor.state.waiting_steps():
-                    if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
-                        self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
-                await self._process_inbox(session_id)
-                return running
+        async def recover(actor: Actor) -> int:
+            session_id = actor.state.id
+            queued = {step.id for step in actor.state.queued_steps()}
+            running = await self._recover(actor, reason)
+            for step in actor.state.queued_steps():
+                if step.id in queued:  # retries that recover() queued are offered already
+                    self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
+            for step in actor.state.waiting_steps():
+                if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
+                    self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
+            await self._process_inbox(session_id)
+            return running
 
         sessions = await self.store.running_sessions()
-        return sum(await asyncio.gather(*(recover(s) for s in sessions)))
+        failed = 0
+        for first in range(0, len(sessions), parallel):
+            wave = sessions[first : first + parallel]
+            actors = await asyncio.gather(*(self._actor(s) for s in wave))
+            failed += sum(await asyncio.gather(*(recover(a) for a in actors)))
+        return failed
 
     async def _recover(self, actor: Actor, reason: str) -> int:
         """Fail every attempt of the session that storage calls running (NOT_COMPLETED);
