@@ -622,13 +622,20 @@ class Sessions:
         excess = len(self._actors) - self.max_cached
         if excess <= 0:
             return
-        for session_id, actor in list(self._actors.items()):
-            if excess <= 0:
+        idle: list[str] = []
+        busy: list[str] = []
+        for session_id, actor in self._actors.items():  # oldest first; stops at enough
+            if len(idle) == excess:
                 break
-            busy = actor.lock.locked() or actor.turn_waiters or actor.state.inbox
-            if actor.state.status == SessionStatus.IDLE and not busy:
-                del self._actors[session_id]
-                excess -= 1
+            in_use = actor.lock.locked() or actor.turn_waiters or actor.state.inbox
+            if actor.state.status == SessionStatus.IDLE and not in_use:
+                idle.append(session_id)
+            else:
+                busy.append(session_id)
+        for session_id in idle:
+            del self._actors[session_id]
+        for session_id in busy:  # passed over once, not at every load: a load costs O(1)
+            self._actors.move_to_end(session_id)
 
     async def _apply(
         self,

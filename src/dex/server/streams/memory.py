@@ -50,12 +50,18 @@ class MemoryStreams:
 
     def _evict(self) -> None:
         excess = len(self._streams) - self.max_sessions
-        for session_id, stream in list(self._streams.items()):
-            if excess <= 0:
+        if excess <= 0:
+            return
+        unwatched: list[str] = []
+        watched: list[str] = []
+        for session_id, stream in self._streams.items():  # oldest first; stops at enough
+            if len(unwatched) == excess:
                 break
-            if stream.subscribers == 0:
-                del self._streams[session_id]
-                excess -= 1
+            (watched if stream.subscribers else unwatched).append(session_id)
+        for session_id in unwatched:
+            del self._streams[session_id]
+        for session_id in watched:  # passed over once, not at every new stream
+            self._streams.move_to_end(session_id)
 
     def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:
         if session_id not in self._streams and type_ == "model.delta":
