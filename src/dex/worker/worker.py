@@ -55,7 +55,9 @@ class WorkerConfig:
     drain_timeout: float = 30.0
     """On shutdown, how long running attempts may take to finish."""
     reconnect_initial: float = 0.1
-    reconnect_max: float = 5.0
+    reconnect_max: float = 1.0
+    """The longest wait between two tries to reach a server: a node that restarts (or a
+    standby that takes over) gets this Worker back within about this long of serving."""
     connect_timeout: float = 3.0
     """How long a connection's WebSocket upgrade may take before the next address is tried."""
     ping_interval: float = 2.0
