@@ -8,14 +8,16 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from dex._address import DEFAULT_ADDRESS
-from dex.agent import Agent
-from dex.client import SyncClient
 from dex.errors import DexError
+
+if TYPE_CHECKING:  # loaded by the commands that use them: `dex server` needs neither
+    from dex.agent import Agent
+    from dex.client import SyncClient
 
 app = typer.Typer(help="Dex: a durable runtime for AI agents.", no_args_is_help=True)
 
@@ -379,6 +381,8 @@ def reconcile(
 
 def load_agents(module: str) -> list[Agent]:
     """Every ``Agent`` defined at the top level of a module or a Python file."""
+    from dex.agent import Agent
+
     if module.endswith(".py") or "/" in module:
         path = Path(module)
         if not path.exists():
