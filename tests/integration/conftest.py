@@ -21,6 +21,7 @@ import anyio
 import orjson
 import pytest
 import uvicorn
+from fastapi import FastAPI
 from starlette.testclient import TestClient, WebSocketTestSession
 
 import dex
@@ -56,12 +57,19 @@ AGENT = AgentSpec(
 )
 
 
+def fastapi_app(app: Any) -> FastAPI:
+    """The FastAPI app inside the layers in front of it (the body limit, plain routes)."""
+    while not isinstance(app, FastAPI):
+        app = app.app
+    return app
+
+
 class Api:
     """The app under test, its HTTP client and its domain object."""
 
     def __init__(self, client: TestClient, app: Any) -> None:
         self.http = client
-        self.app = app
+        self.app = fastapi_app(app)
 
     @property
     def sessions(self) -> Sessions:
@@ -114,7 +122,7 @@ class Api:
 def make_api_app(
     data_dir: Path, heartbeat_timeout: float = HEARTBEAT_TIMEOUT, reconnect_grace: float = 1.0
 ) -> BodyLimit:
-    """The node's ASGI app: the FastAPI app, as ``.app``, behind the body limit."""
+    """The node's ASGI app: the FastAPI app behind the body limit (``fastapi_app``)."""
     app = asgi(
         ServerConfig(
             data_dir=data_dir,

@@ -11,13 +11,19 @@ from typing import Any
 
 import anyio
 import pytest
-from fastapi import FastAPI
 from starlette.testclient import TestClient
 from starlette.types import Message, Scope
 
 from dex.server.api.errors import BodyLimit
 from dex.wire import Approval, ModelToolCall, ToolKind, ToolSpec
-from tests.integration.conftest import AGENT, Api, FakeWorker, connect_fake_worker, make_api_app
+from tests.integration.conftest import (
+    AGENT,
+    Api,
+    FakeWorker,
+    connect_fake_worker,
+    fastapi_app,
+    make_api_app,
+)
 from tests.integration.test_api import assert_error, everything, model_done, tool_done
 
 GATED = AGENT.model_copy(
@@ -197,8 +203,7 @@ def test_an_unexpected_exception_answers_json_500_and_logs_its_traceback(
 ) -> None:
     asgi_app = make_api_app(tmp_path / "data")
     assert isinstance(asgi_app, BodyLimit)
-    app = asgi_app.app
-    assert isinstance(app, FastAPI)
+    app = fastapi_app(asgi_app)
 
     @app.get("/v1/boom")
     async def boom() -> None:

@@ -21,6 +21,7 @@ from dex.errors import DexError
 from dex.server.api import errors, ops, sessions, workers
 from dex.server.api.auth import Auth, Role
 from dex.server.api.gate import StandbyGate
+from dex.server.api.plain import PlainRoutes
 from dex.server.api.responses import ORJSONResponse
 from dex.server.clock import Clock
 from dex.server.config import ServerConfig
@@ -104,7 +105,7 @@ def asgi(config: ServerConfig) -> ASGIApp:
 
 def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
     """The layers in front of the routes: the body limit, and auth when it is on."""
-    app: ASGIApp = errors.BodyLimit(fastapi_app, config.max_body_bytes)
+    app: ASGIApp = errors.BodyLimit(PlainRoutes(fastapi_app), config.max_body_bytes)
     tokens = {
         Role.CLIENT: config.client_token,
         Role.WORKER: config.worker_token,
