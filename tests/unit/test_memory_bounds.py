@@ -48,3 +48,29 @@ async def test_streams_without_subscribers_beyond_the_cap_are_forgotten() -> Non
     second = await anext(listening)
     assert second is not None and second.type == "turn.completed" and second.id == 2
     await listening.aclose()
+
+
+async def test_streams_keep_at_most_max_events_in_all_forgetting_unwatched_ones_first() -> None:
+    streams = MemoryStreams(keep=100, max_sessions=1_000, max_events=10)
+    listening = streams.subscribe("watched")
+    streams.publish("watched", "history.item", {})
+    first = await anext(listening)  # subscribed now
+    for _ in range(3):
+        streams.publish("watched", "history.item", {})
+    for i in range(20):  # 20 sessions of 3 events each, nobody listening
+        for _ in range(3):
+            streams.publish(f"s{i}", "history.item", {})
+
+    kept = {sid: len(s.events) for sid, s in streams._streams.items()}
+    assert streams.events == sum(kept.values()) <= 10
+    assert kept["watched"] == 4  # a stream with a subscriber is never forgotten
+    assert set(kept) == {"watched", "s18", "s19"}  # the latest of the others
+    assert first is not None and first.id == 1
+    await listening.aclose()
+
+
+def test_a_stream_at_its_keep_counts_once_per_event_it_holds() -> None:
+    streams = MemoryStreams(keep=3, max_events=100)
+    for _ in range(10):
+        streams.publish("s", "history.item", {})
+    assert streams.events == 3
