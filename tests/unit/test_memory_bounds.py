@@ -35,6 +35,34 @@ async def test_idle_sessions_beyond_the_cap_are_forgotten_and_reload(tmp_path: P
         await store.close()
 
 
+async def test_the_cache_holds_sessions_up_to_a_size_and_a_larger_one_still_works(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "dex.sqlite3")
+    await store.open()
+    try:
+        sessions = Sessions(store, Dispatcher(heartbeat_timeout=5), max_cached_chars=4_000)
+        await sessions.register_agents([AgentSpec(name="a")])
+        for i in range(4):
+            await sessions.create("a", f"s{i}")
+            await sessions.send(f"s{i}", "x" * 1_000, None)  # a turn waits, none is connected
+            await sessions.cancel(f"s{i}", "done")  # idle again, ~1 KB of history
+        await sessions.create("a", "big")
+        await sessions.send("big", "y" * 5_000, None)
+        await sessions.cancel("big", "done")
+
+        for i in range(4):
+            await sessions.snapshot(f"s{i}")
+        assert len(sessions._actors) == 3 and sessions._cached_chars <= 4_000  # ~1.2 KB each
+        await sessions.snapshot("big")  # over the bound alone: stays, the rest go
+        assert list(sessions._actors) == ["big"]
+        number, _ = await sessions.send("big", "again", None)
+        assert number == 2
+        assert sessions._cached_chars == sessions._actors["big"].chars > 5_000
+    finally:
+        await store.close()
+
+
 async def test_streams_without_subscribers_beyond_the_cap_are_forgotten() -> None:
     streams = MemoryStreams(keep=10, max_sessions=2)
     listening = streams.subscribe("s0")

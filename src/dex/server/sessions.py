@@ -77,6 +77,8 @@ class Actor:
     turn_waiters: dict[int, asyncio.Event] = field(default_factory=dict)
     ended: dict[int, Turn] = field(default_factory=dict)
     """The latest ended turns, as committed: a waiter gets its turn without a read."""
+    chars: int = 0
+    """Its state's and history's size as stored JSON: what the cache's size bound counts."""
 
 
 class Sessions:
@@ -87,6 +89,7 @@ class Sessions:
         streams: MemoryStreams | None = None,
         *,
         max_cached: int = 10_000,
+        max_cached_chars: int = 64 << 20,
         metrics: Metrics | None = None,
     ) -> None:
         self.store = store
@@ -96,6 +99,10 @@ class Sessions:
         self.metrics = metrics or Metrics()
         self.max_cached = max_cached
         """How many idle sessions stay in memory; older idle ones reload from storage."""
+        self.max_cached_chars = max_cached_chars
+        """And how much of them, as stored JSON (in memory they take a few times that): a
+        cache of long conversations holds fewer of them."""
+        self._cached_chars = 0
         self.agents: dict[str, AgentSpec] = {}
         self._actors: OrderedDict[str, Actor] = OrderedDict()
         self._loading: dict[str, asyncio.Future[Actor]] = {}
@@ -604,9 +611,11 @@ class Sessions:
                 state=state,
                 history=history,
                 history_json=[item.model_dump(mode="json") for item in history],
+                chars=len(raw[0]) + sum(map(len, raw[1])),
             )
             self._actors[session_id] = actor
-            self._evict()
+            self._cached_chars += actor.chars
+            self._evict(session_id)
             fut.set_result(actor)
             return actor
         except BaseException as e:
@@ -616,24 +625,28 @@ class Sessions:
         finally:
             del self._loading[session_id]
 
-    def _evict(self) -> None:
-        """Forget the least recently used idle sessions beyond ``max_cached``. A session in a
-        turn, or one somebody waits on or works on, stays."""
+    def _evict(self, loaded: str) -> None:
+        """Forget the least recently used idle sessions beyond ``max_cached`` or
+        ``max_cached_chars``. A session in a turn, one somebody waits on or works on, and
+        the one just ``loaded`` stay."""
         excess = len(self._actors) - self.max_cached
-        if excess <= 0:
+        chars = self._cached_chars - self.max_cached_chars
+        if excess <= 0 and chars <= 0:
             return
         idle: list[str] = []
         busy: list[str] = []
         for session_id, actor in self._actors.items():  # oldest first; stops at enough
-            if len(idle) == excess:
+            if excess <= 0 and chars <= 0:
                 break
             in_use = actor.lock.locked() or actor.turn_waiters or actor.state.inbox
-            if actor.state.status == SessionStatus.IDLE and not in_use:
+            if actor.state.status == SessionStatus.IDLE and not in_use and session_id != loaded:
                 idle.append(session_id)
+                excess -= 1
+                chars -= actor.chars
             else:
                 busy.append(session_id)
         for session_id in idle:
-            del self._actors[session_id]
+            self._cached_chars -= self._actors.pop(session_id).chars
         for session_id in busy:  # passed over once, not at every load: a load costs O(1)
             self._actors.move_to_end(session_id)
 
@@ -688,12 +701,16 @@ class Sessions:
             )
             await self.store.write(write)
         except BaseException:
-            self._actors.pop(state.id, None)  # the state in memory ran ahead of storage
+            if self._actors.pop(state.id, None) is not None:  # memory ran ahead of storage
+                self._cached_chars -= actor.chars
             for _, worker in handed:
                 self.dispatcher.release(worker)
             raise
         actor.history.extend(t.history)
         actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
+        grown = sum(map(len, write.history))
+        actor.chars += grown
+        self._cached_chars += grown
         if release is not None:
             self.dispatcher.unhold(release)
         self._after_commit(actor, t, handed)
