@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from dex.server.engine.state import Step, ToolCall, Turn, TurnStatus
+from dex.server.engine.state import Retry, Step, ToolCall, Turn, TurnStatus
 from dex.server.metrics import Metrics
-from dex.wire import RetryPolicy, StepStatus, StepType, ToolCallStatus, ToolKind
+from dex.wire import StepStatus, StepType, ToolCallStatus, ToolKind
 
 
 def a_turn() -> Turn:
@@ -24,7 +24,7 @@ def a_turn() -> Turn:
             id=f"1.{i}",
             type=t,
             status=StepStatus.SUCCEEDED,
-            retry=RetryPolicy(),
+            retry=Retry(),
             created_at=0.0,
             ended_at=0.001,
         )

@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 import dex
-from dex.server.store import sql
 from dex.testing import ServerProcess, WorkerProcess, wait_until, wait_until_async
 
 from .turns import cpu_seconds, machine_busy_seconds, memory_kib, render_table
@@ -68,6 +67,15 @@ TARGET_READY_S = 2.0
 TARGET_RECOVERED_S = 5.0
 TARGET_CREATIONS_PER_S = 10_000.0
 BULK_CHUNK = 50_000
+TABLES = {
+    "sessions": "id",
+    "history": "session_id",
+    "turns": "session_id",
+    "steps": "session_id",
+    "calls": "session_id",
+    "messages": "session_id",
+}
+"""The tables that hold a session's rows, and the column naming it."""
 
 
 @dataclass
@@ -125,46 +133,51 @@ class Database:
     def _sqlite(self) -> sqlite3.Connection:
         return sqlite3.connect(self.url.removeprefix("sqlite:///"), isolation_level=None)
 
-    def template(self) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-        """The template session's row, history rows and turn rows."""
-        queries = (
-            "SELECT agent, created_at, status, state FROM sessions WHERE id = ?",
-            "SELECT seq, item FROM history WHERE session_id = ? ORDER BY seq",
-            "SELECT number, status, turn FROM turns WHERE session_id = ? ORDER BY number",
-        )
+    def template(self) -> dict[str, tuple[list[str], list[tuple[Any, ...]]]]:
+        """Every row that holds the template session, by table: its columns and rows. Read
+        whole, so the copies follow whatever columns the schema has."""
+        found: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = {}
         if self.url.startswith("sqlite"):
             conn = self._sqlite()
             try:
-                rows = [conn.execute(q, (TEMPLATE,)).fetchall() for q in queries]
+                for table, key in TABLES.items():
+                    cur = conn.execute(f"SELECT * FROM {table} WHERE {key} = ?", (TEMPLATE,))
+                    found[table] = ([d[0] for d in cur.description], cur.fetchall())
             finally:
                 conn.close()
-        else:
-            import psycopg
+            return found
+        import psycopg
 
-            with psycopg.connect(self.url) as pg:
-                rows = [pg.execute(q.replace("?", "%s"), (TEMPLATE,)).fetchall() for q in queries]
-        [session], history, turns = rows
-        return session, history, turns
+        with psycopg.connect(self.url) as pg:
+            for table, key in TABLES.items():
+                read = pg.execute(f"SELECT * FROM {table} WHERE {key} = %s", (TEMPLATE,))
+                assert read.description is not None
+                found[table] = ([str(d[0]) for d in read.description], read.fetchall())
+        return found
 
     def copy(self, ids: list[str]) -> None:
-        """Write a copy of the template under each id: its session row, history, turns."""
-        session, history, turns = self.template()
-        agent, created_at, status, state = session
+        """Write a copy of every row of the template under each id (the id replaced in
+        every text value: the state's, its calls' idempotency keys)."""
+        template = self.template()
         chunks = (ids[i : i + BULK_CHUNK] for i in range(0, len(ids), BULK_CHUNK))
+        mark = "?" if self.url.startswith("sqlite") else "%s"
 
         def rows(chunk: list[str]) -> Iterator[tuple[str, list[tuple[Any, ...]]]]:
-            yield (
-                sql.INSERT_SESSION,
-                [(i, agent, created_at, status, state.replace(TEMPLATE, i)) for i in chunk],
-            )
-            yield (
-                sql.INSERT_HISTORY + "(?, ?, ?)",
-                [(i, seq, item.replace(TEMPLATE, i)) for i in chunk for seq, item in history],
-            )
-            yield (
-                sql.INSERT_TURN,
-                [(i, n, st, turn.replace(TEMPLATE, i)) for i in chunk for n, st, turn in turns],
-            )
+            for table, (columns, found) in template.items():
+                if not found:
+                    continue
+                insert = (
+                    f"INSERT INTO {table} ({', '.join(columns)}) "
+                    f"VALUES ({', '.join([mark] * len(columns))})"
+                )
+                yield (
+                    insert,
+                    [
+                        tuple(v.replace(TEMPLATE, i) if isinstance(v, str) else v for v in row)
+                        for i in chunk
+                        for row in found
+                    ],
+                )
 
         if self.url.startswith("sqlite"):
             conn = self._sqlite()
@@ -183,7 +196,7 @@ class Database:
             for chunk in chunks:
                 with pg.transaction(), pg.cursor() as cur:
                     for statement, params in rows(chunk):
-                        cur.executemany(statement.replace("?", "%s"), params)
+                        cur.executemany(statement, params)
 
     def size_mib(self, data_dir: Path) -> float:
         if self.url.startswith("sqlite"):

@@ -57,19 +57,12 @@ AGENT = AgentSpec(
 )
 
 
-def fastapi_app(app: Any) -> FastAPI:
-    """The FastAPI app inside the layers in front of it (the body limit, plain routes)."""
-    while not isinstance(app, FastAPI):
-        app = app.app
-    return app
-
-
 class Api:
     """The app under test, its HTTP client and its domain object."""
 
     def __init__(self, client: TestClient, app: Any) -> None:
         self.http = client
-        self.app = fastapi_app(app)
+        self.app = app
 
     @property
     def sessions(self) -> Sessions:
@@ -119,10 +112,17 @@ class Api:
         return rows
 
 
+def fastapi_of(app: Any) -> FastAPI:
+    """The FastAPI app inside the node's layers (each holds the next as ``.app``)."""
+    while not isinstance(app, FastAPI):
+        app = app.app
+    return app
+
+
 def make_api_app(
     data_dir: Path, heartbeat_timeout: float = HEARTBEAT_TIMEOUT, reconnect_grace: float = 1.0
 ) -> BodyLimit:
-    """The node's ASGI app: the FastAPI app behind the body limit (``fastapi_app``)."""
+    """The node's ASGI app: the FastAPI app (``fastapi_of``) behind the body limit."""
     app = asgi(
         ServerConfig(
             data_dir=data_dir,
@@ -140,7 +140,7 @@ def api(tmp_path: Path) -> Iterator[Api]:
     """The app with its lifespan running; no agent registered yet."""
     asgi_app = make_api_app(tmp_path / "data")
     with TestClient(asgi_app) as client:
-        yield Api(client, asgi_app.app)
+        yield Api(client, fastapi_of(asgi_app))
 
 
 @pytest.fixture

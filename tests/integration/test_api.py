@@ -27,6 +27,7 @@ from tests.integration.conftest import (
     Api,
     FakeWorker,
     connect_fake_worker,
+    fastapi_of,
     make_api_app,
 )
 
@@ -710,7 +711,7 @@ def short_heartbeat(tmp_path: Path) -> Iterator[Api]:
     """An app whose attempts fail after 1 s without a heartbeat."""
     asgi_app = make_api_app(tmp_path / "data", heartbeat_timeout=1.0)
     with TestClient(asgi_app) as client:
-        yield Api(client, asgi_app.app)
+        yield Api(client, fastapi_of(asgi_app))
 
 
 def test_an_attempt_without_heartbeats_fails_and_is_retried(short_heartbeat: Api) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from fastapi import FastAPI
 from starlette.testclient import TestClient
 from starlette.types import Message, Scope
 
@@ -21,7 +22,7 @@ from tests.integration.conftest import (
     Api,
     FakeWorker,
     connect_fake_worker,
-    fastapi_app,
+    fastapi_of,
     make_api_app,
 )
 from tests.integration.test_api import assert_error, everything, model_done, tool_done
@@ -134,7 +135,7 @@ def short_heartbeat(tmp_path: Path) -> Iterator[Api]:
     """An app whose attempts fail after 1 s without a heartbeat."""
     asgi_app = make_api_app(tmp_path / "data", heartbeat_timeout=1.0)
     with TestClient(asgi_app) as client:
-        yield Api(client, asgi_app.app)
+        yield Api(client, fastapi_of(asgi_app))
 
 
 def _nested(depth: int) -> list[Any]:
@@ -203,7 +204,8 @@ def test_an_unexpected_exception_answers_json_500_and_logs_its_traceback(
 ) -> None:
     asgi_app = make_api_app(tmp_path / "data")
     assert isinstance(asgi_app, BodyLimit)
-    app = fastapi_app(asgi_app)
+    app = fastapi_of(asgi_app)
+    assert isinstance(app, FastAPI)
 
     @app.get("/v1/boom")
     async def boom() -> None:

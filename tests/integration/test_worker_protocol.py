@@ -20,7 +20,14 @@ from starlette.testclient import TestClient
 from dex.errors import StorageError
 from dex.testing import wait_until
 from dex.wire import ModelToolCall
-from tests.integration.conftest import AGENT, Api, FakeWorker, connect_fake_worker, make_api_app
+from tests.integration.conftest import (
+    AGENT,
+    Api,
+    FakeWorker,
+    connect_fake_worker,
+    fastapi_of,
+    make_api_app,
+)
 from tests.integration.test_api import _metrics, everything, model_done, tool_done
 
 
@@ -119,7 +126,7 @@ def test_an_attempt_a_reconnecting_worker_does_not_name_goes_back_unused(
 def short_grace(tmp_path: Path) -> Iterator[Api]:
     asgi_app = make_api_app(tmp_path / "data", reconnect_grace=0.3)
     with TestClient(asgi_app) as client:
-        api = Api(client, asgi_app.app)
+        api = Api(client, fastapi_of(asgi_app))
         api.register(AGENT)
         yield api
 
@@ -285,7 +292,7 @@ def flaky(short_heartbeat_api: Api, monkeypatch: pytest.MonkeyPatch) -> FlakyWri
 def short_heartbeat_api(tmp_path: Path) -> Iterator[Api]:
     asgi_app = make_api_app(tmp_path / "data", heartbeat_timeout=0.5, reconnect_grace=0.2)
     with TestClient(asgi_app) as client:
-        api = Api(client, asgi_app.app)
+        api = Api(client, fastapi_of(asgi_app))
         api.register(AGENT)
         yield api
 

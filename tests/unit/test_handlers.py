@@ -6,15 +6,19 @@ and every test reads only the state and the returned ``Transition``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from dex.errors import Conflict, NotFound
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
+    AttemptError,
+    Retry,
     SessionState,
     SessionStatus,
     Step,
@@ -31,7 +35,6 @@ from dex.wire import (
     ModelResponse,
     ModelToolCall,
     NoteItem,
-    RecoveryError,
     RetryPolicy,
     StepStatus,
     StepType,
@@ -130,8 +133,8 @@ def call_status(call: ToolCall) -> ToolCallStatus:
     return call.status
 
 
-def crash(message: str = "the Worker was killed") -> RecoveryError:
-    return RecoveryError(message=message, attempt_progress=AttemptProgress.NOT_COMPLETED)
+def crash(message: str = "the Worker was killed") -> AttemptError:
+    return AttemptError(message=message, attempt_progress=AttemptProgress.NOT_COMPLETED)
 
 
 def ok(result: Any) -> ToolOutcome:
@@ -284,7 +287,7 @@ def test_tool_calls_get_one_record_each_a_stable_key_and_a_step_by_kind() -> Non
     ]
     assert [s.tool_call_id for s in steps] == [c.id for c in calls]
     assert steps[2].retry.max_attempts == 1
-    assert steps[0].retry == LOOKUP.retry
+    assert steps[0].retry == Retry.of(LOOKUP.retry)
     assert [s.id for s in t.ready] == [s.id for s in steps]
     assert t.history == [AssistantItem(tool_calls=asks(*asked).tool_calls)]
     assert t.ended_turn is None
@@ -300,7 +303,7 @@ def test_the_idempotency_key_stays_the_same_across_attempts_and_a_reload() -> No
     handlers.fail_attempt(state, spec, step.id, 1, crash(), T0 + 1)
 
     # Another node loads the same state from storage and runs attempt 2.
-    reloaded = SessionState.model_validate_json(state.model_dump_json())
+    reloaded = msgspec.json.decode(msgspec.json.encode(state), type=SessionState)
     attempt = handlers.assign(reloaded, step.id, "w2", T0 + 5)
 
     assert attempt.number == 2
@@ -530,7 +533,7 @@ def test_a_non_retryable_failure_fails_the_step_at_once() -> None:
         spec,
         step.id,
         1,
-        RecoveryError(message="bad arguments", retryable=False),
+        AttemptError(message="bad arguments", retryable=False),
         T0 + 1,
     )
 
@@ -546,7 +549,7 @@ def test_a_worker_reporting_not_started_for_a_handed_out_attempt_is_not_trusted(
     step = step_for(state, "c-c")
     handlers.assign(state, step.id, "w1", T0)
 
-    error = RecoveryError(message="lost", attempt_progress=AttemptProgress.NOT_STARTED)
+    error = AttemptError(message="lost", attempt_progress=AttemptProgress.NOT_STARTED)
     handlers.fail_attempt(state, spec, step.id, 1, error, T0 + 1)
 
     call = call_for(state, "c-c")
@@ -568,7 +571,7 @@ def test_a_tool_step_that_never_reached_a_worker_fails_as_safe_to_call_again(too
     assert step.attempts == []
 
     t = Transition()
-    handlers._fail_step(state, spec, step, RecoveryError(message="cancelled"), T0 + 1, t)
+    handlers._fail_step(state, spec, step, AttemptError(message="cancelled"), T0 + 1, t)
 
     call = call_for(state, "c-1")
     assert call.status == ToolCallStatus.FAILED
@@ -626,7 +629,7 @@ def test_recover_fails_every_running_attempt_as_not_completed() -> None:
         [attempt] = step.attempts
         assert attempt.outcome == AttemptOutcome.FAILED
         assert attempt.ended_at == T0 + 5
-        assert attempt.error == RecoveryError(
+        assert attempt.error == AttemptError(
             message="the server restarted", attempt_progress=AttemptProgress.NOT_COMPLETED
         )
     assert state.running_steps() == []
@@ -647,17 +650,17 @@ def test_recover_is_idempotent_and_leaves_idle_sessions_alone() -> None:
     handlers.recover(state, spec, T0 + 5, "restart")
     assert step.status == StepStatus.QUEUED
     assert state.turn is not None and state.turn.status == TurnStatus.RUNNING
-    after_first = state.model_dump()
+    after_first = copy.deepcopy(state)
 
     t = handlers.recover(state, spec, T0 + 6, "restart again")
 
-    assert state.model_dump() == after_first
+    assert state == after_first
     assert (t.history, t.ready, t.cancel, t.ended_turn) == ([], [], [], None)
 
     idle = new_state()
-    before = idle.model_dump()
+    before = copy.deepcopy(idle)
     t = handlers.recover(idle, spec, T0, "restart")
-    assert idle.model_dump() == before
+    assert idle == before
     assert t.ready == []
 
 
@@ -691,7 +694,7 @@ def test_run_model_failing_for_good_after_tools_ran_leaves_a_note_naming_them() 
     complete(state, spec, "c-a", ok({"balance": 10}))
     fail_until_done(state, spec, step_for(state, "c-c"), T0)  # outcome_unknown
     never_ran = step_for(state, "c-b")  # reaches no Worker, then fails as not run
-    handlers._fail_step(state, spec, never_ran, RecoveryError(message="gone"), T0, Transition())
+    handlers._fail_step(state, spec, never_ran, AttemptError(message="gone"), T0, Transition())
     handlers.receive_message(state, spec, "are you there?", None, T0 + 1)
 
     t = fail_until_done(state, spec, model_step(state), T0 + 2)
@@ -812,12 +815,12 @@ def test_a_late_or_duplicate_input_is_refused_and_changes_nothing(
 ) -> None:
     state, spec = new_state(), make_spec()
     late = setup(state, spec)
-    before = state.model_dump()
+    before = copy.deepcopy(state)
 
     with pytest.raises(Conflict):
         late()
 
-    assert state.model_dump() == before
+    assert state == before
 
 
 def test_a_result_for_a_turn_that_already_ended_is_refused_and_changes_nothing() -> None:
@@ -827,12 +830,12 @@ def test_a_result_for_a_turn_that_already_ended_is_refused_and_changes_nothing()
     handlers.assign(state, first.id, "w1", T0)
     handlers.complete_model(state, spec, first.id, 1, answer("one"), T0 + 1)
     send(state, spec, "second", now=T0 + 2)  # turn 2 runs now
-    before = state.model_dump()
+    before = copy.deepcopy(state)
 
     with pytest.raises(NotFound):
         handlers.complete_model(state, spec, first.id, 1, answer("late"), T0 + 3)
 
-    assert state.model_dump() == before
+    assert state == before
 
 
 # --- compaction --------------------------------------------------------------------------------

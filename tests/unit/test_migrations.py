@@ -35,6 +35,19 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "created_at": ("DOUBLE PRECISION", True, 0),
         "status": ("TEXT", True, 0),
         "state": ("TEXT", True, 0),
+        "turn": ("INTEGER", False, 0),
+    },
+    "steps": {
+        "session_id": ("TEXT", True, 1),
+        "turn": ("INTEGER", True, 2),
+        "seq": ("INTEGER", True, 3),
+        "step": ("TEXT", True, 0),
+    },
+    "calls": {
+        "session_id": ("TEXT", True, 1),
+        "turn": ("INTEGER", True, 2),
+        "seq": ("INTEGER", True, 3),
+        "call": ("TEXT", True, 0),
     },
     "history": {
         "session_id": ("TEXT", True, 1),
@@ -183,6 +196,8 @@ TEXT_KEYS = {
     ("agents", "name"),
     ("sessions", "id"),
     ("history", "session_id"),
+    ("steps", "session_id"),
+    ("calls", "session_id"),
     ("turns", "session_id"),
     ("messages", "session_id"),
     ("messages", "message_id"),

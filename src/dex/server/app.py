@@ -18,10 +18,9 @@ from starlette.types import ASGIApp
 import dex
 from dex import _loop
 from dex.errors import DexError
-from dex.server.api import errors, ops, sessions, workers
+from dex.server.api import errors, hot, ops, sessions, workers
 from dex.server.api.auth import Auth, Role
 from dex.server.api.gate import StandbyGate
-from dex.server.api.plain import PlainRoutes
 from dex.server.api.responses import ORJSONResponse
 from dex.server.clock import Clock
 from dex.server.config import ServerConfig
@@ -104,8 +103,9 @@ def asgi(config: ServerConfig) -> ASGIApp:
 
 
 def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
-    """The layers in front of the routes: the body limit, and auth when it is on."""
-    app: ASGIApp = errors.BodyLimit(PlainRoutes(fastapi_app), config.max_body_bytes)
+    """The layers in front of the routes: auth when it is on, the body limit, and the
+    message send served without the framework (``hot``)."""
+    app: ASGIApp = errors.BodyLimit(hot.HotRoutes(fastapi_app), config.max_body_bytes)
     tokens = {
         Role.CLIENT: config.client_token,
         Role.WORKER: config.worker_token,
@@ -177,6 +177,7 @@ def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
             lifespan="on",
             log_level="warning",
             access_log=False,
+            proxy_headers=False,  # no access log: nothing reads the client's address
             ws_max_size=64 << 20,
             timeout_graceful_shutdown=5,
         ),

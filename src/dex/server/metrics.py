@@ -146,6 +146,16 @@ def node_gauges(node: Node) -> Iterator[Metric]:
         getattr(store, "operations", 0),
     )
     yield counter(
+        "dex_store_written_bytes",
+        "Characters of JSON committed (session states, history items, turns).",
+        getattr(store, "bytes_written", 0),
+    )
+    yield counter(
+        "dex_worker_sent_bytes",
+        "Bytes of frames sent to Workers (hand-outs, acknowledgements, cancels).",
+        dispatcher.bytes_sent,
+    )
+    yield counter(
         "dex_worker_messages_refused",
         "Worker messages about an attempt the sending connection does not hold.",
         dispatcher.refused,

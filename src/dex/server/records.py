@@ -1,94 +1,256 @@
 """How the domain's durable records become the store's JSON text, and back.
 
-The store keeps JSON it does not interpret. Each session state, archived turn and agent
-spec carries ``"format": FORMAT`` (a record without it is format 1, as Dex 0.1 wrote
-it); a session's history items follow their session's format. Reading is tolerant: a
-field this version does not know (a newer node wrote it during a rolling upgrade) is
-dropped, not refused, at any depth. Input from the API and from Workers keeps refusing
-unknown fields (``dex.wire.Wire``); only stored records are read this way.
+The store keeps JSON it does not interpret. A session state, an archived turn and an
+agent spec carry ``"format": FORMAT`` (a record without it is format 1, as Dex 0.1 wrote
+it); a session's history items, Steps and tool calls follow their session's format.
+
+Format 2 keeps each Step and tool call of a turn in a row of its own, and the state and
+the archived turn without them: a transition writes the rows it changed (``Rows``
+remembers what this node last wrote), so a commit's size follows the change, not the
+turn or the conversation. Format 1 held them inside the state and the turn record; it
+still reads, and a session loaded from it writes all its rows on its next commit.
+
+Reading is tolerant: a field this version does not know (a newer node wrote it during a
+rolling upgrade) is dropped, not refused, at any depth. Input from the API and from
+Workers keeps refusing unknown fields (``dex.wire.Wire``); only stored records are read
+this way. The engine's records are dataclasses, encoded and decoded with msgspec; the
+wire's (history items, agent specs) are pydantic models.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import msgspec
 import orjson
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from dex.errors import InvalidInput
-from dex.server.engine.state import SessionState, Turn
-from dex.server.store.base import SessionRecord, TurnRecord, Write
+from dex.server.engine.state import SessionState, Step, ToolCall, Turn
+from dex.server.store.base import (
+    Row,
+    SessionRecord,
+    StoredSession,
+    StoredTurn,
+    TurnRecord,
+    Write,
+)
 from dex.wire import ITEM, ITEMS, AgentSpec, Item
 
-FORMAT = 1
+FORMAT = 2
 """The format this version writes. Bump it when a stored record changes shape in a way
 that an older reader cannot take by ignoring fields."""
 
-_PREFIX = f'{{"format":{FORMAT},'
+_PREFIX = f'{{"format":{FORMAT},'.encode()
+_WIRE_PREFIX = f'{{"format":{FORMAT},'
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 
+_encode = msgspec.json.Encoder().encode
+_STATE = msgspec.json.Decoder(SessionState)
+_TURN = msgspec.json.Decoder(Turn)
+_STEP = msgspec.json.Decoder(Step)
+_CALL = msgspec.json.Decoder(ToolCall)
+_NONE: list[Any] = []
 
-def _dump(model: BaseModel) -> str:
-    return _PREFIX + model.model_dump_json()[1:]
+
+@dataclass(eq=False)
+class Rows:
+    """What storage holds of the current turn's Steps and tool calls, as this node last
+    wrote or read them: a commit writes a row only if its JSON changed. A Step or call that
+    is final (it can change no more) is not encoded again. The memory of one session's
+    actor: dropped with it when a commit fails."""
+
+    turn: int | None = None
+    written: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    """(kind, id) -> JSON as stored, of the rows that may still change."""
+    done: dict[str, int] = field(default_factory=lambda: {"s": 0, "c": 0})
+    """Per kind, how many leading rows of the turn are final and stored."""
+    final: set[tuple[str, str]] = field(default_factory=set)
+    """Final and stored rows past ``done``."""
+
+    def reset(self, turn: int | None) -> None:
+        self.turn = turn
+        self.written.clear()
+        self.final.clear()
+        self.done = {"s": 0, "c": 0}
+
+    def remember(self, kind: str, items: Sequence[Step | ToolCall], texts: list[str]) -> None:
+        """Rows just read from storage: they are stored as they are."""
+        leading = True
+        for i, (item, text) in enumerate(zip(items, texts, strict=True)):
+            if not item.final:
+                self.written[(kind, item.id)] = text.encode()
+                leading = False
+            elif leading:
+                self.done[kind] = i + 1
+            else:
+                self.final.add((kind, item.id))
+
+    def changed(self, turn: Turn, into_steps: list[Row], into_calls: list[Row]) -> None:
+        """Append the rows of ``turn`` that storage does not hold as they are now."""
+        if turn.number != self.turn:
+            self.reset(turn.number)
+        self._changed("s", turn.number, turn.steps, into_steps)
+        self._changed("c", turn.number, turn.tool_calls, into_calls)
+
+    def _changed(
+        self, kind: str, number: int, items: Sequence[Step | ToolCall], into: list[Row]
+    ) -> None:
+        start = self.done[kind]
+        leading = True
+        for i in range(start, len(items)):
+            item = items[i]
+            key = (kind, item.id)
+            if key in self.final:
+                if leading:
+                    self.done[kind] = i + 1
+                    self.final.discard(key)
+                continue
+            raw = _encode(item)
+            if self.written.get(key) != raw:
+                into.append(Row(number, i + 1, raw.decode()))
+            if item.final:
+                self.written.pop(key, None)
+                if leading:
+                    self.done[kind] = i + 1
+                else:
+                    self.final.add(key)
+            else:
+                self.written[key] = raw
+                leading = False
 
 
 def write(
     *,
     session: SessionState | None = None,
+    rows: Rows | None = None,
     create: bool = False,
     history: list[Item] | None = None,
     history_start: int = 0,
     ended_turn: Turn | None = None,
-    updated_turn: Turn | None = None,
     message: tuple[str, int] | None = None,
     agents: list[AgentSpec] | None = None,
+    archived_call: tuple[int, ToolCall] | None = None,
 ) -> Write:
-    """A store ``Write`` from domain objects. A value that cannot be stored (it cannot be
-    encoded as JSON) is an ``InvalidInput``: nothing is written."""
+    """A store ``Write`` from domain objects: the session's state, the rows of the ended
+    and the current turn that changed (``rows``: what storage holds; None writes them
+    all), history items, an archived turn's changed call. A value that cannot be stored
+    (it cannot be encoded as JSON) is an ``InvalidInput``: nothing is written."""
     try:
-        return _write(
-            session, create, history, history_start, ended_turn, updated_turn, message, agents
+        steps: list[Row] = []
+        calls: list[Row] = []
+        memory = rows if rows is not None else Rows()
+        if ended_turn is not None:
+            memory.changed(ended_turn, steps, calls)
+        if session is not None and session.turn is not None:
+            memory.changed(session.turn, steps, calls)
+        if archived_call is not None:
+            number, call = archived_call
+            calls.append(Row(number, _seq(call.id), _encode(call).decode()))
+        return Write(
+            session=session_record(session) if session is not None else None,
+            create=create,
+            history=[ITEM.dump_json(item).decode() for item in history or ()],
+            history_start=history_start,
+            steps=steps,
+            calls=calls,
+            ended_turn=turn_record(ended_turn) if ended_turn is not None else None,
+            message=message,
+            agents=[(spec.name, _dump(spec)) for spec in agents or ()],
         )
-    except (PydanticSerializationError, TypeError, ValueError) as e:
+    except (PydanticSerializationError, TypeError, ValueError, msgspec.EncodeError) as e:
         raise InvalidInput(f"this cannot be stored: {e}") from None
 
 
-def _write(
-    session: SessionState | None,
-    create: bool,
-    history: list[Item] | None,
-    history_start: int,
-    ended_turn: Turn | None,
-    updated_turn: Turn | None,
-    message: tuple[str, int] | None,
-    agents: list[AgentSpec] | None,
-) -> Write:
-    return Write(
-        session=session_record(session) if session is not None else None,
-        create=create,
-        history=[ITEM.dump_json(item).decode() for item in history or ()],
-        history_start=history_start,
-        ended_turn=turn_record(ended_turn) if ended_turn is not None else None,
-        updated_turn=turn_record(updated_turn) if updated_turn is not None else None,
-        message=message,
-        agents=[(spec.name, _dump(spec)) for spec in agents or ()],
-    )
+def _seq(item_id: str) -> int:
+    """A Step's or call's place in its turn, from its id ``{turn}.{n}``."""
+    return int(item_id.rpartition(".")[2])
 
 
 def session_record(state: SessionState) -> SessionRecord:
-    return SessionRecord(state.id, state.agent, state.created_at, state.status.value, _dump(state))
+    turn = state.turn
+    return SessionRecord(
+        state.id,
+        state.agent,
+        state.created_at,
+        state.status.value,
+        _bare(state, turn),
+        turn.number if turn is not None else None,
+    )
 
 
 def turn_record(turn: Turn) -> TurnRecord:
-    return TurnRecord(turn.number, turn.status.value, _dump(turn))
+    return TurnRecord(turn.number, turn.status.value, _bare(turn, turn))
 
 
-def session(raw: tuple[str, list[str]]) -> tuple[SessionState, list[Item]]:
-    state, items = raw
-    return _model(SessionState, state), history(items)
+def _bare(record: SessionState | Turn, turn: Turn | None) -> str:
+    """``record`` as format-2 JSON, without ``turn``'s Steps and calls (rows of their own)."""
+    if turn is None:
+        return (_PREFIX + _encode(record)[1:]).decode()
+    steps, calls = turn.steps, turn.tool_calls
+    turn.steps, turn.tool_calls = _NONE, _NONE
+    try:
+        return (_PREFIX + _encode(record)[1:]).decode()
+    finally:
+        turn.steps, turn.tool_calls = steps, calls
+
+
+def session(stored: StoredSession) -> tuple[SessionState, list[Item], Rows]:
+    """The state (with its current turn's Steps and calls), the history, and what storage
+    holds of the turn's rows."""
+    state = _decode(_STATE, stored.state)
+    rows = Rows()
+    if state.turn is not None and _format(stored.state) >= 2:
+        _attach(state.turn, stored.steps, stored.calls)
+        rows.turn = state.turn.number
+        rows.remember("s", state.turn.steps, stored.steps)
+        rows.remember("c", state.turn.tool_calls, stored.calls)
+    return state, history(stored.history), rows
+
+
+def turn(stored: StoredTurn) -> Turn:
+    record = _decode(_TURN, stored.turn)
+    if _format(stored.turn) >= 2:
+        _attach(record, stored.steps, stored.calls)
+    return record
+
+
+def maybe_turn(stored: StoredTurn | None) -> Turn | None:
+    return None if stored is None else turn(stored)
+
+
+def _attach(turn: Turn, steps: list[str], calls: list[str]) -> None:
+    turn.steps = [_decode(_STEP, s) for s in steps]
+    turn.tool_calls = [_decode(_CALL, c) for c in calls]
+
+
+def _decode(decoder: msgspec.json.Decoder[T], text: str) -> T:
+    try:
+        return decoder.decode(text)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"stored record: {e}") from None
+
+
+def _format(text: str) -> int:
+    """The format a stored record says it has (1 if it says none)."""
+    if not text.startswith('{"format":'):
+        return 1
+    end = text.find(",", 10)
+    try:
+        return int(text[10:end])
+    except ValueError:
+        return 1
+
+
+# --- wire records (pydantic): history items, agent specs ------------------------------
+
+
+def _dump(model: BaseModel) -> str:
+    return _WIRE_PREFIX + model.model_dump_json()[1:]
 
 
 def history(items: list[str]) -> list[Item]:
@@ -99,26 +261,11 @@ def history(items: list[str]) -> list[Item]:
         return _tolerant(ITEMS.validate_python, orjson.loads(text))
 
 
-def turn(raw: str) -> Turn:
-    return _model(Turn, raw)
-
-
-def maybe_turn(raw: str | None) -> Turn | None:
-    return None if raw is None else turn(raw)
-
-
 def agent(raw: str) -> AgentSpec:
     return _model(AgentSpec, raw)
 
 
 def _model(cls: type[M], raw: str) -> M:
-    # The common case, straight from JSON text: a record of this format with no field this
-    # version does not know (about half the cost of decoding to dicts and validating them).
-    body = "{" + raw[len(_PREFIX) :] if raw.startswith(_PREFIX) else raw
-    try:
-        return cls.model_validate_json(body)
-    except ValidationError:
-        pass
     data = orjson.loads(raw)
     data.pop("format", None)
     return _tolerant(cls.model_validate, data)

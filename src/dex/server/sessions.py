@@ -33,6 +33,7 @@ from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
+    AttemptError,
     SessionState,
     SessionStatus,
     Step,
@@ -48,7 +49,6 @@ from dex.wire import (
     MAX_JSON_DEPTH,
     AgentSpec,
     AttemptProgress,
-    Item,
     ModelResponse,
     RecoveryError,
     StepStatus,
@@ -70,9 +70,10 @@ T = TypeVar("T")
 @dataclass(eq=False)
 class Actor:
     state: SessionState
-    history: list[Item]
     history_json: list[dict[str, Any]] = field(default_factory=list)
     """Each history item's JSON form, made once: a RunModel hand-out carries the history."""
+    rows: records.Rows = field(default_factory=records.Rows)
+    """What storage holds of the current turn's Steps and calls: a commit writes the rest."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     turn_waiters: dict[int, asyncio.Event] = field(default_factory=dict)
     ended: dict[int, Turn] = field(default_factory=dict)
@@ -328,9 +329,9 @@ class Sessions:
                 "status": state.status.value,
                 "created_at": state.created_at,
                 "messages_received": state.messages_received,
-                "queued_messages": [m.model_dump() for m in state.queued],
+                "queued_messages": views.plain(state.queued),
             },
-            "current_turn": state.turn.model_dump(mode="json") if state.turn else None,
+            "current_turn": views.plain(state.turn) if state.turn else None,
             "waiting": waiting,
             "waits": [
                 {
@@ -353,7 +354,7 @@ class Sessions:
             ],
             "history": list(actor.history_json),
             "tool_calls": [
-                {"turn": turn.number, **call.model_dump(mode="json")}
+                {"turn": turn.number, **views.plain(call)}
                 for turn in [
                     *map(records.turn, await self.store.load_turns(session_id)),
                     *filter(None, [state.turn]),
@@ -479,7 +480,8 @@ class Sessions:
                 return t
 
             # a failed commit drops the actor (and the loaded turn): nothing half-applied stays
-            await self._apply_locked(actor, handle, updated_turn=updated)
+            archived = (turn.number, call) if updated is not None else None
+            await self._apply_locked(actor, handle, archived_call=archived)
             return call
 
     def workers_view(self) -> list[dict[str, Any]]:
@@ -532,8 +534,16 @@ class Sessions:
         self.metrics.attempt_ended(step_type, "succeeded")
         failpoints.hit("server.after_commit_result")
 
-    async def fail(self, attempt: str, error: RecoveryError, *, backoff: bool = True) -> None:
+    async def fail(
+        self, attempt: str, error: RecoveryError | AttemptError, *, backoff: bool = True
+    ) -> None:
         session_id, step_id, number = _parse(attempt)
+        if isinstance(error, RecoveryError):
+            error = AttemptError(
+                message=error.message,
+                attempt_progress=error.attempt_progress,
+                retryable=error.retryable,
+            )
         actor = await self._actor(session_id)
         spec = self._spec(actor.state.agent)
         await self._apply(
@@ -569,7 +579,7 @@ class Sessions:
                 f"no heartbeat from Worker {held.worker_id} for "
                 f"{self.dispatcher.heartbeat_timeout:g}s"
             )
-        error = RecoveryError(message=why, attempt_progress=AttemptProgress.NOT_COMPLETED)
+        error = AttemptError(message=why, attempt_progress=AttemptProgress.NOT_COMPLETED)
         aid = attempt_id(held.session_id, held.step_id, held.number)
         try:
             await self._retrying(
@@ -606,12 +616,12 @@ class Sessions:
             raw = await self.store.load_session(session_id)
             if raw is None:
                 raise NotFound(f"unknown session {session_id!r}", session_id=session_id)
-            state, history = records.session(raw)
+            state, history, rows = records.session(raw)
             actor = Actor(
                 state=state,
-                history=history,
                 history_json=[item.model_dump(mode="json") for item in history],
-                chars=len(raw[0]) + sum(map(len, raw[1])),
+                rows=rows,
+                chars=sum(map(len, [raw.state, *raw.steps, *raw.calls, *raw.history])),
             )
             self._actors[session_id] = actor
             self._cached_chars += actor.chars
@@ -667,7 +677,7 @@ class Sessions:
         *,
         message_id: str | None = None,
         dispatch: bool = True,
-        updated_turn: Turn | None = None,
+        archived_call: tuple[int, ToolCall] | None = None,
         release: str | None = None,
     ) -> None:
         """Run ``handle`` and commit its transition. ``release``: the attempt the input
@@ -693,11 +703,12 @@ class Sessions:
         try:
             write = records.write(
                 session=state,
+                rows=actor.rows,
                 history=t.history,
                 history_start=start,
                 ended_turn=t.ended_turn,
-                updated_turn=updated_turn,
                 message=(message_id, state.messages_received) if message_id else None,
+                archived_call=archived_call,
             )
             await self.store.write(write)
         except BaseException:
@@ -706,7 +717,6 @@ class Sessions:
             for _, worker in handed:
                 self.dispatcher.release(worker)
             raise
-        actor.history.extend(t.history)
         actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
         grown = sum(map(len, write.history))
         actor.chars += grown

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.engine.state import SessionState
 from dex.wire import AgentSpec, StepType
+
+
+def plain(record: Any) -> Any:
+    """An engine record (a dataclass, or a list of them) as plain JSON data."""
+    return msgspec.to_builtins(record)
 
 
 def pending_approvals(state: SessionState) -> list[dict[str, Any]]:

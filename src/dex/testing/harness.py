@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dex.testing.wait import wait_until
@@ -22,15 +22,17 @@ def free_port() -> int:
 
 
 class _Process:
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, wrap: Sequence[str] = ()) -> None:
         self.log = log
+        self.wrap = list(wrap)
+        """A command the process runs under (``valgrind --tool=callgrind``, say)."""
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _spawn(self, args: list[str], env: Mapping[str, str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dex", *args],
+                [*self.wrap, sys.executable, "-m", "dex", *args],
                 env={**os.environ, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -74,8 +76,9 @@ class ServerProcess(_Process):
         heartbeat_timeout: float = 2.0,
         env: Mapping[str, str] | None = None,
         database: str | None = None,
+        wrap: Sequence[str] = (),
     ) -> None:
-        super().__init__(data_dir.parent / f"{data_dir.name}-server.log")
+        super().__init__(data_dir.parent / f"{data_dir.name}-server.log", wrap)
         self.data_dir = data_dir
         self.port = port or free_port()
         self.heartbeat_timeout = heartbeat_timeout
@@ -143,8 +146,9 @@ class WorkerProcess(_Process):
         *,
         env: Mapping[str, str] | None = None,
         capacity: int = 16,
+        wrap: Sequence[str] = (),
     ) -> None:
-        super().__init__(log)
+        super().__init__(log, wrap)
         self.module = module
         self.address = address
         self.env = dict(env or {})

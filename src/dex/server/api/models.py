@@ -9,6 +9,7 @@ the engine's own models, so the document follows them when they change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -105,6 +106,7 @@ class RunningAttempt(BaseModel):
     output_chars: int
 
 
+@dataclass(kw_only=True)
 class SessionToolCall(ToolCall):
     turn: int
 

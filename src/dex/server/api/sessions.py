@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
+from dex.server import views
 from dex.server.api import models
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
@@ -86,8 +87,8 @@ def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
         "status": turn.status.value,
         "text": turn.text,
         "error": turn.error,
-        "tool_calls": [c.model_dump(mode="json") for c in turn.tool_calls],
-        "steps": [s.model_dump(mode="json") for s in turn.steps],
+        "tool_calls": views.plain(turn.tool_calls),
+        "steps": views.plain(turn.steps),
         "started_at": turn.started_at,
         "ended_at": turn.ended_at,
     }
@@ -100,16 +101,22 @@ def _turn_body(session_id: str, number: int, turn: Any) -> dict[str, Any]:
     responses={201: {"links": models.SESSION_LINKS}, **BODY, **errors(404, 409, 503)},
 )
 async def create_session(body: CreateSession, request: Request) -> ORJSONResponse:
-    state = await _sessions(request).create(body.agent, body.session_id)
-    return ORJSONResponse(
-        {
-            "id": state.id,
-            "agent": state.agent,
-            "status": state.status.value,
-            "created_at": state.created_at,
-        },
-        201,
-    )
+    result, status = await create(request.app, body)
+    return ORJSONResponse(result, status)
+
+
+async def create(app: Any, body: CreateSession) -> tuple[dict[str, Any], int]:
+    """The session creation, as this route and ``hot.HotRoutes`` both answer it: the body
+    and the status."""
+    sessions: Sessions = app.state.sessions
+    state = await sessions.create(body.agent, body.session_id)
+    created = {
+        "id": state.id,
+        "agent": state.agent,
+        "status": state.status.value,
+        "created_at": state.created_at,
+    }
+    return created, 201
 
 
 @router.get("/sessions", response_model=models.SessionList, responses=errors(422))
@@ -145,15 +152,22 @@ async def get_agent_snapshot(session_id: str, request: Request) -> ORJSONRespons
     },
 )
 async def send_message(session_id: str, body: SendMessage, request: Request) -> ORJSONResponse:
-    sessions = _sessions(request)
+    result, status = await send(request.app, session_id, body)
+    return ORJSONResponse(result, status)
+
+
+async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, Any], int]:
+    """The message send, as this route and ``hot.HotRoutes`` both answer it: the body and
+    the status."""
+    sessions: Sessions = app.state.sessions
     number, created = await sessions.send(session_id, body.text, body.message_id)
     turn = None
     if body.wait_seconds > 0:
-        wait = min(body.wait_seconds, request.app.state.config.max_wait_seconds)
+        wait = min(body.wait_seconds, app.state.config.max_wait_seconds)
         turn = await sessions.wait_turn(session_id, number, wait)
     result = _turn_body(session_id, number, turn)
     result["created"] = created
-    return ORJSONResponse(result, 201 if created else 200)
+    return result, 201 if created else 200
 
 
 @router.get(
@@ -266,7 +280,7 @@ async def reconcile(
     call = await _sessions(request).reconcile(
         session_id, call_id, body.status, body.result, body.error, body.by
     )
-    return ORJSONResponse(call.model_dump(mode="json"))
+    return ORJSONResponse(views.plain(call))
 
 
 @router.get(

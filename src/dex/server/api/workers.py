@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from dex.errors import DexError
 from dex.server.api import models
 from dex.server.api.responses import ORJSONResponse
-from dex.server.dispatch.dispatcher import WorkerConn, WorkerIdInUse
+from dex.server.dispatch.dispatcher import Dispatcher, WorkerConn, WorkerIdInUse
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.wire.protocol import (
@@ -47,8 +47,9 @@ router = APIRouter()
 class Outbox:
     """Collects messages and sends them as one frame per event-loop turn."""
 
-    def __init__(self, ws: WebSocket) -> None:
+    def __init__(self, ws: WebSocket, dispatcher: Dispatcher) -> None:
         self.ws = ws
+        self.dispatcher = dispatcher
         self.pending: list[dict[str, Any]] = []
         self.ready = asyncio.Event()
         self.closed = False
@@ -64,7 +65,9 @@ class Outbox:
             self.ready.clear()
             batch, self.pending = self.pending, []
             if batch:
-                await self.ws.send_bytes(orjson.dumps(batch))
+                frame = orjson.dumps(batch)
+                self.dispatcher.bytes_sent += len(frame)
+                await self.ws.send_bytes(frame)
 
 
 class BadFrame(Exception):
@@ -113,7 +116,7 @@ async def worker_channel(ws: WebSocket) -> None:
         return
     dispatcher = sessions.dispatcher
     await sessions.register_agents(hello.agents)
-    outbox = Outbox(ws)
+    outbox = Outbox(ws, dispatcher)
     queues = set()
     for agent in hello.agents:
         queues.add(f"model:{agent.name}")

@@ -123,6 +123,8 @@ class Dispatcher:
         self.held: dict[str, Held] = {}
         self.refused = 0
         """Messages about an attempt that the sending connection does not hold."""
+        self.bytes_sent = 0
+        """Bytes of frames sent to Workers: over hand-outs, what a hand-out costs."""
         self._resume: dict[str, str] = {}
         """The resume token of each Worker id that is connected or holds attempts."""
         self._ready: dict[str, deque[tuple[str, str]]] = {}

@@ -19,6 +19,7 @@ check] -> RunModel -> ... -> an answer without tool calls ends the turn.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -28,8 +29,11 @@ import orjson
 
 from dex.errors import Conflict, InvalidInput, NotFound
 from dex.server.engine.state import (
+    SINGLE_ATTEMPT,
     Attempt,
+    AttemptError,
     QueuedMessage,
+    Retry,
     SessionState,
     SessionStatus,
     Step,
@@ -40,7 +44,6 @@ from dex.server.engine.state import (
     attempt_id,
 )
 from dex.wire import (
-    SINGLE_ATTEMPT,
     TOOL_CALL_NOT_RUN_ERROR_PREFIX,
     AgentSpec,
     Approval,
@@ -50,7 +53,6 @@ from dex.wire import (
     Item,
     ModelResponse,
     NoteItem,
-    RecoveryError,
     StepStatus,
     StepType,
     Summary,
@@ -178,7 +180,7 @@ def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -
     """Queued Steps fail as NOT_STARTED, running attempts are cancelled, waits end."""
     turn = _turn(state)
     t = Transition()
-    error = RecoveryError(message=f"the turn was cancelled: {reason}", retryable=False)
+    error = AttemptError(message=f"the turn was cancelled: {reason}", retryable=False)
     for step in turn.steps:
         if step.status in (StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.CANCELLED):
             continue
@@ -336,9 +338,8 @@ def complete_summary(
     # the summary replaces what came before the turn; the turn's own items stay
     state.context_start, state.summary_at = turn.history_start, start
     state.context_chars = len(summary.text) + turn.history_chars
-    t.ready.append(
-        _new_step(_turn(state), StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
-    )
+    retry = Retry.of(spec.model_retry)
+    t.ready.append(_new_step(_turn(state), StepType.RUN_MODEL, model_queue(spec.name), retry, now))
     return t
 
 
@@ -443,7 +444,7 @@ def fail_attempt(
     spec: AgentSpec,
     step_id: str,
     number: int,
-    error: RecoveryError,
+    error: AttemptError,
     now: float,
     *,
     backoff: bool = True,
@@ -504,7 +505,7 @@ def recover(state: SessionState, spec: AgentSpec, now: float, reason: str) -> Tr
         attempt = step.current
         if step.status != StepStatus.RUNNING or attempt is None:
             continue  # an earlier failure in this loop ended the turn
-        error = RecoveryError(message=reason, attempt_progress=AttemptProgress.NOT_COMPLETED)
+        error = AttemptError(message=reason, attempt_progress=AttemptProgress.NOT_COMPLETED)
         _merge(t, fail_attempt(state, spec, step.id, attempt.number, error, now, backoff=False))
     return t
 
@@ -539,10 +540,11 @@ def _call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition)
         and turn.history_start > state.context_start
     ):
         step = _new_step(
-            turn, StepType.COMPACT_CONTEXT, model_queue(spec.name), spec.model_retry, now
+            turn, StepType.COMPACT_CONTEXT, model_queue(spec.name), Retry.of(spec.model_retry), now
         )
     else:
-        step = _new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), spec.model_retry, now)
+        retry = Retry.of(spec.model_retry)
+        step = _new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), retry, now)
     t.ready.append(step)
 
 
@@ -557,7 +559,7 @@ def _queue_tool(
         _turn(state),
         StepType.CALL_SINGLE_ATTEMPT_TOOL if single else StepType.CALL_TOOL,
         tool_queue(spec.name, tool.name),
-        SINGLE_ATTEMPT if single else tool.retry,
+        SINGLE_ATTEMPT if single else Retry.of(tool.retry),
         now,
     )
     step.tool_call_id = call.id
@@ -604,7 +606,7 @@ def _maybe_check(
         return  # checked once already
     call.checking = True
     step = _new_step(
-        turn, StepType.CHECK_TOOL_CALL, tool_queue(spec.name, tool.name), tool.retry, now
+        turn, StepType.CHECK_TOOL_CALL, tool_queue(spec.name, tool.name), Retry.of(tool.retry), now
     )
     step.tool_call_id = call.id
     t.ready.append(step)
@@ -614,7 +616,7 @@ def _fail_step(
     state: SessionState,
     spec: AgentSpec,
     step: Step,
-    error: RecoveryError,
+    error: AttemptError,
     now: float,
     t: Transition,
 ) -> None:
@@ -623,7 +625,7 @@ def _fail_step(
     call = _call_of(state, step)
     started = bool(step.attempts) or (call is not None and call.started)
     progress = AttemptProgress.NOT_COMPLETED if started else AttemptProgress.NOT_STARTED
-    step.error = error.model_copy(update={"attempt_progress": progress})
+    step.error = dataclasses.replace(error, attempt_progress=progress)
     if call is None:  # RunModel or CompactContext
         what = "compacting the context" if step.type == StepType.COMPACT_CONTEXT else "RunModel"
         _end_turn(state, spec, TurnStatus.FAILED, now, t, error=f"{what} failed: {error.message}")
@@ -635,7 +637,7 @@ def _fail_step(
     _after_tool_call(state, spec, now, t)
 
 
-def _settle_failed_call(call: ToolCall, error: RecoveryError) -> None:
+def _settle_failed_call(call: ToolCall, error: AttemptError) -> None:
     """The failure route: reads ``attempt_progress`` (a call that ran before is never
     NOT_STARTED)."""
     if not call.started and error.attempt_progress != AttemptProgress.NOT_COMPLETED:
@@ -724,7 +726,7 @@ def append_history(state: SessionState, t: Transition, item: Item) -> None:
         state.turn.history_chars += chars
 
 
-def _new_step(turn: Turn, type_: StepType, queue: str, retry: Any, now: float) -> Step:
+def _new_step(turn: Turn, type_: StepType, queue: str, retry: Retry, now: float) -> Step:
     step = Step(
         id=f"{turn.number}.{len(turn.steps) + 1}",
         type=type_,
@@ -806,7 +808,7 @@ def _call_of(state: SessionState, step: Step) -> ToolCall | None:
 
 
 def _end_attempt(
-    step: Step, outcome: AttemptOutcome, now: float, error: RecoveryError | None = None
+    step: Step, outcome: AttemptOutcome, now: float, error: AttemptError | None = None
 ) -> None:
     attempt = step.attempts[-1]
     attempt.outcome = outcome

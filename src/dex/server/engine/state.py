@@ -1,43 +1,101 @@
 """The durable state of one session, as the engine sees it.
 
-A session's state is one JSON document (plus its append-only history). It holds
-the current turn with every Step, attempt and tool call, so one row write
-records any transition. Ended turns move to the turn archive.
+Plain dataclasses: the handlers read and change them on every input, so they cost what a
+Python attribute costs, and ``dex.server.records`` encodes them (msgspec) for storage.
+A session's state holds the current turn with every Step, attempt and tool call; the
+store keeps each Step and tool call in a row of its own, so a commit writes the ones a
+transition changed, not the whole turn. Ended turns stay in the archive.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from pydantic import Field
-
 from dex.wire import (
     AttemptOutcome,
-    RecoveryError,
+    AttemptProgress,
     RetryPolicy,
     StepStatus,
     StepType,
     ToolCallStatus,
     ToolKind,
-    Wire,
 )
 
 T = TypeVar("T")
 """A history item, or its JSON form: ``context`` selects from either."""
 
+TERMINAL_STEP = frozenset((StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.CANCELLED))
+"""A Step in one of these never changes again."""
 
-class Attempt(Wire):
+
+@dataclass(slots=True, kw_only=True)
+class AttemptError:
+    """Why an attempt failed, and how far it got (``dex.wire.RecoveryError`` on the wire)."""
+
+    message: str
+    attempt_progress: AttemptProgress = AttemptProgress.UNSPECIFIED
+    retryable: bool = True
+
+
+@dataclass(slots=True, kw_only=True, frozen=True)
+class Retry:
+    """A Step's retry policy, copied from its agent's or tool's ``RetryPolicy`` when the
+    Step is made, so a Worker registering a changed agent does not change running Steps."""
+
+    max_attempts: int = 3
+    within_seconds: float = 1800.0
+    initial_backoff_seconds: float = 1.0
+    max_backoff_seconds: float = 30.0
+    backoff_multiplier: float = 2.0
+
+    def backoff(self, failed_attempts: int) -> float:
+        """Seconds to wait before attempt ``failed_attempts + 1``."""
+        delay = self.initial_backoff_seconds * self.backoff_multiplier ** (failed_attempts - 1)
+        return float(min(delay, self.max_backoff_seconds))
+
+    @staticmethod
+    def of(policy: RetryPolicy) -> Retry:
+        return _retry(
+            policy.max_attempts,
+            policy.within_seconds,
+            policy.initial_backoff_seconds,
+            policy.max_backoff_seconds,
+            policy.backoff_multiplier,
+        )
+
+
+@functools.lru_cache(maxsize=1024)
+def _retry(
+    max_attempts: int, within: float, initial: float, most: float, multiplier: float
+) -> Retry:
+    return Retry(
+        max_attempts=max_attempts,
+        within_seconds=within,
+        initial_backoff_seconds=initial,
+        max_backoff_seconds=most,
+        backoff_multiplier=multiplier,
+    )
+
+
+SINGLE_ATTEMPT = Retry(max_attempts=1)
+
+
+@dataclass(slots=True, kw_only=True)
+class Attempt:
     number: int
     worker_id: str
     started_at: float
     ended_at: float | None = None
     outcome: AttemptOutcome = AttemptOutcome.RUNNING
-    error: RecoveryError | None = None
+    error: AttemptError | None = None
 
 
-class Wait(Wire):
+@dataclass(slots=True, kw_only=True)
+class Wait:
     """What a server-side wait waits for, and how it ended."""
 
     since: float
@@ -49,19 +107,20 @@ class Wait(Wire):
     resolution: dict[str, Any] | None = None
 
 
-class Step(Wire):
+@dataclass(slots=True, kw_only=True)
+class Step:
     id: str
     type: StepType
     status: StepStatus = StepStatus.QUEUED
     queue: str = ""
-    retry: RetryPolicy
+    retry: Retry
     created_at: float
     not_before: float | None = None
     tool_call_id: str | None = None
-    attempts: list[Attempt] = Field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
     handed_back: int = 0
     ended_at: float | None = None
-    error: RecoveryError | None = None
+    error: AttemptError | None = None
     usage: dict[str, int] | None = None
     stop_reason: str | None = None
     """Why the model stopped (RunModel): end_turn, tool_use, max_tokens, ..."""
@@ -78,8 +137,14 @@ class Step(Wire):
             return self.attempts[-1]
         return None
 
+    @property
+    def final(self) -> bool:
+        """It ended, and nothing changes it any more."""
+        return self.status in TERMINAL_STEP
 
-class ToolCall(Wire):
+
+@dataclass(slots=True, kw_only=True)
+class ToolCall:
     id: str
     model_call_id: str
     name: str
@@ -95,8 +160,8 @@ class ToolCall(Wire):
     started: bool = False
     """An attempt of this call reached a Worker: from now on its tool may have run."""
     approval: dict[str, Any] | None = None
-    questions: list[dict[str, Any]] = Field(default_factory=list)
-    answers: list[str] = Field(default_factory=list)
+    questions: list[dict[str, Any]] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
     sleeps_done: int = 0
     task_handle: Any = None
     checking: bool = False
@@ -108,6 +173,12 @@ class ToolCall(Wire):
         """Terminal, and no check is still running for it."""
         return self.status.terminal and not self.checking
 
+    @property
+    def final(self) -> bool:
+        """Nothing changes it any more: settled with a known outcome (an outcome_unknown
+        may still be checked or reconciled)."""
+        return self.settled and self.status != ToolCallStatus.OUTCOME_UNKNOWN
+
 
 class TurnStatus(StrEnum):
     RUNNING = "running"
@@ -116,7 +187,8 @@ class TurnStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-class Turn(Wire):
+@dataclass(slots=True, kw_only=True)
+class Turn:
     number: int
     message_id: str | None = None
     history_start: int = 0
@@ -129,25 +201,43 @@ class Turn(Wire):
     ended_at: float | None = None
     error: str | None = None
     text: str | None = None
-    steps: list[Step] = Field(default_factory=list)
-    tool_calls: list[ToolCall] = Field(default_factory=list)
-    batch: list[str] = Field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    batch: list[str] = field(default_factory=list)
     """The tool calls of the latest model response, in the model's order."""
 
     def step(self, step_id: str) -> Step | None:
+        """A Step by id (``{turn}.{n}``: the n-th Step of the turn)."""
+        step = _nth(self.steps, step_id, self.number)
+        if step is not None and step.id == step_id:
+            return step
         for step in reversed(self.steps):
             if step.id == step_id:
                 return step
         return None
 
     def tool_call(self, call_id: str) -> ToolCall | None:
+        """A tool call by id (``{turn}.{n}``: the n-th call of the turn)."""
+        call = _nth(self.tool_calls, call_id, self.number)
+        if call is not None and call.id == call_id:
+            return call
         for call in self.tool_calls:
             if call.id == call_id:
                 return call
         return None
 
 
-class QueuedMessage(Wire):
+def _nth(items: Sequence[T], item_id: str, turn: int) -> T | None:
+    """The item that an id ``{turn}.{n}`` names by position, if the id has that shape."""
+    head, _, tail = item_id.partition(".")
+    if head != str(turn) or not tail.isdigit():
+        return None
+    n = int(tail)
+    return items[n - 1] if 0 < n <= len(items) else None
+
+
+@dataclass(slots=True, kw_only=True)
+class QueuedMessage:
     number: int
     text: str
     message_id: str | None = None
@@ -158,13 +248,14 @@ class SessionStatus(StrEnum):
     RUNNING = "running"
 
 
-class SessionState(Wire):
+@dataclass(slots=True, kw_only=True)
+class SessionState:
     id: str
     agent: str
     created_at: float
     status: SessionStatus = SessionStatus.IDLE
     turn: Turn | None = None
-    queued: list[QueuedMessage] = Field(default_factory=list)
+    queued: list[QueuedMessage] = field(default_factory=list)
     messages_received: int = 0
     history_length: int = 0
     context_start: int = 0
@@ -173,7 +264,7 @@ class SessionState(Wire):
     """Index of the latest summary, which the model sees first; None before the first."""
     context_chars: int = 0
     """Estimated size of what the model sees, for compaction."""
-    inbox: list[dict[str, Any]] = Field(default_factory=list)
+    inbox: list[dict[str, Any]] = field(default_factory=list)
     """Recorded inputs (an approval, an answer, a fired timer) whose handler has not run."""
 
     def context(self, history: Sequence[T], end: int | None = None) -> list[T]:

@@ -22,6 +22,17 @@ class SessionRecord:
     created_at: float
     status: str
     state: str
+    turn: int | None = None
+    """The current turn's number: ``load_session`` reads that turn's Step and call rows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A Step or a tool call of a turn, as JSON: the ``seq``-th of its kind in the turn."""
+
+    turn: int
+    seq: int
+    json: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +54,45 @@ class Write:
     """History items as JSON."""
     history_start: int = 0
     """The sequence number of ``history[0]``."""
+    steps: list[Row] = field(default_factory=list)
+    """Steps to insert or replace."""
+    calls: list[Row] = field(default_factory=list)
+    """Tool calls to insert or replace (of the current turn, or of an archived one)."""
     ended_turn: TurnRecord | None = None
-    updated_turn: TurnRecord | None = None
-    """An archived turn whose record changed (a reconciled tool call)."""
     message: tuple[str, int] | None = None
     """(client message id, message number) to remember for idempotent sends."""
     agents: list[tuple[str, str]] = field(default_factory=list)
     """(name, spec as JSON) to insert or replace."""
+
+    def size(self) -> int:
+        """Characters of JSON this write stores: what a transition costs the disk."""
+        n = sum(map(len, self.history))
+        n += sum(len(r.json) for r in self.steps) + sum(len(r.json) for r in self.calls)
+        if self.session is not None:
+            n += len(self.session.state)
+        if self.ended_turn is not None:
+            n += len(self.ended_turn.turn)
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSession:
+    """What ``load_session`` reads: the state, its current turn's rows, the history."""
+
+    state: str
+    steps: list[str]
+    calls: list[str]
+    history: list[str]
+    """Oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    """An archived turn: its record and its Step and call rows, in order."""
+
+    turn: str
+    steps: list[str]
+    calls: list[str]
 
 
 @dataclass
@@ -88,8 +131,7 @@ class Store(ABC):
         except ``CommitUnknown``: the outcome is unknown."""
 
     @abstractmethod
-    async def load_session(self, session_id: str) -> tuple[str, list[str]] | None:
-        """The state's JSON and the history items' JSON, oldest first."""
+    async def load_session(self, session_id: str) -> StoredSession | None: ...
 
     @abstractmethod
     async def list_sessions(self, limit: int, after: str | None) -> list[SessionRow]:
@@ -100,11 +142,11 @@ class Store(ABC):
         """Ids of sessions in a turn: the ones a starting node must recover."""
 
     @abstractmethod
-    async def load_turn(self, session_id: str, number: int) -> str | None: ...
+    async def load_turn(self, session_id: str, number: int) -> StoredTurn | None: ...
 
     @abstractmethod
-    async def load_turns(self, session_id: str) -> list[str]:
-        """Every ended turn of the session as JSON, oldest first."""
+    async def load_turns(self, session_id: str) -> list[StoredTurn]:
+        """Every ended turn of the session, oldest first."""
 
     @abstractmethod
     async def find_message(self, session_id: str, message_id: str) -> int | None: ...

@@ -7,12 +7,11 @@ queries use ``?`` placeholders; a dialect that wants another style converts them
 
 from __future__ import annotations
 
-import functools
 import time
 from abc import abstractmethod
 from typing import Any
 
-from dex.server.store.base import SessionRow, Store, Write
+from dex.server.store.base import SessionRow, Store, StoredSession, StoredTurn, Write
 
 Statement = tuple[str, list[tuple[Any, ...]]]
 """A query and its rows of parameters (one row, or many for ``executemany``)."""
@@ -23,18 +22,25 @@ UPSERT_AGENT = (
     "ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at"
 )
 INSERT_SESSION = (
-    "INSERT INTO sessions (id, agent, created_at, status, state) VALUES (?, ?, ?, ?, ?)"
+    "INSERT INTO sessions (id, agent, created_at, status, turn, state) VALUES (?, ?, ?, ?, ?, ?)"
 )
-UPDATE_SESSION = "UPDATE sessions SET status = ?, state = ? WHERE id = ?"
+UPDATE_SESSION = "UPDATE sessions SET status = ?, turn = ?, state = ? WHERE id = ?"
 INSERT_MESSAGE = "INSERT INTO messages (session_id, message_id, number) VALUES (?, ?, ?)"
-INSERT_HISTORY = "INSERT INTO history (session_id, seq, item) VALUES "
-"""Followed by one ``(?, ?, ?)`` per item: one statement per write, not one per item."""
-HISTORY_CHUNK = 500
-"""Items per ``INSERT``: well under SQLite's limit on parameters in one statement."""
+INSERT_HISTORY = "INSERT INTO history (session_id, seq, item) VALUES (?, ?, ?)"
+UPSERT_STEP = (
+    "INSERT INTO steps (session_id, turn, seq, step) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (session_id, turn, seq) DO UPDATE SET step = excluded.step"
+)
+UPSERT_CALL = (
+    "INSERT INTO calls (session_id, turn, seq, call) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (session_id, turn, seq) DO UPDATE SET call = excluded.call"
+)
 INSERT_TURN = "INSERT INTO turns (session_id, number, status, turn) VALUES (?, ?, ?, ?)"
-UPDATE_TURN = "UPDATE turns SET status = ?, turn = ? WHERE session_id = ? AND number = ?"
 
 SESSION_STATE = "SELECT state FROM sessions WHERE id = ?"
+_CURRENT = "session_id = ? AND turn = (SELECT turn FROM sessions WHERE id = ?) ORDER BY seq"
+SESSION_STEPS = "SELECT step FROM steps WHERE " + _CURRENT
+SESSION_CALLS = "SELECT call FROM calls WHERE " + _CURRENT
 SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
 LIST_SESSIONS = (
     "SELECT id, agent, created_at, status FROM sessions WHERE id > ? ORDER BY id LIMIT ?"
@@ -43,7 +49,11 @@ RUNNING_SESSIONS = "SELECT id FROM sessions WHERE status <> 'idle'"
 """No ``ORDER BY``: SQLite would walk the primary key (every session) to return them in
 order instead of the partial index of the few in a turn; they are sorted after."""
 LOAD_TURN = "SELECT turn FROM turns WHERE session_id = ? AND number = ?"
-LOAD_TURNS = "SELECT turn FROM turns WHERE session_id = ? ORDER BY number"
+TURN_STEPS = "SELECT step FROM steps WHERE session_id = ? AND turn = ? ORDER BY seq"
+TURN_CALLS = "SELECT call FROM calls WHERE session_id = ? AND turn = ? ORDER BY seq"
+LOAD_TURNS = "SELECT number, turn FROM turns WHERE session_id = ? ORDER BY number"
+ALL_STEPS = "SELECT turn, step FROM steps WHERE session_id = ? ORDER BY turn, seq"
+ALL_CALLS = "SELECT turn, call FROM calls WHERE session_id = ? ORDER BY turn, seq"
 FIND_MESSAGE = "SELECT number FROM messages WHERE session_id = ? AND message_id = ?"
 LOAD_AGENTS = "SELECT spec FROM agents ORDER BY name"
 
@@ -55,7 +65,8 @@ SET_VERSION = (
 
 
 def statements(w: Write, now: float | None = None) -> list[Statement]:
-    """What one ``Write`` executes, in order."""
+    """What one ``Write`` executes, in order. Each statement's text is fixed (its rows
+    vary), so a backend may run the same statement of many writes as one batch."""
     out: list[Statement] = []
     if w.agents:
         at = time.time() if now is None else now
@@ -64,34 +75,33 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
     if s is None:
         return out
     if w.create:
-        out.append((INSERT_SESSION, [(s.id, s.agent, s.created_at, s.status, s.state)]))
+        out.append((INSERT_SESSION, [(s.id, s.agent, s.created_at, s.status, s.turn, s.state)]))
     else:
-        out.append((UPDATE_SESSION, [(s.status, s.state, s.id)]))
+        out.append((UPDATE_SESSION, [(s.status, s.turn, s.state, s.id)]))
     if w.message is not None:
         out.append((INSERT_MESSAGE, [(s.id, w.message[0], w.message[1])]))
-    for first in range(0, len(w.history), HISTORY_CHUNK):
-        chunk = w.history[first : first + HISTORY_CHUNK]
-        start = w.history_start + first
-        params = tuple(v for i, item in enumerate(chunk) for v in (s.id, start + i, item))
-        out.append((_rows(INSERT_HISTORY, 3, len(chunk)), [params]))
+    if w.history:
+        start = w.history_start
+        out.append((INSERT_HISTORY, [(s.id, start + i, item) for i, item in enumerate(w.history)]))
+    if w.steps:
+        out.append((UPSERT_STEP, [(s.id, r.turn, r.seq, r.json) for r in w.steps]))
+    if w.calls:
+        out.append((UPSERT_CALL, [(s.id, r.turn, r.seq, r.json) for r in w.calls]))
     if w.ended_turn is not None:
         t = w.ended_turn
         out.append((INSERT_TURN, [(s.id, t.number, t.status, t.turn)]))
-    if w.updated_turn is not None:
-        t = w.updated_turn
-        out.append((UPDATE_TURN, [(t.status, t.turn, s.id, t.number)]))
     return out
 
 
-@functools.cache
-def _rows(head: str, width: int, count: int) -> str:
-    """``head`` followed by ``count`` groups of ``width`` placeholders."""
-    group = "(" + ", ".join("?" * width) + ")"
-    return head + ", ".join([group] * count)
+def _texts(rows: list[tuple[Any, ...]]) -> list[str]:
+    return [str(r[0]) for r in rows]
 
 
 class SqlStore(Store):
     """The ``Store`` interface over the queries above; backends add the executor."""
+
+    bytes_written = 0
+    """Characters of JSON committed by ``write``: over Steps, what a Step costs the disk."""
 
     @abstractmethod
     async def _commit_write(self, statements: list[Statement]) -> None:
@@ -107,14 +117,20 @@ class SqlStore(Store):
 
     async def write(self, write: Write) -> None:
         await self._commit_write(statements(write))
+        self.bytes_written += write.size()
 
-    async def load_session(self, session_id: str) -> tuple[str, list[str]] | None:
-        state, history = await self._read(
-            [(SESSION_STATE, (session_id,)), (SESSION_HISTORY, (session_id,))]
+    async def load_session(self, session_id: str) -> StoredSession | None:
+        state, steps, calls, history = await self._read(
+            [
+                (SESSION_STATE, (session_id,)),
+                (SESSION_STEPS, (session_id, session_id)),
+                (SESSION_CALLS, (session_id, session_id)),
+                (SESSION_HISTORY, (session_id,)),
+            ]
         )
         if not state:
             return None
-        return str(state[0][0]), [str(r[0]) for r in history]
+        return StoredSession(str(state[0][0]), _texts(steps), _texts(calls), _texts(history))
 
     async def list_sessions(self, limit: int, after: str | None) -> list[SessionRow]:
         rows = await self._rows(LIST_SESSIONS, after or "", limit)
@@ -123,12 +139,33 @@ class SqlStore(Store):
     async def running_sessions(self) -> list[str]:
         return sorted(str(r[0]) for r in await self._rows(RUNNING_SESSIONS))
 
-    async def load_turn(self, session_id: str, number: int) -> str | None:
-        rows = await self._rows(LOAD_TURN, session_id, number)
-        return str(rows[0][0]) if rows else None
+    async def load_turn(self, session_id: str, number: int) -> StoredTurn | None:
+        turn, steps, calls = await self._read(
+            [
+                (LOAD_TURN, (session_id, number)),
+                (TURN_STEPS, (session_id, number)),
+                (TURN_CALLS, (session_id, number)),
+            ]
+        )
+        if not turn:
+            return None
+        return StoredTurn(str(turn[0][0]), _texts(steps), _texts(calls))
 
-    async def load_turns(self, session_id: str) -> list[str]:
-        return [str(r[0]) for r in await self._rows(LOAD_TURNS, session_id)]
+    async def load_turns(self, session_id: str) -> list[StoredTurn]:
+        turns, steps, calls = await self._read(
+            [
+                (LOAD_TURNS, (session_id,)),
+                (ALL_STEPS, (session_id,)),
+                (ALL_CALLS, (session_id,)),
+            ]
+        )
+        by_turn: dict[int, tuple[list[str], list[str]]] = {int(r[0]): ([], []) for r in turns}
+        for rows, which in ((steps, 0), (calls, 1)):
+            for number, text in rows:
+                found = by_turn.get(int(number))
+                if found is not None:  # the current turn's rows are not archived yet
+                    found[which].append(str(text))
+        return [StoredTurn(str(t), *by_turn[int(n)]) for n, t in turns]
 
     async def find_message(self, session_id: str, message_id: str) -> int | None:
         rows = await self._rows(FIND_MESSAGE, session_id, message_id)

@@ -1,9 +1,13 @@
 """The embedded SQLite store: WAL, ``synchronous=FULL``, group commit.
 
-One thread owns the connection. Callers on the event loop queue operations;
-the thread takes everything queued, runs each operation inside its own
-savepoint, and commits once. A commit is durable before any caller hears back,
-so batching buys speed without trading durability.
+One thread owns the connection. Callers on the event loop queue operations (writes,
+as their statements; reads, as functions); the thread takes everything queued and
+commits it as one transaction. The writes of a batch run statement by statement across
+writes (one ``executemany`` for every write's session update, one for every history
+item, ...), so a batch costs a few calls however many writes it holds; a batch that
+fails runs again with a savepoint per operation, so that only the bad ones fail. A
+commit is durable before any caller hears back, so batching buys speed without
+trading durability.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statemen
 log = logging.getLogger("dex.store")
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
+Pending = tuple[Op | None, list[Statement], asyncio.Future[Any]]
+"""A queued operation: a read (a function of the connection) or a write (statements)."""
 
 
 class SqliteStore(SqlStore):
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._queue: queue.SimpleQueue[tuple[Op, asyncio.Future[Any]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.commits = 0
@@ -137,15 +143,35 @@ class SqliteStore(SqlStore):
         conn.close()
 
     def _commit(
-        self, conn: sqlite3.Connection, batch: list[tuple[Op, asyncio.Future[Any]]]
+        self, conn: sqlite3.Connection, batch: list[Pending]
     ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+        try:
+            conn.execute("BEGIN")
+            values = _run_grouped(conn, batch)
+            conn.execute("COMMIT")
+        except Exception:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return self._one_by_one(conn, batch)  # so that only the bad ones fail
+        self.commits += 1
+        self.operations += len(batch)
+        return [(fut, value, None) for (_, _, fut), value in zip(batch, values, strict=True)]
+
+    def _one_by_one(
+        self, conn: sqlite3.Connection, batch: list[Pending]
+    ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+        """The batch again, each operation in its own savepoint: the bad ones fail alone."""
         results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         try:
             conn.execute("BEGIN")
-            for op, fut in batch:
+            for op, statements, fut in batch:
                 conn.execute("SAVEPOINT op")
                 try:
-                    value = op(conn)
+                    if op is None:
+                        _execute(conn, statements)
+                        value = None
+                    else:
+                        value = op(conn)
                 except Exception as e:
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
@@ -158,7 +184,7 @@ class SqliteStore(SqlStore):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             error = StorageError(f"commit failed: {e}", retryable=True)
-            return [(fut, None, error) for _, fut in batch]
+            return [(fut, None, error) for _, _, fut in batch]
         self.commits += 1
         self.operations += len(batch)
         return results
@@ -167,13 +193,17 @@ class SqliteStore(SqlStore):
         if self._loop is None or self._thread is None:
             raise StorageError("the store is not open")
         fut: asyncio.Future[T] = self._loop.create_future()
-        self._queue.put((op, fut))
+        self._queue.put((op, [], fut))
         return await fut
 
     # --- the executor hooks ----------------------------------------------------------
 
     async def _commit_write(self, statements: list[Statement]) -> None:
-        await self._call(lambda conn: _execute(conn, statements))
+        if self._loop is None or self._thread is None:
+            raise StorageError("the store is not open")
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._queue.put((None, statements, fut))
+        await fut
 
     async def _read(self, queries: list[Query]) -> list[list[tuple[Any, ...]]]:
         # the writer thread runs them back to back: one consistent view
@@ -211,6 +241,31 @@ def _execute(conn: sqlite3.Connection, statements: list[Statement]) -> None:
             conn.execute(sql, rows[0])
         else:
             conn.executemany(sql, rows)
+
+
+def _run_grouped(conn: sqlite3.Connection, batch: list[Pending]) -> list[Any]:
+    """Run a batch with the statements of consecutive writes merged: each statement text
+    once, over the rows of every write (writes in flight together touch different
+    sessions, one write per session at a time). A read runs in its place, after the
+    writes queued before it. Raises on the first error: the caller retries one by one."""
+    values: list[Any] = []
+    grouped: dict[str, list[tuple[Any, ...]]] = {}
+    for op, statements, _ in batch:
+        if op is None:
+            for sql, rows in statements:
+                grouped.setdefault(sql, []).extend(rows)
+            values.append(None)
+            continue
+        _flush(conn, grouped)
+        values.append(op(conn))
+    _flush(conn, grouped)
+    return values
+
+
+def _flush(conn: sqlite3.Connection, grouped: dict[str, list[tuple[Any, ...]]]) -> None:
+    for sql, rows in grouped.items():
+        conn.executemany(sql, rows)
+    grouped.clear()
 
 
 def _version(conn: sqlite3.Connection) -> int:
