@@ -134,20 +134,23 @@ async def _turns(http: aiohttp.ClientSession, address: str, concurrency: int, tu
     await asyncio.gather(*(lane(each + (i < extra)) for i in range(concurrency)))
 
 
-async def _creations(http: aiohttp.ClientSession, address: str, concurrency: int, n: int) -> None:
-    """``n`` session creations (``POST /v1/sessions``) over ``concurrency`` lanes."""
+async def _creations(address: str, concurrency: int, n: int) -> None:
+    """``n`` session creations (``POST /v1/sessions``) over ``concurrency`` lanes, on fresh
+    connections (the server closes ones left idle while callgrind dumped)."""
     each, extra = divmod(n, concurrency)
     timeout = aiohttp.ClientTimeout(total=900)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
 
-    async def lane(k: int) -> None:
-        for _ in range(k):
-            async with http.post(
-                address + "/v1/sessions", json={"agent": AGENT}, timeout=timeout
-            ) as r:
-                if r.status != 201:
-                    raise RuntimeError(f"POST /v1/sessions: {r.status} {await r.text()}")
+        async def lane(k: int) -> None:
+            for _ in range(k):
+                async with http.post(
+                    address + "/v1/sessions", json={"agent": AGENT}, timeout=timeout
+                ) as r:
+                    if r.status != 201:
+                        raise RuntimeError(f"POST /v1/sessions: {r.status} {await r.text()}")
 
-    await asyncio.gather(*(lane(each + (i < extra)) for i in range(concurrency)))
+        await asyncio.gather(*(lane(each + (i < extra)) for i in range(concurrency)))
 
 
 async def measure(code: str, src: Path | None, args: argparse.Namespace, tmp: Path) -> list[Count]:
@@ -195,9 +198,9 @@ async def measure(code: str, src: Path | None, args: argparse.Namespace, tmp: Pa
                 if args.creations:
                     n = max(args.creations, concurrency * 4)
                     print(f"  {code}: {concurrency} clients, {n} session creations ...")
-                    await _creations(http, server.address, concurrency, concurrency * 4)
+                    await _creations(server.address, concurrency, concurrency * 4)
                     await asyncio.to_thread(server_cg.start)
-                    await _creations(http, server.address, concurrency, n)
+                    await _creations(server.address, concurrency, n)
                     server_n = await asyncio.to_thread(server_cg.stop)
                     counts.append(Count(code, concurrency, n, server_n, None, "creation"))
     finally:
