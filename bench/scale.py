@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -700,6 +701,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="py-spy the server during each restart and the creation phase into DIR "
         "(pip install py-spy)",
     )
+    parser.add_argument(
+        "--report", type=Path, default=None, metavar="FILE", help="write the figures as JSON"
+    )
     parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument(
         "--postgres",
@@ -757,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [n for n in (args.baseline, args.sessions) if n]
     results = [asyncio.run(measure(args, n)) for n in sizes]
     print(report(results, args))
+    if args.report is not None:
+        args.report.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     return 0
 
 
