@@ -185,16 +185,17 @@ async def measure(code: str, src: Path | None, args: argparse.Namespace, tmp: Pa
 
             await wait_until_async(worker_ready, 600, 0.2, "the Worker connected")
             for concurrency in args.concurrency:
-                turns = max(args.turns, concurrency * 4)
-                print(f"  {code}: {concurrency} sessions, {turns} turns ...", flush=True)
-                await _turns(http, server.address, concurrency, concurrency * 2)  # warm-up
-                await asyncio.to_thread(server_cg.start)
-                if worker_cg is not None:
-                    await asyncio.to_thread(worker_cg.start)
-                await _turns(http, server.address, concurrency, turns)
-                server_n = await asyncio.to_thread(server_cg.stop)
-                worker_n = await asyncio.to_thread(worker_cg.stop) if worker_cg else None
-                counts.append(Count(code, concurrency, turns, server_n, worker_n))
+                if args.turns:
+                    turns = max(args.turns, concurrency * 4)
+                    print(f"  {code}: {concurrency} sessions, {turns} turns ...", flush=True)
+                    await _turns(http, server.address, concurrency, concurrency * 2)  # warm-up
+                    await asyncio.to_thread(server_cg.start)
+                    if worker_cg is not None:
+                        await asyncio.to_thread(worker_cg.start)
+                    await _turns(http, server.address, concurrency, turns)
+                    server_n = await asyncio.to_thread(server_cg.stop)
+                    worker_n = await asyncio.to_thread(worker_cg.stop) if worker_cg else None
+                    counts.append(Count(code, concurrency, turns, server_n, worker_n))
                 if args.creations:
                     n = max(args.creations, concurrency * 4)
                     print(f"  {code}: {concurrency} clients, {n} session creations ...")
@@ -285,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.instructions", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--turns", type=int, default=200, help="measured turns per phase")
+    parser.add_argument(
+        "--turns", type=int, default=200, help="measured turns per phase (0: no turns)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--baseline", metavar="REV", help="also measure this git revision")
     parser.add_argument("--worker", action="store_true", help="count the Worker's too")
