@@ -4,6 +4,7 @@ after a short grace, and no frame can silence a connection."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -266,25 +267,27 @@ class FlakyWrites:
 
     def __init__(self, api: Api) -> None:
         self.store = api.sessions.store
-        self.real = self.store.write
+        self.real = self.store.submit
         self.left = 0
         self.failed = 0
 
     def fail_next(self, n: int) -> None:
         self.left = n
 
-    async def write(self, write: Any) -> None:
+    def submit(self, write: Any) -> asyncio.Future[None]:
         if self.left > 0:
             self.left -= 1
             self.failed += 1
-            raise StorageError("disk on fire (injected)", retryable=True)
-        await self.real(write)
+            failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            failed.set_exception(StorageError("disk on fire (injected)", retryable=True))
+            return failed
+        return self.real(write)
 
 
 @pytest.fixture
 def flaky(short_heartbeat_api: Api, monkeypatch: pytest.MonkeyPatch) -> FlakyWrites:
     flaky = FlakyWrites(short_heartbeat_api)
-    monkeypatch.setattr(flaky.store, "write", flaky.write)
+    monkeypatch.setattr(flaky.store, "submit", flaky.submit)
     return flaky
 
 

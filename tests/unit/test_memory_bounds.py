@@ -24,7 +24,7 @@ async def test_idle_sessions_beyond_the_cap_are_forgotten_and_reload(tmp_path: P
         await sessions.send("s0", "hello", None)
         for i in range(1, 6):
             await sessions.snapshot(f"s{i}")
-        cached = list(sessions._actors)
+        cached = list(sessions.actors)
         assert len(cached) == 3
         assert "s0" in cached and cached[-1] == "s5"
 
@@ -53,12 +53,13 @@ async def test_the_cache_holds_sessions_up_to_a_size_and_a_larger_one_still_work
 
         for i in range(4):
             await sessions.snapshot(f"s{i}")
-        assert len(sessions._actors) == 3 and sessions._cached_chars <= 4_000  # ~1.2 KB each
+        assert len(sessions.actors) == 3 and sessions.actors.chars <= 4_000  # ~1.2 KB each
         await sessions.snapshot("big")  # over the bound alone: stays, the rest go
-        assert list(sessions._actors) == ["big"]
+        assert list(sessions.actors) == ["big"]
         number, _ = await sessions.send("big", "again", None)
         assert number == 2
-        assert sessions._cached_chars == sessions._actors["big"].chars > 5_000
+        big = sessions.actors.cached("big")
+        assert big is not None and sessions.actors.chars == big.chars > 5_000
     finally:
         await store.close()
 

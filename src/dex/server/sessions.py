@@ -1,16 +1,20 @@
-"""The domain layer: each session is an actor that applies one input at a time.
+"""The domain layer: what clients, Workers and the node's own timers ask of sessions.
 
-An input (a user message, a Step result, a failed attempt, a hand-out) runs a
-pure handler on the session's state, and the resulting transition is written
-in one durable commit. Only then does anything outside learn of it: the caller
-gets its answer, Workers get their Steps, waiters wake. A commit that fails
-leaves the in-memory state behind: the actor is dropped and reloaded from
-storage on next use.
+Each session is an actor (``actors``) that applies one input at a time: an input (a user
+message, a Step result, a failed attempt, a hand-out) runs a pure handler
+(``engine.handlers``) on the session's state, and the committer (``committer``) writes the
+transition in one durable commit; only then does anything outside learn of it: the
+caller gets its answer, Workers get their Steps, waiters wake. What a client reads is
+built by ``views``; what a Worker is handed, by ``handouts``.
 
-A hot-path input is recorded and handled in that one commit. A wait's resolution
-(an approval, a denial, an answer, a fired timer) takes two: the first records it
-in the session's inbox (the caller's acknowledgement), the second runs the handler
-that moves the turn on. A node that dies between them runs the handler on start.
+A hot-path input is recorded and handled in that one commit. A wait's resolution (an
+approval, a denial, an answer, a fired timer) takes two: the first records it in the
+session's inbox (the caller's acknowledgement), the second runs the handler that moves
+the turn on. A node that dies between them runs the handler on start.
+
+The Worker channel settles attempts with ``complete_soon``, ``fail_soon`` and
+``hand_back_soon``: they return a future at once, so one frame's results join one group
+commit without a task each.
 """
 
 from __future__ import annotations
@@ -20,22 +24,21 @@ import functools
 import logging
 import re
 import secrets
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, DexError, InvalidInput, NotFound
-from dex.server import handouts, records, views
+from dex.server import records, views
+from dex.server.actors import Actor, Actors
+from dex.server.committer import Committer, Handle
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
     AttemptError,
     SessionState,
-    SessionStatus,
     Step,
     ToolCall,
     Turn,
@@ -60,26 +63,10 @@ from dex.wire import (
 
 log = logging.getLogger("dex.sessions")
 
-RECENT_TURNS = 4
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 CALL_ID = re.compile(r"([1-9][0-9]{0,17})\.[1-9][0-9]{0,17}")
 """A tool call's id: its turn's number, a dot, its place in the turn."""
 T = TypeVar("T")
-
-
-@dataclass(eq=False)
-class Actor:
-    state: SessionState
-    history_json: list[dict[str, Any]] = field(default_factory=list)
-    """Each history item's JSON form, made once: a RunModel hand-out carries the history."""
-    rows: records.Rows = field(default_factory=records.Rows)
-    """What storage holds of the current turn's Steps and calls: a commit writes the rest."""
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    turn_waiters: dict[int, asyncio.Event] = field(default_factory=dict)
-    ended: dict[int, Turn] = field(default_factory=dict)
-    """The latest ended turns, as committed: a waiter gets its turn without a read."""
-    chars: int = 0
-    """Its state's and history's size as stored JSON: what the cache's size bound counts."""
 
 
 class Sessions:
@@ -98,15 +85,9 @@ class Sessions:
         self.clock = dispatcher.clock
         self.streams = streams or MemoryStreams()
         self.metrics = metrics or Metrics()
-        self.max_cached = max_cached
-        """How many idle sessions stay in memory; older idle ones reload from storage."""
-        self.max_cached_chars = max_cached_chars
-        """And how much of them, as stored JSON (in memory they take a few times that): a
-        cache of long conversations holds fewer of them."""
-        self._cached_chars = 0
+        self.actors = Actors(store, max_cached, max_cached_chars)
+        self.committer = Committer(store, dispatcher, self.actors, self.streams, self.metrics)
         self.agents: dict[str, AgentSpec] = {}
-        self._actors: OrderedDict[str, Actor] = OrderedDict()
-        self._loading: dict[str, asyncio.Future[Actor]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.background_failures = 0
         """Background writes (a timer firing, a handler, an expired attempt) that failed
@@ -157,6 +138,49 @@ class Sessions:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    # --- applying inputs ------------------------------------------------------------------
+
+    def _soon(
+        self, session_id: str, build: Callable[[Actor], Handle], **options: Any
+    ) -> asyncio.Future[Transition]:
+        """Apply an input as soon as the session's actor is free: ``build`` (called holding
+        it) returns the handler; the future resolves once its commit is durable and its
+        effects ran. Costs no task when the session is in memory."""
+        actor = self.actors.cached(session_id)
+        if actor is None:
+            return asyncio.ensure_future(self._loaded(session_id, build, options))
+        return self._when_free(actor, build, options)
+
+    async def _loaded(
+        self, session_id: str, build: Callable[[Actor], Handle], options: dict[str, Any]
+    ) -> Transition:
+        actor = await self.actors.get(session_id)
+        return await self._when_free(actor, build, options)
+
+    def _when_free(
+        self, actor: Actor, build: Callable[[Actor], Handle], options: dict[str, Any]
+    ) -> asyncio.Future[Transition]:
+        done: asyncio.Future[Transition] = asyncio.get_running_loop().create_future()
+
+        def run() -> None:
+            try:
+                handle = build(actor)
+            except BaseException as e:
+                actor.release()
+                done.set_exception(e)
+                return
+            self.committer.commit(actor, handle, done=done, **options)
+
+        actor.run_when_free(run)
+        return done
+
+    async def _apply(self, actor: Actor, handle: Handle, **options: Any) -> Transition:
+        return await self._when_free(actor, lambda _: handle, options)
+
+    async def _apply_held(self, actor: Actor, handle: Handle, **options: Any) -> Transition:
+        """Commit ``handle`` on an actor the caller acquired (and that this lets go)."""
+        return await self.committer.commit(actor, handle, **options)
+
     # --- start -----------------------------------------------------------------------
 
     async def start(self, reason: str = "the server restarted", parallel: int = 1024) -> int:
@@ -185,7 +209,7 @@ class Sessions:
         failed = 0
         for first in range(0, len(sessions), parallel):
             wave = sessions[first : first + parallel]
-            actors = await asyncio.gather(*(self._actor(s) for s in wave))
+            actors = await asyncio.gather(*(self.actors.get(s) for s in wave))
             failed += sum(await asyncio.gather(*(recover(a) for a in actors)))
         return failed
 
@@ -208,7 +232,7 @@ class Sessions:
             by_session.setdefault(held.session_id, []).append(aid)
 
         async def fail_session(session_id: str, held: list[str]) -> int:
-            actor = await self._actor(session_id)
+            actor = await self.actors.get(session_id)
             running = await self._recover(actor, reason)
             for aid in held:
                 self.dispatcher.unhold(aid)
@@ -260,41 +284,55 @@ class Sessions:
 
     async def send(self, session_id: str, text: str, message_id: str | None) -> tuple[int, bool]:
         """Returns (message number, whether this call created it)."""
-        actor = await self._actor(session_id)
-        async with actor.lock:
-            if message_id is not None:
-                known = await self.store.find_message(session_id, message_id)
-                if known is not None:
-                    return known, False
-            spec = self._spec(actor.state.agent)
-            result: list[int] = []
+        if message_id is None:
+            t = await self._soon(session_id, functools.partial(self._message, text, None))
+            assert t.message is not None
+            return t.message, True
+        actor = await self.actors.get(session_id)
+        await actor.acquire()  # no other input between the look-up and the commit
+        try:
+            known = await self.store.find_message(session_id, message_id)
+            handle = None if known is not None else self._message(text, message_id, actor)
+        except BaseException:
+            actor.release()
+            raise
+        if known is not None:
+            actor.release()
+            return known, False
+        assert handle is not None
+        t = await self._apply_held(actor, handle, message_id=message_id)
+        assert t.message is not None
+        return t.message, True
 
-            def handle(s: SessionState, now: float) -> Transition:
-                t, number = handlers.receive_message(s, spec, text, message_id, now)
-                result.append(number)
-                return t
+    def _message(self, text: str, message_id: str | None, actor: Actor) -> Handle:
+        spec = self._spec(actor.state.agent)
 
-            await self._apply_locked(actor, handle, message_id=message_id)
-            return result[0], True
+        return lambda s, now: handlers.receive_message(s, spec, text, message_id, now)[0]
 
     async def wait_turn(self, session_id: str, number: int, timeout: float) -> Turn | None:
         """The turn once it has ended, or ``None`` if it runs past ``timeout``."""
-        actor = await self._actor(session_id)
+        actor = await self.actors.get(session_id)
         if number < 1 or number > actor.state.messages_received:
             raise NotFound(f"session {session_id} has no turn {number}")
-        deadline = time.monotonic() + timeout
-        while True:
-            turn = await self._ended_turn(actor, number)
-            if turn is not None:
-                return turn
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            event = actor.turn_waiters.setdefault(number, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                return None
+        turn = await self._ended_turn(actor, number)
+        if turn is not None or timeout <= 0:
+            return turn
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[Turn | None] = loop.create_future()
+        waiters = actor.turn_waiters.setdefault(number, [])
+        waiters.append(ended)
+        timer = loop.call_later(timeout, _give_up, ended)
+        try:
+            # it may have ended while storage was read: look once more, now that ``ended``
+            # is registered to hear of it
+            turn = actor.ended.get(number) or await self._ended_turn(actor, number)
+            return turn if turn is not None else await ended
+        finally:
+            timer.cancel()
+            if ended in waiters:
+                waiters.remove(ended)
+            if not waiters and actor.turn_waiters.get(number) is waiters:
+                del actor.turn_waiters[number]
 
     async def _ended_turn(self, actor: Actor, number: int) -> Turn | None:
         turn = actor.state.turn
@@ -307,61 +345,10 @@ class Sessions:
         )
 
     async def snapshot(self, session_id: str) -> dict[str, Any]:
-        actor = await self._actor(session_id)
+        actor = await self.actors.get(session_id)
         state = actor.state
-        waiting = []
-        for step in state.queued_steps():
-            serving = any(step.queue in w.queues for w in self.dispatcher.workers.values())
-            waiting.append(
-                {
-                    "step_id": step.id,
-                    "queue": step.queue,
-                    "not_before": step.not_before,
-                    "waiting_for": "backoff"
-                    if step.not_before
-                    else ("a free Worker" if serving else "a Worker that serves " + step.queue),
-                }
-            )
-        return {
-            "session": {
-                "id": state.id,
-                "agent": state.agent,
-                "status": state.status.value,
-                "created_at": state.created_at,
-                "messages_received": state.messages_received,
-                "queued_messages": views.plain(state.queued),
-            },
-            "current_turn": views.plain(state.turn) if state.turn else None,
-            "waiting": waiting,
-            "waits": [
-                {
-                    "step_id": step.id,
-                    "type": step.type.value,
-                    "call_id": step.tool_call_id,
-                    "since": step.wait.since if step.wait else step.created_at,
-                    "deadline": step.wait.deadline if step.wait else None,
-                    "question": step.wait.question if step.wait else None,
-                    "choices": step.wait.choices if step.wait else None,
-                    "resolution_recorded": any(e["step_id"] == step.id for e in state.inbox),
-                }
-                for step in state.waiting_steps()
-            ],
-            "approvals": views.pending_approvals(state),
-            "running": [
-                {"attempt_id": aid, "worker_id": held.worker_id, "output_chars": held.output}
-                for aid, held in self.dispatcher.held.items()
-                if held.session_id == session_id
-            ],
-            "history": list(actor.history_json),
-            "tool_calls": [
-                {"turn": turn.number, **views.plain(call)}
-                for turn in [
-                    *map(records.turn, await self.store.load_turns(session_id)),
-                    *filter(None, [state.turn]),
-                ]
-                for call in turn.tool_calls
-            ],
-        }
+        ended = [records.turn(t) for t in await self.store.load_turns(session_id)]
+        return views.snapshot(state, actor.history_json, ended, self.dispatcher)
 
     # --- waits: approvals, answers, timers, cancel, reconcile ------------------------------
 
@@ -369,7 +356,7 @@ class Sessions:
         """Record a wait's resolution durably (the caller's acknowledgement), then run the
         handler that moves the turn on in a second commit. A crash between the two runs
         the handler on start; the resolution stays recorded."""
-        actor = await self._actor(session_id)
+        actor = await self.actors.get(session_id)
 
         def record(s: SessionState, now: float) -> Transition:
             handlers.record_input(s, entry, now)
@@ -414,7 +401,7 @@ class Sessions:
 
     async def fire_timer(self, session_id: str, step_id: str) -> None:
         async def fire() -> None:
-            actor = await self._actor(session_id)
+            actor = await self.actors.get(session_id)
             step = actor.state.turn.step(step_id) if actor.state.turn else None
             if step is None or step.status != StepStatus.WAITING or step.tool_call_id is None:
                 return  # fired already, or the turn ended
@@ -423,7 +410,7 @@ class Sessions:
         await self._retrying("firing a timer", fire, session_id=session_id, step_id=step_id)
 
     async def _process_inbox(self, session_id: str) -> None:
-        actor = await self._actor(session_id)
+        actor = await self.actors.get(session_id)
         spec = self._spec(actor.state.agent)
 
         def handle(s: SessionState, now: float) -> Transition:
@@ -435,7 +422,7 @@ class Sessions:
 
     async def cancel(self, session_id: str, reason: str) -> int:
         """Cancel the running turn; returns its number."""
-        actor = await self._actor(session_id)
+        actor = await self.actors.get(session_id)
         spec = self._spec(actor.state.agent)
         number: list[int] = []
 
@@ -458,38 +445,40 @@ class Sessions:
         by: str | None,
     ) -> ToolCall:
         """Record what really happened to an outcome_unknown call; the model sees a note."""
-        actor = await self._actor(session_id)
-        async with actor.lock:
-            state = actor.state
-            turn = state.turn
-            if turn is not None and turn.tool_call(call_id) is not None:
-                updated: Turn | None = None
-            else:
+        actor = await self.actors.get(session_id)
+        await actor.acquire()  # no other input between reading the call and the commit
+        try:
+            turn = actor.state.turn
+            archived = turn is None or turn.tool_call(call_id) is None
+            if archived:
                 ended = await self._ended_call(actor, call_id)
                 if ended is None:
                     raise NotFound(f"session {session_id} has no tool call {call_id!r}")
-                updated = turn = ended[0]
+                turn = ended[0]
+            assert turn is not None
             call = turn.tool_call(call_id)
             assert call is not None
+        except BaseException:
+            actor.release()
+            raise
 
-            def handle(s: SessionState, now: float) -> Transition:
-                t = Transition()
-                handlers.append_history(
-                    s, t, handlers.reconcile(call, status, result, error, by, now)
-                )
-                return t
+        def handle(s: SessionState, now: float) -> Transition:
+            t = Transition()
+            handlers.append_history(s, t, handlers.reconcile(call, status, result, error, by, now))
+            return t
 
-            # a failed commit drops the actor (and the loaded turn): nothing half-applied stays
-            archived = (turn.number, call) if updated is not None else None
-            await self._apply_locked(actor, handle, archived_call=archived)
-            return call
+        # a failed commit drops the actor (and the loaded turn): nothing half-applied stays
+        await self._apply_held(
+            actor, handle, archived_call=(turn.number, call) if archived else None
+        )
+        return call
 
     def workers_view(self) -> list[dict[str, Any]]:
         """The connected Workers: what they serve and what they run."""
         return views.workers(self.dispatcher, self.agents)
 
     async def approvals(self, session_id: str) -> list[dict[str, Any]]:
-        return views.pending_approvals((await self._actor(session_id)).state)
+        return views.pending_approvals((await self.actors.get(session_id)).state)
 
     # --- Worker inputs -------------------------------------------------------------------
 
@@ -497,73 +486,112 @@ class Sessions:
         self, session_id: str, step_id: str, worker: WorkerConn
     ) -> dict[str, Any] | None:
         """Record a hand-out of a queued Step to ``worker``; None if it is not queued any more."""
-        actor = await self._actor(session_id)
-        async with actor.lock:
-            step = actor.state.turn.step(step_id) if actor.state.turn else None
+        actor = await self.actors.get(session_id)
+
+        def handle(s: SessionState, now: float) -> Transition:
+            step = s.turn.step(step_id) if s.turn else None
             if step is None or step.status != StepStatus.QUEUED:
-                return None
+                raise _NotQueued
+            handlers.assign(s, step_id, worker.id, now)
+            return Transition()
 
-            def handle(s: SessionState, now: float) -> Transition:
-                handlers.assign(s, step_id, worker.id, now)
-                return Transition()
+        try:
+            await self._apply(actor, handle, dispatch=False)
+        except _NotQueued:
+            return None
+        step = actor.state.turn.step(step_id) if actor.state.turn else None
+        assert step is not None
+        return self.committer.handout(actor, step, worker)
 
-            await self._apply_locked(actor, handle, dispatch=False)
-            return self._handout(actor, step, worker)
-
-    async def complete(self, attempt: str, payload: dict[str, Any]) -> None:
+    def complete_soon(self, attempt: str, payload: dict[str, Any]) -> asyncio.Future[Transition]:
+        """Commit an attempt's result. Raises at once for a result that cannot apply."""
         failpoints.hit("server.before_commit_result")
         if too_deep(payload):
             raise InvalidInput(f"the result nests deeper than {MAX_JSON_DEPTH} levels")
         session_id, step_id, number = _parse(attempt)
-        actor = await self._actor(session_id)
-        spec = self._spec(actor.state.agent)
-        step_type = _step_type(actor.state, step_id)
+        ended = _Ended("succeeded", None)
 
-        def handle(s: SessionState, now: float) -> Transition:
-            step = s.turn.step(step_id) if s.turn else None
-            if step is not None and step.type == StepType.RUN_MODEL:
-                response = ModelResponse.model_validate(payload)
-                return handlers.complete_model(s, spec, step_id, number, response, now)
-            if step is not None and step.type == StepType.COMPACT_CONTEXT:
-                summary = Summary.model_validate(payload)
-                return handlers.complete_summary(s, spec, step_id, number, summary, now)
-            outcome = ToolOutcome.model_validate(payload)
-            return handlers.complete_tool(s, spec, step_id, number, outcome, now)
+        def build(actor: Actor) -> Handle:
+            spec = self._spec(actor.state.agent)
+            step = ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
 
-        await self._apply(actor, handle, release=attempt)
-        self.metrics.attempt_ended(step_type, "succeeded")
-        failpoints.hit("server.after_commit_result")
+            def handle(s: SessionState, now: float) -> Transition:
+                if step is not None and step.type == StepType.RUN_MODEL:
+                    response = ModelResponse.model_validate(payload)
+                    return handlers.complete_model(s, spec, step_id, number, response, now)
+                if step is not None and step.type == StepType.COMPACT_CONTEXT:
+                    summary = Summary.model_validate(payload)
+                    return handlers.complete_summary(s, spec, step_id, number, summary, now)
+                outcome = ToolOutcome.model_validate(payload)
+                return handlers.complete_tool(s, spec, step_id, number, outcome, now)
 
-    async def fail(
+            return handle
+
+        done = self._soon(session_id, build, release=attempt)
+        done.add_done_callback(functools.partial(self._settled, ended))
+        return done
+
+    async def complete(self, attempt: str, payload: dict[str, Any]) -> None:
+        await self.complete_soon(attempt, payload)
+
+    def fail_soon(
         self, attempt: str, error: RecoveryError | AttemptError, *, backoff: bool = True
-    ) -> None:
+    ) -> asyncio.Future[Transition]:
         session_id, step_id, number = _parse(attempt)
-        if isinstance(error, RecoveryError):
-            error = AttemptError(
+        failure = (
+            AttemptError(
                 message=error.message,
                 attempt_progress=error.attempt_progress,
                 retryable=error.retryable,
             )
-        actor = await self._actor(session_id)
-        spec = self._spec(actor.state.agent)
-        await self._apply(
-            actor,
-            lambda s, now: handlers.fail_attempt(
-                s, spec, step_id, number, error, now, backoff=backoff
-            ),
-            release=attempt,
-        )
-        self.metrics.attempt_ended(
-            _step_type(actor.state, step_id), "failed", error.attempt_progress.value
+            if isinstance(error, RecoveryError)
+            else error
         )
 
-    async def hand_back(self, attempt: str) -> None:
+        ended = _Ended("failed", failure.attempt_progress.value)
+
+        def build(actor: Actor) -> Handle:
+            spec = self._spec(actor.state.agent)
+            ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
+            return lambda s, now: handlers.fail_attempt(
+                s, spec, step_id, number, failure, now, backoff=backoff
+            )
+
+        done = self._soon(session_id, build, release=attempt)
+        done.add_done_callback(functools.partial(self._settled, ended))
+        return done
+
+    async def fail(
+        self, attempt: str, error: RecoveryError | AttemptError, *, backoff: bool = True
+    ) -> None:
+        await self.fail_soon(attempt, error, backoff=backoff)
+
+    def hand_back_soon(self, attempt: str) -> asyncio.Future[Transition]:
         session_id, step_id, number = _parse(attempt)
-        actor = await self._actor(session_id)
-        await self._apply(
-            actor, lambda s, now: handlers.hand_back(s, step_id, number), release=attempt
-        )
-        self.metrics.attempt_ended(_step_type(actor.state, step_id), "handed_back")
+        ended = _Ended("handed_back", None)
+
+        def build(actor: Actor) -> Handle:
+            ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
+            return lambda s, now: handlers.hand_back(s, step_id, number)
+
+        done = self._soon(session_id, build, release=attempt)
+        done.add_done_callback(functools.partial(self._settled, ended))
+        return done
+
+    async def hand_back(self, attempt: str) -> None:
+        await self.hand_back_soon(attempt)
+
+    def _settled(self, ended: _Ended, done: asyncio.Future[Transition]) -> None:
+        """After an attempt's end committed: count it."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        step_type = ended.step.type.value if ended.step is not None else "unknown"
+        if ended.progress is None:
+            self.metrics.attempt_ended(step_type, ended.outcome)
+        else:
+            self.metrics.attempt_ended(step_type, ended.outcome, ended.progress)
+        if ended.outcome == "succeeded":
+            failpoints.hit("server.after_commit_result")
 
     async def expire(self, held: Held) -> None:
         """An attempt's Worker is gone (its connection closed and it did not come back
@@ -600,202 +628,27 @@ class Sessions:
         finally:
             self.dispatcher.unhold(aid, held)
 
-    # --- the actor machinery ---------------------------------------------------------------
 
-    async def _actor(self, session_id: str) -> Actor:
-        actor = self._actors.get(session_id)
-        if actor is not None:
-            self._actors.move_to_end(session_id)
-            return actor
-        pending = self._loading.get(session_id)
-        if pending is not None:
-            return await pending
-        fut: asyncio.Future[Actor] = asyncio.get_running_loop().create_future()
-        self._loading[session_id] = fut
-        try:
-            raw = await self.store.load_session(session_id)
-            if raw is None:
-                raise NotFound(f"unknown session {session_id!r}", session_id=session_id)
-            state, history, rows = records.session(raw)
-            actor = Actor(
-                state=state,
-                history_json=[item.model_dump(mode="json") for item in history],
-                rows=rows,
-                chars=sum(map(len, [raw.state, *raw.steps, *raw.calls, *raw.history])),
-            )
-            self._actors[session_id] = actor
-            self._cached_chars += actor.chars
-            self._evict(session_id)
-            fut.set_result(actor)
-            return actor
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # retrieved: other waiters re-raise it
-            raise
-        finally:
-            del self._loading[session_id]
+@dataclass(eq=False)
+class _Ended:
+    """How an attempt ends, for its count once committed."""
 
-    def _evict(self, loaded: str) -> None:
-        """Forget the least recently used idle sessions beyond ``max_cached`` or
-        ``max_cached_chars``. A session in a turn, one somebody waits on or works on, and
-        the one just ``loaded`` stay."""
-        excess = len(self._actors) - self.max_cached
-        chars = self._cached_chars - self.max_cached_chars
-        if excess <= 0 and chars <= 0:
-            return
-        idle: list[str] = []
-        busy: list[str] = []
-        for session_id, actor in self._actors.items():  # oldest first; stops at enough
-            if excess <= 0 and chars <= 0:
-                break
-            in_use = actor.lock.locked() or actor.turn_waiters or actor.state.inbox
-            if actor.state.status == SessionStatus.IDLE and not in_use and session_id != loaded:
-                idle.append(session_id)
-                excess -= 1
-                chars -= actor.chars
-            else:
-                busy.append(session_id)
-        for session_id in idle:
-            self._cached_chars -= self._actors.pop(session_id).chars
-        for session_id in busy:  # passed over once, not at every load: a load costs O(1)
-            self._actors.move_to_end(session_id)
+    outcome: str
+    progress: str | None
+    step: Step | None = None
 
-    async def _apply(
-        self,
-        actor: Actor,
-        handle: Callable[[SessionState, float], Transition],
-        *,
-        release: str | None = None,
-    ) -> None:
-        async with actor.lock:
-            await self._apply_locked(actor, handle, release=release)
 
-    async def _apply_locked(
-        self,
-        actor: Actor,
-        handle: Callable[[SessionState, float], Transition],
-        *,
-        message_id: str | None = None,
-        dispatch: bool = True,
-        archived_call: tuple[int, ToolCall] | None = None,
-        release: str | None = None,
-    ) -> None:
-        """Run ``handle`` and commit its transition. ``release``: the attempt the input
-        settled, let go once committed (before the transition hands anything out: a Step
-        handed back may go out again under the same attempt id)."""
-        if self._actors.get(actor.state.id) is not actor:
-            raise Conflict("the session was reloaded; try again", retryable=True)
-        state = actor.state
-        now = self.clock.now()
-        t = handle(state, now)
-        # Hand a new Step to a Worker that is free right now in this same commit.
-        handed: list[tuple[Step, WorkerConn]] = []
-        if dispatch:
-            for step in t.ready:
-                if step.not_before is not None or step.status != StepStatus.QUEUED:
-                    continue
-                worker = self.dispatcher.reserve(step.queue)
-                if worker is not None:
-                    handlers.assign(state, step.id, worker.id, now)
-                    handed.append((step, worker))
-        start = state.history_length
-        state.history_length += len(t.history)  # before encoding: the stored state counts them
-        try:
-            write = records.write(
-                session=state,
-                rows=actor.rows,
-                history=t.history,
-                history_start=start,
-                ended_turn=t.ended_turn,
-                message=(message_id, state.messages_received) if message_id else None,
-                archived_call=archived_call,
-            )
-            await self.store.write(write)
-        except BaseException:
-            if self._actors.pop(state.id, None) is not None:  # memory ran ahead of storage
-                self._cached_chars -= actor.chars
-            for _, worker in handed:
-                self.dispatcher.release(worker)
-            raise
-        actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
-        grown = sum(map(len, write.history))
-        actor.chars += grown
-        self._cached_chars += grown
-        if release is not None:
-            self.dispatcher.unhold(release)
-        self._after_commit(actor, t, handed)
+class _NotQueued(Exception):
+    """A hand-out found its Step no longer queued: nothing to record."""
 
-    def _after_commit(
-        self, actor: Actor, t: Transition, handed: list[tuple[Step, WorkerConn]]
-    ) -> None:
-        sid = actor.state.id
-        start = actor.state.history_length - len(t.history)
-        for i, item in enumerate(t.history):
-            self.streams.publish(
-                sid, "history.item", {"index": start + i, "item": item.model_dump(mode="json")}
-            )
-        for change in t.events:
-            self.streams.publish(sid, change["type"], change)
-        for aid in t.cancel:
-            held = self.dispatcher.unhold(aid)
-            if held is not None:
-                held.conn.send({"t": "cancel", "attempt_id": aid})
-        handed_steps = {id(step) for step, _ in handed}
-        for step in t.ready:
-            if id(step) not in handed_steps and step.status == StepStatus.QUEUED:
-                self.dispatcher.offer(sid, step.id, step.queue, step.not_before)
-        for step, worker in handed:
-            worker.send(self._handout(actor, step, worker))
-        for step in t.timers:
-            assert step.wait is not None and step.wait.deadline is not None
-            self.dispatcher.arm_timer(sid, step.id, step.wait.deadline)
-        if t.ended_turn is not None:
-            self.metrics.turn_ended(t.ended_turn)
-            actor.ended[t.ended_turn.number] = t.ended_turn
-            while len(actor.ended) > RECENT_TURNS:
-                del actor.ended[min(actor.ended)]
-            event = actor.turn_waiters.pop(t.ended_turn.number, None)
-            if event is not None:
-                event.set()
-            log.debug(
-                "turn ended",
-                extra={
-                    "action": "turn.ended",
-                    "session_id": sid,
-                    "turn": t.ended_turn.number,
-                    "status": t.ended_turn.status.value,
-                },
-            )
 
-    def _handout(self, actor: Actor, step: Step, worker: WorkerConn) -> dict[str, Any]:
-        state = actor.state
-        attempt = step.attempts[-1]
-        aid = attempt_id(state.id, step.id, attempt.number)
-        if attempt.number == 1:
-            self.metrics.child(self.metrics.queue_wait, step.queue).observe(
-                max(0.0, attempt.started_at - step.created_at)
-            )
-        self.dispatcher.hold(
-            worker,
-            aid,
-            Held(
-                session_id=state.id,
-                step_id=step.id,
-                number=attempt.number,
-                conn=worker,
-                deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
-            ),
-        )
-        return handouts.step_message(state, actor.history_json, step, aid, worker)
+def _give_up(waiter: asyncio.Future[Turn | None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:
     return handlers.recover(state, spec, now, reason)
-
-
-def _step_type(state: SessionState, step_id: str) -> str:
-    step = state.turn.step(step_id) if state.turn else None
-    return step.type.value if step is not None else "unknown"
 
 
 def _parse(attempt: str) -> tuple[str, str, int]:

@@ -8,13 +8,73 @@ from typing import Any
 import msgspec
 
 from dex.server.dispatch.dispatcher import Dispatcher
-from dex.server.engine.state import SessionState
+from dex.server.engine.state import SessionState, Turn
 from dex.wire import AgentSpec, StepType
 
 
 def plain(record: Any) -> Any:
     """An engine record (a dataclass, or a list of them) as plain JSON data."""
     return msgspec.to_builtins(record)
+
+
+def snapshot(
+    state: SessionState,
+    history: list[dict[str, Any]],
+    ended: list[Turn],
+    dispatcher: Dispatcher,
+) -> dict[str, Any]:
+    """What ``get_agent_snapshot`` answers: the session, its current turn with every Step
+    and attempt, what it waits for, what runs, the history, and every tool call."""
+    waiting = []
+    for step in state.queued_steps():
+        serving = any(step.queue in w.queues for w in dispatcher.workers.values())
+        waiting.append(
+            {
+                "step_id": step.id,
+                "queue": step.queue,
+                "not_before": step.not_before,
+                "waiting_for": "backoff"
+                if step.not_before
+                else ("a free Worker" if serving else "a Worker that serves " + step.queue),
+            }
+        )
+    return {
+        "session": {
+            "id": state.id,
+            "agent": state.agent,
+            "status": state.status.value,
+            "created_at": state.created_at,
+            "messages_received": state.messages_received,
+            "queued_messages": plain(state.queued),
+        },
+        "current_turn": plain(state.turn) if state.turn else None,
+        "waiting": waiting,
+        "waits": [
+            {
+                "step_id": step.id,
+                "type": step.type.value,
+                "call_id": step.tool_call_id,
+                "since": step.wait.since if step.wait else step.created_at,
+                "deadline": step.wait.deadline if step.wait else None,
+                "question": step.wait.question if step.wait else None,
+                "choices": step.wait.choices if step.wait else None,
+                "resolution_recorded": any(e["step_id"] == step.id for e in state.inbox),
+            }
+            for step in state.waiting_steps()
+        ],
+        "approvals": pending_approvals(state),
+        "running": [
+            {"attempt_id": aid, "worker_id": held.worker_id, "output_chars": held.output}
+            for aid, held in dispatcher.held.items()
+            if held.session_id == state.id
+        ],
+        "history": list(history),
+        "tool_calls": [
+            {"turn": turn.number, **plain(call)}
+            for turn in [*ended, *filter(None, [state.turn])]
+            for call in turn.tool_calls
+        ],
+    }
 
 
 def pending_approvals(state: SessionState) -> list[dict[str, Any]]:

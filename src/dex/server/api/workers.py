@@ -11,8 +11,8 @@ one group commit takes a whole frame's results.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Coroutine
 from typing import Any
 
 import orjson
@@ -163,15 +163,11 @@ async def worker_channel(ws: WebSocket) -> None:
             "handed_back": len(unreceived),
         },
     )
-    tasks: set[asyncio.Task[None]] = set()
     try:
         rest = messages[1:]
         while True:
             for message in rest:
-                task = _handle(node, sessions, worker, outbox, message)
-                if task is not None:
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                _handle(node, sessions, worker, outbox, message)
             frame = await ws.receive()
             if frame["type"] == "websocket.disconnect":
                 break
@@ -205,11 +201,14 @@ async def worker_channel(ws: WebSocket) -> None:
 
 def _handle(
     node: Node, sessions: Sessions, worker: WorkerConn, outbox: Outbox, message: WorkerMessage
-) -> asyncio.Task[None] | None:
+) -> None:
+    """Act on one message, in the order they came; a result's commit joins the next group
+    commit and answers with an ``ack`` when it is done, without holding up the next
+    message."""
     dispatcher = sessions.dispatcher
     if isinstance(message, Heartbeat):
         if not node.lease_valid():
-            return None  # not sure it still leads: no "ok" from a node that may be replaced
+            return  # not sure it still leads: no "ok" from a node that may be replaced
         status: dict[str, str] = {}
         for a in message.attempts:
             if dispatcher.heartbeat(worker, a):
@@ -222,12 +221,12 @@ def _handle(
         if message.seq is not None:
             reply["seq"] = message.seq
         outbox.put(reply)
-        return None
+        return
     if isinstance(message, Delta):
         held = dispatcher.owned(worker, message.attempt_id)
         if held is None:
             dispatcher.refuse(worker, message.attempt_id, "delta")
-            return None
+            return
         dispatcher.heartbeat(worker, message.attempt_id)
         held.output += len(message.text)
         sessions.streams.publish(
@@ -235,40 +234,49 @@ def _handle(
             "model.delta",
             {"attempt_id": message.attempt_id, "step_id": held.step_id, "text": message.text},
         )
-        return None
+        return
     if isinstance(message, Drain):
         worker.draining = True
-        return None
+        return
     assert isinstance(message, Done | Fail | Back)
     attempt = message.attempt_id
     if dispatcher.owned(worker, attempt) is None:
         reason = dispatcher.refuse(worker, attempt, message.t)
         outbox.put({"t": "ack", "attempt_id": attempt, "ok": False, "error": reason})
-        return None
-    work: Coroutine[Any, Any, None]
-    if isinstance(message, Done):
-        work = sessions.complete(attempt, message.result)
-    elif isinstance(message, Fail):
-        work = sessions.fail(attempt, message.error)
-    else:
-        if message.reason == "history":  # it lacks the prefix: send the whole view next
-            held = dispatcher.held[attempt]
-            worker.history_sent.pop(held.session_id, None)
-        work = sessions.hand_back(attempt)
-    return asyncio.create_task(_acked(attempt, work, outbox, worker.id))
-
-
-async def _acked(
-    attempt: str, work: Coroutine[Any, Any, None], outbox: Outbox, worker_id: str
-) -> None:
-    """Answer every result: committed (ok) or refused, never silence."""
+        return
     try:
-        await work
-    except (DexError, ValidationError) as e:
-        outbox.put({"t": "ack", "attempt_id": attempt, "ok": False, "error": str(e)})
+        if isinstance(message, Done):
+            done = sessions.complete_soon(attempt, message.result)
+        elif isinstance(message, Fail):
+            done = sessions.fail_soon(attempt, message.error)
+        else:
+            if message.reason == "history":  # it lacks the prefix: send the whole view next
+                held = dispatcher.held[attempt]
+                worker.history_sent.pop(held.session_id, None)
+            done = sessions.hand_back_soon(attempt)
     except Exception as e:
-        log.exception(
+        _answer(attempt, outbox, worker.id, e)
+        return
+    done.add_done_callback(functools.partial(_acked, attempt, outbox, worker.id))
+
+
+def _acked(attempt: str, outbox: Outbox, worker_id: str, done: asyncio.Future[Any]) -> None:
+    """Answer every result: committed (ok) or refused, never silence."""
+    if done.cancelled():
+        _answer(attempt, outbox, worker_id, asyncio.CancelledError())
+    else:
+        _answer(attempt, outbox, worker_id, done.exception())
+
+
+def _answer(attempt: str, outbox: Outbox, worker_id: str, error: BaseException | None) -> None:
+    if error is None:
+        outbox.put({"t": "ack", "attempt_id": attempt, "ok": True})
+    elif isinstance(error, DexError | ValidationError):
+        outbox.put({"t": "ack", "attempt_id": attempt, "ok": False, "error": str(error)})
+    else:
+        log.error(
             "committing a result failed",
+            exc_info=error,
             extra={"action": "worker.result_failed", "attempt_id": attempt, "worker_id": worker_id},
         )
         outbox.put(
@@ -276,11 +284,9 @@ async def _acked(
                 "t": "ack",
                 "attempt_id": attempt,
                 "ok": False,
-                "error": f"the server could not record this result: {type(e).__name__}",
+                "error": f"the server could not record this result: {type(error).__name__}",
             }
         )
-    else:
-        outbox.put({"t": "ack", "attempt_id": attempt, "ok": True})
 
 
 @router.get(

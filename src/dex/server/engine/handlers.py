@@ -76,6 +76,8 @@ class Transition:
     cancel: list[str] = field(default_factory=list)
     """Attempt ids whose Worker should stop."""
     events: list[dict[str, Any]] = field(default_factory=list)
+    message: int | None = None
+    """For a user message: its number (the number of the turn it starts, now or later)."""
 
 
 def model_queue(agent: str) -> str:
@@ -101,7 +103,7 @@ def receive_message(
     """A user message: starts a turn, or waits for the running one to end."""
     t = Transition()
     state.messages_received += 1
-    number = state.messages_received
+    number = t.message = state.messages_received
     message = QueuedMessage(number=number, text=text, message_id=message_id)
     if state.status == SessionStatus.IDLE:
         _start_turn(state, spec, message, now, t)

@@ -8,6 +8,7 @@ durable transaction (group commit) but each one succeeds or fails alone.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib import resources
@@ -126,9 +127,14 @@ class Store(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
+    def submit(self, write: Write) -> asyncio.Future[None]:
+        """Queue ``write`` for the next group commit and return at once: the future
+        resolves once it is durable, or fails as ``write`` would."""
+
     async def write(self, write: Write) -> None:
         """Commit durably. Raises ``Conflict`` or ``StorageError``; then nothing was written,
         except ``CommitUnknown``: the outcome is unknown."""
+        await self.submit(write)
 
     @abstractmethod
     async def load_session(self, session_id: str) -> StoredSession | None: ...

@@ -143,12 +143,12 @@ class PostgresStore(SqlStore):
 
     # --- the writer task -------------------------------------------------------------
 
-    async def _commit_write(self, statements: list[Statement]) -> None:
+    def _commit_write(self, statements: list[Statement]) -> asyncio.Future[None]:
         if self._writer is None:
             raise StorageError("the store is not open")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((statements, fut))
-        await fut
+        return fut
 
     async def _run(self) -> None:
         stop = False

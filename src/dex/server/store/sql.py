@@ -7,6 +7,8 @@ queries use ``?`` placeholders; a dialect that wants another style converts them
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from abc import abstractmethod
 from typing import Any
@@ -104,8 +106,9 @@ class SqlStore(Store):
     """Characters of JSON committed by ``write``: over Steps, what a Step costs the disk."""
 
     @abstractmethod
-    async def _commit_write(self, statements: list[Statement]) -> None:
-        """Run one write's statements in the next group commit; it succeeds or fails alone."""
+    def _commit_write(self, statements: list[Statement]) -> asyncio.Future[None]:
+        """Queue one write's statements for the next group commit (it succeeds or fails
+        alone); the future resolves once it is durable."""
 
     @abstractmethod
     async def _read(self, queries: list[Query]) -> list[list[tuple[Any, ...]]]:
@@ -115,9 +118,14 @@ class SqlStore(Store):
         [rows] = await self._read([(sql, params)])
         return rows
 
-    async def write(self, write: Write) -> None:
-        await self._commit_write(statements(write))
-        self.bytes_written += write.size()
+    def submit(self, write: Write) -> asyncio.Future[None]:
+        done = self._commit_write(statements(write))
+        done.add_done_callback(functools.partial(self._count, write.size()))
+        return done
+
+    def _count(self, size: int, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.bytes_written += size
 
     async def load_session(self, session_id: str) -> StoredSession | None:
         state, steps, calls, history = await self._read(

@@ -198,12 +198,12 @@ class SqliteStore(SqlStore):
 
     # --- the executor hooks ----------------------------------------------------------
 
-    async def _commit_write(self, statements: list[Statement]) -> None:
+    def _commit_write(self, statements: list[Statement]) -> asyncio.Future[None]:
         if self._loop is None or self._thread is None:
             raise StorageError("the store is not open")
         fut: asyncio.Future[None] = self._loop.create_future()
         self._queue.put((None, statements, fut))
-        await fut
+        return fut
 
     async def _read(self, queries: list[Query]) -> list[list[tuple[Any, ...]]]:
         # the writer thread runs them back to back: one consistent view

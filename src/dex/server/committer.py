@@ -1,0 +1,234 @@
+"""The committer: runs an input's handler on a session's actor, commits the transition, and
+only then lets anything outside learn of it. The one place effects run after a commit.
+
+``commit`` is called holding the actor (``Actor.run_when_free`` or ``acquire``). It runs
+the handler on the state in memory, hands the Steps that became ready to Workers that are
+free right now (recorded in the same commit, so a hand-out is durable before the Worker
+hears of it), and gives the write to the store's group commit without waiting for it.
+When the commit is durable the effects run, in this order: the settled attempt is let go,
+events are published, cancelled attempts are told to stop, Steps are offered or handed
+out, timers are armed, the ended turn wakes its waiters; then the actor is released and
+the returned future resolves. A handler that refuses (``NotFound``, ``Conflict``) changes
+nothing. A commit that fails leaves the state in memory ahead of storage: the actor is
+dropped and reloads from storage on next use, and the future carries the error.
+
+Nothing here awaits: an input costs a handler, an encoding and a place in the next group
+commit, however many arrive at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dex.errors import Conflict
+from dex.server import handouts, records
+from dex.server.actors import Actor, Actors
+from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
+from dex.server.engine import handlers
+from dex.server.engine.handlers import Transition
+from dex.server.engine.state import SessionState, Step, ToolCall, attempt_id
+from dex.server.metrics import Metrics
+from dex.server.store.base import Store
+from dex.server.streams import MemoryStreams
+from dex.wire import StepStatus
+
+log = logging.getLogger("dex.sessions")
+
+Handle = Callable[[SessionState, float], Transition]
+"""A handler bound to its input: (state, now) -> transition."""
+
+
+class Committer:
+    def __init__(
+        self,
+        store: Store,
+        dispatcher: Dispatcher,
+        actors: Actors,
+        streams: MemoryStreams,
+        metrics: Metrics,
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.clock = dispatcher.clock
+        self.actors = actors
+        self.streams = streams
+        self.metrics = metrics
+
+    def commit(
+        self,
+        actor: Actor,
+        handle: Handle,
+        *,
+        message_id: str | None = None,
+        dispatch: bool = True,
+        archived_call: tuple[int, ToolCall] | None = None,
+        release: str | None = None,
+        done: asyncio.Future[Transition] | None = None,
+    ) -> asyncio.Future[Transition]:
+        """Apply ``handle`` to the actor the caller holds and commit it; the future resolves
+        with the transition once it is durable and its effects ran, and the actor is let go
+        then (or at once, if the handler refuses). ``message_id``: the client message id to
+        remember. ``dispatch``: hand new Steps to free Workers in this commit.
+        ``archived_call``: an archived turn's call the handler changed. ``release``: the
+        attempt the input settled, let go once committed (before the transition hands
+        anything out: a Step handed back may go out again under the same attempt id).
+        ``done``: the future to resolve (a new one by default)."""
+        if done is None:
+            done = asyncio.get_running_loop().create_future()
+        if not self.actors.owns(actor):
+            actor.release()
+            if not done.done():
+                done.set_exception(_reloaded())
+            return done
+        state = actor.state
+        now = self.clock.now()
+        try:
+            t = handle(state, now)
+        except BaseException as e:  # refused: the handler changed nothing
+            actor.release()
+            if not done.done():
+                done.set_exception(e)
+            return done
+        handed = self._hand_out_now(state, t, now) if dispatch else []
+        start = state.history_length
+        state.history_length += len(t.history)  # before encoding: the stored state counts them
+        try:
+            write = records.write(
+                session=state,
+                rows=actor.rows,
+                history=t.history,
+                history_start=start,
+                ended_turn=t.ended_turn,
+                message=(message_id, state.messages_received) if message_id else None,
+                archived_call=archived_call,
+            )
+            stored = self.store.submit(write)
+        except BaseException as e:
+            self._failed(actor, handed, e, done)
+            return done
+        grown = sum(map(len, write.history))
+        stored.add_done_callback(
+            functools.partial(self._committed, actor, t, handed, release, done, grown)
+        )
+        return done
+
+    def _hand_out_now(
+        self, state: SessionState, t: Transition, now: float
+    ) -> list[tuple[Step, WorkerConn]]:
+        """Record, in this commit, the hand-out of each new Step to a Worker free right now."""
+        handed = []
+        for step in t.ready:
+            if step.not_before is not None or step.status != StepStatus.QUEUED:
+                continue
+            worker = self.dispatcher.reserve(step.queue)
+            if worker is not None:
+                handlers.assign(state, step.id, worker.id, now)
+                handed.append((step, worker))
+        return handed
+
+    def _failed(
+        self,
+        actor: Actor,
+        handed: list[tuple[Step, WorkerConn]],
+        error: BaseException,
+        done: asyncio.Future[Transition],
+    ) -> None:
+        self.actors.drop(actor)  # the state in memory ran ahead of storage
+        for _, worker in handed:
+            self.dispatcher.release(worker)
+        actor.release()
+        if not done.done():
+            done.set_exception(error)
+
+    def _committed(
+        self,
+        actor: Actor,
+        t: Transition,
+        handed: list[tuple[Step, WorkerConn]],
+        release: str | None,
+        done: asyncio.Future[Transition],
+        grown: int,
+        stored: asyncio.Future[None],
+    ) -> None:
+        error = asyncio.CancelledError() if stored.cancelled() else stored.exception()
+        if error is not None:
+            self._failed(actor, handed, error, done)
+            return
+        try:
+            actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
+            self.actors.grew(actor, grown)
+            if release is not None:
+                self.dispatcher.unhold(release)
+            self._effects(actor, t, handed)
+        except BaseException as e:  # a bug: the commit stands, the actor reloads from it
+            log.exception("effects of a commit failed", extra={"action": "sessions.effects"})
+            self._failed(actor, [], e, done)
+            return
+        actor.release()
+        if not done.done():
+            done.set_result(t)
+
+    def _effects(self, actor: Actor, t: Transition, handed: list[tuple[Step, WorkerConn]]) -> None:
+        sid = actor.state.id
+        history = actor.history_json
+        start = len(history) - len(t.history)
+        for i in range(start, len(history)):
+            self.streams.publish(sid, "history.item", {"index": i, "item": history[i]})
+        for change in t.events:
+            self.streams.publish(sid, change["type"], change)
+        for aid in t.cancel:
+            held = self.dispatcher.unhold(aid)
+            if held is not None:
+                held.conn.send({"t": "cancel", "attempt_id": aid})
+        handed_steps = {id(step) for step, _ in handed}
+        for step in t.ready:
+            if id(step) not in handed_steps and step.status == StepStatus.QUEUED:
+                self.dispatcher.offer(sid, step.id, step.queue, step.not_before)
+        for step, worker in handed:
+            worker.send(self.handout(actor, step, worker))
+        for step in t.timers:
+            assert step.wait is not None and step.wait.deadline is not None
+            self.dispatcher.arm_timer(sid, step.id, step.wait.deadline)
+        if t.ended_turn is not None:
+            self.metrics.turn_ended(t.ended_turn)
+            actor.remember(t.ended_turn)
+            log.debug(
+                "turn ended",
+                extra={
+                    "action": "turn.ended",
+                    "session_id": sid,
+                    "turn": t.ended_turn.number,
+                    "status": t.ended_turn.status.value,
+                },
+            )
+
+    def handout(self, actor: Actor, step: Step, worker: WorkerConn) -> dict[str, Any]:
+        """Hold the Step's latest attempt for ``worker``, and the ``step`` message to send."""
+        state = actor.state
+        attempt = step.attempts[-1]
+        aid = attempt_id(state.id, step.id, attempt.number)
+        if attempt.number == 1:
+            self.metrics.child(self.metrics.queue_wait, step.queue).observe(
+                max(0.0, attempt.started_at - step.created_at)
+            )
+        self.dispatcher.hold(
+            worker,
+            aid,
+            Held(
+                session_id=state.id,
+                step_id=step.id,
+                number=attempt.number,
+                conn=worker,
+                deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
+            ),
+        )
+        return handouts.step_message(state, actor.history_json, step, aid, worker)
+
+
+def _reloaded() -> Exception:
+    return Conflict("the session was reloaded; try again", retryable=True)
