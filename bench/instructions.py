@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.instructions [--turns 200] [--concurrency 1 64]
     .venv/bin/python -m bench.instructions --baseline HEAD~5      # old against new, one run
+    .venv/bin/python -m bench.instructions --creations 2000       # session creations too
 
 CPU seconds mislead on a shared virtual machine: a process is charged for the time the
 host ran something else on its CPU, so under load the same turn "costs" two or three
@@ -49,8 +50,10 @@ class Count:
     code: str
     concurrency: int
     turns: int
+    """How many of ``what`` were measured."""
     server: int
     worker: int | None
+    what: str = "turn"
 
     def per_turn(self, value: int | None) -> float | None:
         return None if value is None else value / self.turns
@@ -131,6 +134,25 @@ async def _turns(http: aiohttp.ClientSession, address: str, concurrency: int, tu
     await asyncio.gather(*(lane(each + (i < extra)) for i in range(concurrency)))
 
 
+async def _creations(address: str, concurrency: int, n: int) -> None:
+    """``n`` session creations (``POST /v1/sessions``) over ``concurrency`` lanes, on fresh
+    connections (the server closes ones left idle while callgrind dumped)."""
+    each, extra = divmod(n, concurrency)
+    timeout = aiohttp.ClientTimeout(total=900)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def lane(k: int) -> None:
+            for _ in range(k):
+                async with http.post(
+                    address + "/v1/sessions", json={"agent": AGENT}, timeout=timeout
+                ) as r:
+                    if r.status != 201:
+                        raise RuntimeError(f"POST /v1/sessions: {r.status} {await r.text()}")
+
+        await asyncio.gather(*(lane(each + (i < extra)) for i in range(concurrency)))
+
+
 async def measure(code: str, src: Path | None, args: argparse.Namespace, tmp: Path) -> list[Count]:
     env = {"PYTHONPATH": str(src)} if src is not None else {}
     work = tmp / code
@@ -163,16 +185,25 @@ async def measure(code: str, src: Path | None, args: argparse.Namespace, tmp: Pa
 
             await wait_until_async(worker_ready, 600, 0.2, "the Worker connected")
             for concurrency in args.concurrency:
-                turns = max(args.turns, concurrency * 4)
-                print(f"  {code}: {concurrency} sessions, {turns} turns ...", flush=True)
-                await _turns(http, server.address, concurrency, concurrency * 2)  # warm-up
-                await asyncio.to_thread(server_cg.start)
-                if worker_cg is not None:
-                    await asyncio.to_thread(worker_cg.start)
-                await _turns(http, server.address, concurrency, turns)
-                server_n = await asyncio.to_thread(server_cg.stop)
-                worker_n = await asyncio.to_thread(worker_cg.stop) if worker_cg else None
-                counts.append(Count(code, concurrency, turns, server_n, worker_n))
+                if args.turns:
+                    turns = max(args.turns, concurrency * 4)
+                    print(f"  {code}: {concurrency} sessions, {turns} turns ...", flush=True)
+                    await _turns(http, server.address, concurrency, concurrency * 2)  # warm-up
+                    await asyncio.to_thread(server_cg.start)
+                    if worker_cg is not None:
+                        await asyncio.to_thread(worker_cg.start)
+                    await _turns(http, server.address, concurrency, turns)
+                    server_n = await asyncio.to_thread(server_cg.stop)
+                    worker_n = await asyncio.to_thread(worker_cg.stop) if worker_cg else None
+                    counts.append(Count(code, concurrency, turns, server_n, worker_n))
+                if args.creations:
+                    n = max(args.creations, concurrency * 4)
+                    print(f"  {code}: {concurrency} clients, {n} session creations ...")
+                    await _creations(server.address, concurrency, concurrency * 4)
+                    await asyncio.to_thread(server_cg.start)
+                    await _creations(server.address, concurrency, n)
+                    server_n = await asyncio.to_thread(server_cg.stop)
+                    counts.append(Count(code, concurrency, n, server_n, None, "creation"))
     finally:
         for proc in (worker, server):
             if proc.alive:
@@ -192,22 +223,23 @@ def _baseline_tree(rev: str, tmp: Path) -> Path:
 
 
 def report(counts: list[Count], args: argparse.Namespace) -> str:
-    headers = ["code", "sessions", "turns", "server Minstr/turn"]
+    headers = ["code", "sessions", "per", "measured", "server Minstr"]
     if args.worker:
-        headers.append("Worker Minstr/turn")
+        headers.append("Worker Minstr")
     rows = []
-    by_key = {(c.code, c.concurrency): c for c in counts}
+    by_key = {(c.code, c.concurrency, c.what): c for c in counts}
     for c in counts:
-        row = [c.code, str(c.concurrency), str(c.turns), f"{c.server / c.turns / 1e6:.3f}"]
+        row = [c.code, str(c.concurrency), c.what, str(c.turns), f"{c.server / c.turns / 1e6:.3f}"]
         if args.worker:
             w = c.per_turn(c.worker)
             row.append("" if w is None else f"{w / 1e6:.3f}")
         rows.append(row)
     if args.baseline:
-        for concurrency in args.concurrency:
-            new, old = by_key[("current", concurrency)], by_key[("baseline", concurrency)]
+        for concurrency, what in sorted({(c.concurrency, c.what) for c in counts}):
+            new = by_key[("current", concurrency, what)]
+            old = by_key[("baseline", concurrency, what)]
             ratio = new.server / new.turns / (old.server / old.turns)
-            row = ["current/baseline", str(concurrency), "", f"{ratio:.2f}x"]
+            row = ["current/baseline", str(concurrency), what, "", f"{ratio:.2f}x"]
             if args.worker and new.worker and old.worker:
                 row.append(f"{new.worker / new.turns / (old.worker / old.turns):.2f}x")
             elif args.worker:
@@ -219,8 +251,8 @@ def report(counts: list[Count], args: argparse.Namespace) -> str:
         "",
         render_table(rows, headers),
         "",
-        "  Minstr/turn: millions of instructions the process ran (every thread) over the"
-        " measured turns, per turn.",
+        "  Minstr: millions of instructions the process ran (every thread) over the measured"
+        " turns (or session creations), per turn (or creation).",
         "  At high concurrency under callgrind more work shares each commit and frame than at"
         " full speed: a lower bound.",
     ]
@@ -254,10 +286,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.instructions", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--turns", type=int, default=200, help="measured turns per phase")
+    parser.add_argument(
+        "--turns", type=int, default=200, help="measured turns per phase (0: no turns)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--baseline", metavar="REV", help="also measure this git revision")
     parser.add_argument("--worker", action="store_true", help="count the Worker's too")
+    parser.add_argument(
+        "--creations",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also count the server's instructions per session creation over N creations",
+    )
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the callgrind dumps in DIR")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:

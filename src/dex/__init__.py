@@ -4,11 +4,12 @@ A crash repeats at most the one call that was running; a tool call with a side
 effect is never silently run twice.
 """
 
+from importlib import import_module as _import_module
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
 from dex.agent import Agent
-from dex.client import Client, SyncClient
 from dex.errors import (
     AuthError,
     Conflict,
@@ -22,7 +23,27 @@ from dex.errors import (
 )
 from dex.tools import PENDING, Checked, Tool, ToolContext, timer_tool, tool
 from dex.wire import TOOL_CALL_NOT_RUN_ERROR_PREFIX, RetryPolicy, ToolKind
-from dex.worker import Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from dex.client import Client, SyncClient
+    from dex.worker import Worker, WorkerConfig
+else:
+    _LAZY = {
+        "Client": "dex.client",
+        "SyncClient": "dex.client",
+        "Worker": "dex.worker",
+        "WorkerConfig": "dex.worker",
+    }
+
+    def __getattr__(name: str) -> Any:
+        """The client and the Worker runtime (aiohttp and theirs) load on first use, so a
+        process that needs neither (``dex server``) starts without them."""
+        if name not in _LAZY:
+            raise AttributeError(f"module 'dex' has no attribute {name!r}")
+        value = getattr(_import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+
 
 try:
     __version__ = _version("dex-runtime")

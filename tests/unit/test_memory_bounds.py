@@ -35,6 +35,35 @@ async def test_idle_sessions_beyond_the_cap_are_forgotten_and_reload(tmp_path: P
         await store.close()
 
 
+async def test_the_cache_holds_sessions_up_to_a_size_and_a_larger_one_still_works(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "dex.sqlite3")
+    await store.open()
+    try:
+        sessions = Sessions(store, Dispatcher(heartbeat_timeout=5), max_cached_chars=4_500)
+        await sessions.register_agents([AgentSpec(name="a")])
+        for i in range(4):
+            await sessions.create("a", f"s{i}")
+            await sessions.send(f"s{i}", "x" * 1_000, None)  # a turn waits, none is connected
+            await sessions.cancel(f"s{i}", "done")  # idle again, ~1 KB of history
+        await sessions.create("a", "big")
+        await sessions.send("big", "y" * 5_000, None)
+        await sessions.cancel("big", "done")
+
+        for i in range(4):
+            await sessions.snapshot(f"s{i}")
+        assert len(sessions.actors) == 3 and sessions.actors.chars <= 4_500  # ~1.3 KB each
+        await sessions.snapshot("big")  # over the bound alone: stays, the rest go
+        assert list(sessions.actors) == ["big"]
+        number, _ = await sessions.send("big", "again", None)
+        assert number == 2
+        big = sessions.actors.cached("big")
+        assert big is not None and sessions.actors.chars == big.chars > 5_000
+    finally:
+        await store.close()
+
+
 async def test_streams_without_subscribers_beyond_the_cap_are_forgotten() -> None:
     streams = MemoryStreams(keep=10, max_sessions=2)
     listening = streams.subscribe("s0")
@@ -48,3 +77,29 @@ async def test_streams_without_subscribers_beyond_the_cap_are_forgotten() -> Non
     second = await anext(listening)
     assert second is not None and second.type == "turn.completed" and second.id == 2
     await listening.aclose()
+
+
+async def test_streams_keep_at_most_max_events_in_all_forgetting_unwatched_ones_first() -> None:
+    streams = MemoryStreams(keep=100, max_sessions=1_000, max_events=10)
+    listening = streams.subscribe("watched")
+    streams.publish("watched", "history.item", {})
+    first = await anext(listening)  # subscribed now
+    for _ in range(3):
+        streams.publish("watched", "history.item", {})
+    for i in range(20):  # 20 sessions of 3 events each, nobody listening
+        for _ in range(3):
+            streams.publish(f"s{i}", "history.item", {})
+
+    kept = {sid: len(s.events) for sid, s in streams._streams.items()}
+    assert streams.events == sum(kept.values()) <= 10
+    assert kept["watched"] == 4  # a stream with a subscriber is never forgotten
+    assert set(kept) == {"watched", "s18", "s19"}  # the latest of the others
+    assert first is not None and first.id == 1
+    await listening.aclose()
+
+
+def test_a_stream_at_its_keep_counts_once_per_event_it_holds() -> None:
+    streams = MemoryStreams(keep=3, max_events=100)
+    for _ in range(10):
+        streams.publish("s", "history.item", {})
+    assert streams.events == 3

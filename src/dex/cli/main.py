@@ -9,15 +9,17 @@ import sys
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from dex._address import DEFAULT_ADDRESS
 from dex._settings import Settings
-from dex.agent import Agent
-from dex.client import SyncClient
 from dex.errors import DexError
+
+if TYPE_CHECKING:  # loaded by the commands that use them: `dex server` needs neither
+    from dex.agent import Agent
+    from dex.client import SyncClient
 
 S = TypeVar("S", bound=Settings)
 
@@ -637,6 +639,8 @@ def reconcile(
 
 def load_agents(module: str) -> list[Agent]:
     """Every ``Agent`` defined at the top level of a module or a Python file."""
+    from dex.agent import Agent
+
     if module.endswith(".py") or "/" in module:
         path = Path(module)
         if not path.exists():

@@ -10,8 +10,9 @@ holds the actor from its handler until its effects have run. An actor that a fai
 commit left ahead of storage is dropped (``drop``) and loads again on next use; a
 function that then finds itself on a dropped actor refuses (``Actors.owns``).
 
-Idle sessions past ``max_cached`` are forgotten, least recently used first: a session
-in a turn, or one somebody works on or waits on, stays.
+Idle sessions past ``max_cached``, or past ``max_cached_chars`` of their stored JSON, are
+forgotten, least recently used first: a session in a turn, or one somebody works on or
+waits on, stays.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Actor:
     """Per turn number, who waits for it to end."""
     busy: bool = False
     """An input holds the actor: its handler ran, its commit is not done yet."""
+    chars: int = 0
+    """Its size as stored JSON (state, rows, history): what the cache's size bound counts."""
     _next: deque[Callable[[], None]] = field(default_factory=deque)
 
     def run_when_free(self, run: Callable[[], None]) -> None:
@@ -106,10 +109,17 @@ class Actor:
 
 
 class Actors:
-    def __init__(self, store: Store, max_cached: int = 10_000) -> None:
+    def __init__(
+        self, store: Store, max_cached: int = 10_000, max_cached_chars: int = 64 << 20
+    ) -> None:
         self.store = store
         self.max_cached = max_cached
         """How many idle sessions stay in memory; older idle ones reload from storage."""
+        self.max_cached_chars = max_cached_chars
+        """And how much of them, as stored JSON (in memory they take a few times that): a
+        cache of long conversations holds fewer of them."""
+        self.chars = 0
+        """The stored size of the sessions in memory."""
         self._actors: OrderedDict[str, Actor] = OrderedDict()
         self._loading: dict[str, asyncio.Future[Actor]] = {}
 
@@ -127,6 +137,13 @@ class Actors:
         """Forget an actor whose memory ran ahead of storage: the session loads again."""
         if self.owns(actor):
             del self._actors[actor.state.id]
+            self.chars -= actor.chars
+
+    def grew(self, actor: Actor, chars: int) -> None:
+        """A commit added ``chars`` of stored JSON (history) to a session in memory."""
+        if self.owns(actor):
+            actor.chars += chars
+            self.chars += chars
 
     def __len__(self) -> int:
         return len(self._actors)
@@ -155,9 +172,11 @@ class Actors:
                 state=state,
                 history_json=[item.model_dump(mode="json") for item in history],
                 rows=rows,
+                chars=sum(map(len, [raw.state, *raw.steps, *raw.calls, *raw.history])),
             )
             self._actors[session_id] = actor
-            self._evict()
+            self.chars += actor.chars
+            self._evict(session_id)
             fut.set_result(actor)
             return actor
         except BaseException as e:
@@ -167,13 +186,25 @@ class Actors:
         finally:
             del self._loading[session_id]
 
-    def _evict(self) -> None:
+    def _evict(self, loaded: str) -> None:
+        """Forget idle sessions, least recently used first, beyond either bound; never the
+        one just ``loaded`` (a session larger than the bound alone still works)."""
         excess = len(self._actors) - self.max_cached
-        if excess <= 0:
+        chars = self.chars - self.max_cached_chars
+        if excess <= 0 and chars <= 0:
             return
-        for session_id, actor in list(self._actors.items()):
-            if excess <= 0:
+        idle: list[str] = []
+        busy: list[str] = []
+        for session_id, actor in self._actors.items():  # oldest first; stops at enough
+            if excess <= 0 and chars <= 0:
                 break
-            if actor.idle:
-                del self._actors[session_id]
+            if actor.idle and session_id != loaded:
+                idle.append(session_id)
                 excess -= 1
+                chars -= actor.chars
+            else:
+                busy.append(session_id)
+        for session_id in idle:
+            self.chars -= self._actors.pop(session_id).chars
+        for session_id in busy:  # passed over once, not at every load: a load costs O(1)
+            self._actors.move_to_end(session_id)

@@ -119,8 +119,9 @@ class Committer:
         except BaseException as e:
             self._failed(actor, handed, e, done)
             return done
+        grown = sum(map(len, write.history))
         stored.add_done_callback(
-            functools.partial(self._committed, actor, t, handed, release, done)
+            functools.partial(self._committed, actor, t, handed, release, done, grown)
         )
         return done
 
@@ -159,6 +160,7 @@ class Committer:
         handed: list[tuple[Step, WorkerConn]],
         release: str | None,
         done: asyncio.Future[Transition],
+        grown: int,
         stored: asyncio.Future[None],
     ) -> None:
         error = asyncio.CancelledError() if stored.cancelled() else stored.exception()
@@ -167,6 +169,7 @@ class Committer:
             return
         try:
             actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
+            self.actors.grew(actor, grown)
             if release is not None:
                 self.dispatcher.unhold(release)
             self._effects(actor, t, handed)

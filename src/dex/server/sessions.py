@@ -81,6 +81,7 @@ class Sessions:
         streams: MemoryStreams | None = None,
         *,
         max_cached: int = 10_000,
+        max_cached_chars: int = 64 << 20,
         metrics: Metrics | None = None,
         tracing: Tracing | None = None,
     ) -> None:
@@ -91,7 +92,7 @@ class Sessions:
         self.metrics = metrics or Metrics()
         self.tracing = tracing
         """Spans of turns, Steps and attempts (``dex.server.tracing``); None: tracing off."""
-        self.actors = Actors(store, max_cached)
+        self.actors = Actors(store, max_cached, max_cached_chars)
         self.committer = Committer(
             store, dispatcher, self.actors, self.streams, self.metrics, tracing
         )
@@ -191,31 +192,37 @@ class Sessions:
 
     # --- start -----------------------------------------------------------------------
 
-    async def start(self, reason: str = "the server restarted", parallel: int = 64) -> int:
+    async def start(self, reason: str = "the server restarted", parallel: int = 1024) -> int:
         """Load agents, fail every attempt left running, apply recorded inputs, arm timers,
-        and queue what was queued, for up to ``parallel`` sessions at once (their commits
-        group). Returns how many attempts were failed."""
+        and queue what was queued. Only the sessions in a turn are read: an idle one loads
+        when it is first used. They recover ``parallel`` at a time, in two waves: every
+        session of the wave is loaded (the reads reach the store together), then every one
+        recovers (little work lies between two of their writes, so they share a few
+        commits). Returns how many attempts were failed."""
         if self.tracing is not None:
             self.tracing.started_at = self.clock.now()  # what ended before is the old node's
         self.agents = {a.name: a for a in map(records.agent, await self.store.load_agents())}
-        room = asyncio.Semaphore(parallel)
 
-        async def recover(session_id: str) -> int:
-            async with room:
-                actor = await self.actors.get(session_id)
-                queued = {step.id for step in actor.state.queued_steps()}
-                running = await self._recover(actor, reason)
-                for step in actor.state.queued_steps():
-                    if step.id in queued:  # retries that recover() queued are offered already
-                        self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
-                for step in actor.state.waiting_steps():
-                    if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
-                        self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
-                await self._process_inbox(session_id)
-                return running
+        async def recover(actor: Actor) -> int:
+            session_id = actor.state.id
+            queued = {step.id for step in actor.state.queued_steps()}
+            running = await self._recover(actor, reason)
+            for step in actor.state.queued_steps():
+                if step.id in queued:  # retries that recover() queued are offered already
+                    self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
+            for step in actor.state.waiting_steps():
+                if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
+                    self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
+            await self._process_inbox(session_id)
+            return running
 
         sessions = await self.store.running_sessions()
-        return sum(await asyncio.gather(*(recover(s) for s in sessions)))
+        failed = 0
+        for first in range(0, len(sessions), parallel):
+            wave = sessions[first : first + parallel]
+            actors = await asyncio.gather(*(self.actors.get(s) for s in wave))
+            failed += sum(await asyncio.gather(*(recover(a) for a in actors)))
+        return failed
 
     async def _recover(self, actor: Actor, reason: str) -> int:
         """Fail every attempt of the session that storage calls running (NOT_COMPLETED);

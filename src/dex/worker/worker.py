@@ -71,7 +71,9 @@ class WorkerConfig(Settings):
     """On shutdown, how long running attempts may take to finish (``DEX_DRAIN_TIMEOUT``)."""
     reconnect_initial: float = Field(0.1, gt=0, validation_alias="DEX_WORKER_RECONNECT_INITIAL")
     """The first wait before reconnecting; it doubles (with jitter) up to ``reconnect_max``."""
-    reconnect_max: float = Field(5.0, gt=0, validation_alias="DEX_WORKER_RECONNECT_MAX")
+    reconnect_max: float = Field(1.0, gt=0, validation_alias="DEX_WORKER_RECONNECT_MAX")
+    """The longest wait between two tries to reach a server: a node that restarts (or a
+    standby that takes over) gets this Worker back within about this long of serving."""
     connect_timeout: float = Field(3.0, gt=0, validation_alias="DEX_WORKER_CONNECT_TIMEOUT")
     """How long a connection's WebSocket upgrade may take before the next address is tried."""
     ping_interval: float = Field(2.0, gt=0, validation_alias="DEX_WORKER_PING_INTERVAL")

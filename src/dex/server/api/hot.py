@@ -1,35 +1,40 @@
-"""The message send, served without the framework: the one request of every turn.
+"""The message send and the session creation, served without the framework.
 
-``POST /v1/sessions/{id}/messages`` is most of what clients ask of a node, and FastAPI's
-routing, dependency solving and middleware cost more per request than the send itself
-(measured with ``bench.instructions``). ``HotRoutes`` sits in front of the FastAPI app
-and answers that route when the request is well formed: a JSON body that the route's
-own model (``SendMessage``) accepts, and a node that serves. Anything else goes on to
-the FastAPI app unchanged (its body replayed), so every refusal (a bad body, a standby,
-an unknown session; a body of no declared length) is answered by the same code the
-OpenAPI document describes. The
-route stays declared in FastAPI too, with the same parsing and rendering
-(``send_message`` in ``sessions.py``): one behaviour, two ways in.
+``POST /v1/sessions/{id}/messages`` is the one request of every turn and
+``POST /v1/sessions`` the one of every conversation, and FastAPI's routing, dependency
+solving and middleware cost more per request than either call itself (measured with
+``bench.instructions``; for a creation, about two thirds of the server's CPU,
+``bench.scale``). ``HotRoutes`` sits in front of the FastAPI app and answers those
+routes when the request is well formed: a JSON body that the route's own model
+(``SendMessage``, ``CreateSession``) accepts, and a node that serves. Anything else goes
+on to the FastAPI app unchanged (its body replayed), so every refusal (a bad body, a
+standby, an unknown session, a body of no declared length) is answered by the same code
+the OpenAPI document describes. The routes stay declared in FastAPI too, with the same
+parsing and rendering (``send`` and ``create`` in ``sessions.py``): one behaviour, two
+ways in.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import FastAPI
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from dex.errors import DexError
-from dex.server.api.sessions import SendMessage, send
+from dex.server.api.sessions import CreateSession, SendMessage, create, send
 from dex.wire import error_body
 
 log = logging.getLogger("dex.server.api")
 
 MESSAGES = re.compile(r"/v1/sessions/([^/]+)/messages")
 JSON = (b"content-type", b"application/json")
+M = TypeVar("M", bound=BaseModel)
 
 
 class HotRoutes:
@@ -37,26 +42,42 @@ class HotRoutes:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send_: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = MESSAGES.fullmatch(scope["path"])
-            if match is not None and _plain_json(scope):
-                await self._send_message(scope, receive, send_, match[1])
+        if scope["type"] == "http" and scope["method"] == "POST" and _plain_json(scope):
+            path: str = scope["path"]
+            if path == "/v1/sessions":
+                await self._serve(
+                    scope, receive, send_, CreateSession, lambda body: create(self.app, body)
+                )
+                return
+            match = MESSAGES.fullmatch(path)
+            if match is not None:
+                sid = match[1]
+                await self._serve(
+                    scope, receive, send_, SendMessage, lambda body: send(self.app, sid, body)
+                )
                 return
         await self.app(scope, receive, send_)
 
-    async def _send_message(self, scope: Scope, receive: Receive, send_: Send, sid: str) -> None:
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send_: Send,
+        model: type[M],
+        call: Callable[[M], Awaitable[tuple[dict[str, Any], int]]],
+    ) -> None:
         node = self.app.state.node
         messages, body = await _read(receive)
         if body is None or node is None or not node.serving:
             await self._fallback(scope, messages, receive, send_)
             return
         try:
-            message = SendMessage.model_validate_json(body)
+            request = model.model_validate_json(body)
         except ValidationError:
             await self._fallback(scope, messages, receive, send_)
             return
         try:
-            result, status = await send(self.app, sid, message)
+            result, status = await call(request)
         except DexError as e:
             result, status = error_body(e.code, e.message, **e.details), e.status
         except Exception:

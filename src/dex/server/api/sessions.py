@@ -117,8 +117,16 @@ def _turn_body(
     responses={201: {"links": models.SESSION_LINKS}, **BODY, **errors(404, 409, 503)},
 )
 async def create_session(body: CreateSession, request: Request) -> ORJSONResponse:
-    state = await _sessions(request).create(body.agent, body.session_id)
-    return ORJSONResponse(views.session_row(state), 201)
+    result, status = await create(request.app, body)
+    return ORJSONResponse(result, status)
+
+
+async def create(app: Any, body: CreateSession) -> tuple[dict[str, Any], int]:
+    """The session creation, as this route and ``hot.HotRoutes`` both answer it: the body
+    and the status."""
+    sessions: Sessions = app.state.sessions
+    state = await sessions.create(body.agent, body.session_id)
+    return views.session_row(state), 201
 
 
 def _time(description: str) -> Any:

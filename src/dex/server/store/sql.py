@@ -61,8 +61,10 @@ ORDER_COLUMN = {"created": "created_at", "updated": "updated_at"}
 RUNNING_SESSIONS = (
     "SELECT id FROM sessions WHERE status IN ("
     + ", ".join(f"'{status}'" for status in IN_A_TURN)
-    + ") ORDER BY id"
+    + ")"
 )
+"""No ``ORDER BY``: SQLite would walk the primary key (every session) to return them in
+order instead of the index of the few in a turn; they are sorted after."""
 WAITING_SESSIONS = (
     "SELECT id, waiting_since FROM sessions WHERE waiting_since IS NOT NULL{} "
     "ORDER BY waiting_since DESC, id DESC LIMIT ?"
@@ -228,7 +230,7 @@ class SqlStore(Store):
         return [(str(r[0]), float(r[1])) for r in rows]
 
     async def running_sessions(self) -> list[str]:
-        return [str(r[0]) for r in await self._rows(RUNNING_SESSIONS)]
+        return sorted(str(r[0]) for r in await self._rows(RUNNING_SESSIONS))
 
     async def load_turn(self, session_id: str, number: int) -> StoredTurn | None:
         turn, steps, calls = await self._read(

@@ -1,0 +1,45 @@
+"""``bench.scale`` writes its idle sessions as copies of a template session's rows: a copy
+must be a session Dex loads and serves like the template, under its own id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.scale import TEMPLATE, Database
+
+from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.sessions import Sessions
+from dex.server.store.sqlite import SqliteStore
+from dex.wire import AgentSpec
+
+
+async def test_a_copy_of_the_template_loads_as_the_template_does(tmp_path: Path) -> None:
+    path = tmp_path / "dex.sqlite3"
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        sessions = Sessions(store, Dispatcher(heartbeat_timeout=5))
+        await sessions.register_agents([AgentSpec(name="a")])
+        await sessions.create("a", TEMPLATE)
+        await sessions.send(TEMPLATE, "hello", "m1")  # a turn (no Worker: it waits) ...
+        await sessions.cancel(TEMPLATE, "done")  # ... that ended: history, turn and rows
+        template = await sessions.snapshot(TEMPLATE)
+    finally:
+        await store.close()
+
+    Database(f"sqlite:///{path}").copy(["s_0001", "s_0002"])
+
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        sessions = Sessions(store, Dispatcher(heartbeat_timeout=5))
+        await sessions.start()
+        copy = await sessions.snapshot("s_0002")
+        assert await store.find_message("s_0002", "m1") == 1
+        number, created = await sessions.send("s_0002", "more", None)
+        assert (number, created) == (2, True)
+    finally:
+        await store.close()
+    assert copy["session"]["id"] == "s_0002"
+    assert str(copy).replace("s_0002", TEMPLATE) == str(template)
+    assert copy["history"] and copy["current_turn"] is None
