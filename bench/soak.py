@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 import dex
-from bench.soak_chaos import KILLS, Chaos, Cluster, faults
+from bench.soak_chaos import KILLS, Chaos, Cluster, SoakCluster, faults
 from bench.soak_check import Evidence, Findings, Send, check, unheld
+from bench.soak_postgres import HaCluster, PrivatePostgres
 from dex.errors import Conflict, DexError
 from dex.testing import Ledger, wait_until_async
 
@@ -73,6 +74,12 @@ HELP = {
     "reconnect_grace": "the node's --reconnect-grace",
     "settle_seconds": "after the chaos, every session must be idle within this long",
     "seed": "seed of the random choices (tools, timings, victims)",
+    "database": "run two nodes (a leader and a hot standby) on this PostgreSQL database; "
+    "the node fault SIGKILLs the leader (never restarts that PostgreSQL)",
+    "postgres": "run two nodes on a private PostgreSQL server of the soak's own (initdb in "
+    "a temporary directory, a free port), which the chaos also restarts",
+    "postgres_restart_every": "with --postgres: seconds between two PostgreSQL restarts "
+    "(a fast shutdown and a start), on average (0: never)",
 }
 
 
@@ -90,6 +97,9 @@ class SoakConfig:
     reconnect_grace: float = 1.0
     settle_seconds: float = 60.0
     seed: int = 1
+    database: str = ""
+    postgres: bool = False
+    postgres_restart_every: float = 30.0
 
 
 @dataclass
@@ -234,13 +244,32 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
     """Run the soak in ``directory``; return the report (see ``report``)."""
     rng = random.Random(config.seed)
     ledger = Ledger(directory / "ledger.jsonl")
-    cluster = Cluster(
-        directory, ledger.path, config.workers, config.heartbeat_timeout, config.reconnect_grace
-    )
+    postgres = PrivatePostgres() if config.postgres else None
+    cluster: SoakCluster
+    restart_postgres = None
+    if postgres is not None or config.database:
+        if postgres is not None:
+            await asyncio.to_thread(postgres.start)
+        ha = HaCluster(
+            directory,
+            ledger.path,
+            config.workers,
+            config.heartbeat_timeout,
+            config.reconnect_grace,
+            database=postgres.url if postgres is not None else config.database,
+            postgres=postgres,
+        )
+        if postgres is not None and config.postgres_restart_every > 0:
+            restart_postgres = ha.restart_postgres
+        cluster = ha
+    else:
+        cluster = Cluster(
+            directory, ledger.path, config.workers, config.heartbeat_timeout, config.reconnect_grace
+        )
     started = time.time()
-    await cluster.start()
     try:
-        async with dex.Client(cluster.server.address, timeout=30) as client:
+        await cluster.start()
+        async with dex.Client(cluster.address, timeout=30) as client:
             await wait_until_async(
                 lambda: _registered(client), 60, 0.1, "the soak agent registered"
             )
@@ -256,6 +285,8 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
                     server_kill_every=config.server_kill_every,
                     pause_every=config.pause_every,
                     cut_every=config.cut_every,
+                    postgres_restart_every=config.postgres_restart_every,
+                    restart_postgres=restart_postgres,
                 ),
                 rng,
                 config.seconds,
@@ -310,8 +341,18 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
             evidence.client_errors = list(traffic.unexpected)
     finally:
         await cluster.stop()
+        if postgres is not None:
+            await asyncio.to_thread(postgres.stop)
     findings = check(evidence)
-    return report(config, chaos, findings, traffic, watch, started, settled_in)
+    r = report(config, chaos, findings, traffic, watch, started, settled_in)
+    if isinstance(cluster, HaCluster):
+        takeovers = sorted(cluster.takeovers)
+        r["nodes_stepped_down"] = cluster.restarts - r["faults"].get("kill_leader", 0)
+        r["takeovers_over_120_s"] = cluster.slow_takeovers
+        if takeovers:
+            r["takeover_seconds_p50"] = round(takeovers[len(takeovers) // 2], 2)
+            r["takeover_seconds_max"] = round(takeovers[-1], 2)
+    return r
 
 
 async def _registered(client: dex.Client) -> bool:
@@ -399,6 +440,12 @@ def print_report(r: dict[str, Any], say: Any = print) -> None:
         f"client calls retried: {r['client_retries']}; "
         f"snapshots checked during the chaos: {r['snapshots_during_chaos']}"
     )
+    if "nodes_stepped_down" in r:
+        say(
+            f"  takeovers after a leader's SIGKILL: p50 {r.get('takeover_seconds_p50')} s, "
+            f"max {r.get('takeover_seconds_max')} s; nodes that stepped down by themselves "
+            f"(lease lost) and were started again: {r['nodes_stepped_down']}"
+        )
     say(f"  violations: {r['violations']}")
     for kind, n in r["violations_by_kind"].items():
         say(f"    {kind}: {n}")
@@ -412,11 +459,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     defaults = SoakConfig()
     for f in dataclasses.fields(SoakConfig):
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"), action="store_true", help=HELP[f.name]
+            )
+            continue
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
-            type=type(getattr(defaults, f.name)),
-            default=getattr(defaults, f.name),
-            help=f"{HELP[f.name]} (default: {getattr(defaults, f.name)})",
+            type=type(default),
+            default=default,
+            help=f"{HELP[f.name]} (default: {default!r})",
         )
     parser.add_argument("--report", type=Path, help="Also write the report as JSON here.")
     parser.add_argument("--keep", type=Path, help="Run in this directory and keep it.")

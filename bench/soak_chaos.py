@@ -24,11 +24,12 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from dex.testing import ServerProcess, WorkerProcess, free_port
 
 AGENTS = str(Path(__file__).with_name("soak_agents.py"))
-KILLS = ("kill_worker", "kill_server")
+KILLS = ("kill_worker", "kill_server", "kill_leader")
 """The fault kinds that are a SIGKILL: the soak's bound on kills counts these."""
 
 
@@ -102,8 +103,41 @@ class Proxy:
             writer.close()
 
 
+class WorkerPool:
+    """The soak's Worker processes, for either cluster: start one, SIGKILL one."""
+
+    directory: Path
+    ledger: Path
+    workers: list[WorkerProcess]
+    started_workers: int
+
+    @property
+    def worker_address(self) -> str:
+        raise NotImplementedError
+
+    def start_worker(self) -> WorkerProcess:
+        self.started_workers += 1
+        worker = WorkerProcess(
+            AGENTS,
+            self.worker_address,
+            self.directory / f"worker-{self.started_workers}.log",
+            env={"DEX_SOAK_LEDGER": str(self.ledger)},
+        ).start()
+        self.workers.append(worker)
+        return worker
+
+    def kill_worker(self, rng: random.Random) -> None:
+        """SIGKILL one Worker and start a new one in its place."""
+        alive = [w for w in self.workers if w.alive]
+        if alive:
+            victim = rng.choice(alive)
+            victim.kill()
+            self.workers.remove(victim)
+        self.start_worker()
+
+
 @dataclass
-class Cluster:
+class Cluster(WorkerPool):
     """One node on a data directory, Workers behind the proxy, all logs in ``directory``."""
 
     directory: Path
@@ -130,30 +164,22 @@ class Cluster:
         for _ in range(self.workers_wanted):
             self.start_worker()
 
-    def start_worker(self) -> WorkerProcess:
-        self.started_workers += 1
-        worker = WorkerProcess(
-            AGENTS,
-            self.proxy.address,
-            self.directory / f"worker-{self.started_workers}.log",
-            env={"DEX_SOAK_LEDGER": str(self.ledger)},
-        ).start()
-        self.workers.append(worker)
-        return worker
-
-    def kill_worker(self, rng: random.Random) -> None:
-        """SIGKILL one Worker and start a new one in its place."""
-        alive = [w for w in self.workers if w.alive]
-        if alive:
-            victim = rng.choice(alive)
-            victim.kill()
-            self.workers.remove(victim)
-        self.start_worker()
+    @property
+    def worker_address(self) -> str:
+        return self.proxy.address
 
     def restart_server(self) -> None:
         """SIGKILL the node and start it again on its data directory and port."""
         self.server.kill()
         self.server.start(timeout=60)
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def kill_server(self) -> str:
+        await asyncio.to_thread(self.restart_server)
+        return "kill_server"
 
     async def stop(self) -> None:
         for worker in self.workers:
@@ -186,18 +212,41 @@ class Fault:
     """Inject the fault, wait until it is over, return the kind to count."""
 
 
+class SoakCluster(Protocol):
+    """What the faults need of a cluster: one SQLite node (``Cluster``), or two nodes on
+    PostgreSQL (``bench.soak_postgres.HaCluster``)."""
+
+    heartbeat_timeout: float
+    workers: list[WorkerProcess]
+
+    @property
+    def server(self) -> ServerProcess: ...
+    @property
+    def proxy(self) -> Proxy | Any: ...
+    @property
+    def address(self) -> str: ...
+    def kill_worker(self, rng: random.Random) -> None: ...
+    async def kill_server(self) -> str: ...
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
 def faults(
-    cluster: Cluster,
+    cluster: SoakCluster,
     rng: random.Random,
     *,
     worker_kill_every: float,
     server_kill_every: float,
     pause_every: float,
     cut_every: float,
+    postgres_restart_every: float = 0.0,
+    restart_postgres: Callable[[], Awaitable[str]] | None = None,
 ) -> list[Fault]:
-    """The soak's faults over one SQLite node. A pause or a stall lasts either well under
-    the heartbeat timeout (nothing should fail) or well over it (attempts fail while
-    their code may run on: the at-most-once window)."""
+    """The soak's faults. A pause or a stall lasts either well under the heartbeat timeout
+    (nothing should fail) or well over it (attempts fail while their code may run on: the
+    at-most-once window). On two nodes, the node fault SIGKILLs the leader (the standby
+    takes over) and a pause may outlast the leader's lease; ``postgres_restart_every``
+    restarts the cluster's own PostgreSQL."""
     short = cluster.heartbeat_timeout * 0.3
     long = cluster.heartbeat_timeout * 1.5 + 0.5
 
@@ -206,8 +255,7 @@ def faults(
         return "kill_worker"
 
     async def kill_server() -> str:
-        await asyncio.to_thread(cluster.restart_server)
-        return "kill_server"
+        return await cluster.kill_server()
 
     async def pause_one() -> str:
         length, seconds = rng.choice([("short", short), ("long", long)])
@@ -234,6 +282,11 @@ def faults(
             Fault("pause", pause_every, pause_one),
             Fault("cut", cut_every, cut),
         ]
+        + (
+            [Fault("restart_postgres", postgres_restart_every, restart_postgres)]
+            if restart_postgres is not None
+            else []
+        )
         if f.every > 0
     ]
 

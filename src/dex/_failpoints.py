@@ -11,6 +11,11 @@ in the directory, or the test kills it. Every hit first writes ``NAME.hit``, so 
 test waits on a file instead of guessing with a sleep. ``NAME=crash@3`` acts on
 the third hit only.
 
+``error`` is for the points a caller asks with ``failing(NAME)`` instead of
+``hit``: ``failing`` is true while the file ``NAME.fail`` exists in the directory
+(and the caller raises the error it stands for, such as SQLite's "database or
+disk is full"): a fault a test switches on and off, as a disk fills and is freed.
+
 Unarmed, ``hit`` is a single dictionary check.
 """
 
@@ -33,8 +38,8 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
             continue
         name, _, action = part.strip().partition("=")
         action, _, nth = action.partition("@")
-        if action not in ("crash", "pause"):
-            raise ValueError(f"failpoint {name}: unknown action {action!r} (crash or pause)")
+        if action not in ("crash", "pause", "error"):
+            raise ValueError(f"failpoint {name}: unknown action {action!r} (crash, pause or error)")
         armed[name] = (action, int(nth or 1))
     return armed
 
@@ -46,7 +51,7 @@ def hit(name: str) -> None:
     if not _ARMED:
         return
     armed = _ARMED.get(name)
-    if armed is None:
+    if armed is None or armed[0] == "error":
         return
     count = _COUNTS[name] = _COUNTS.get(name, 0) + 1
     action, nth = armed
@@ -58,3 +63,18 @@ def hit(name: str) -> None:
     release = _DIR / f"{name}.release"
     while not release.exists():
         time.sleep(0.005)
+
+
+def failing(name: str) -> bool:
+    """Whether the ``error`` failpoint ``name`` is failing now: while ``NAME.fail``
+    exists. Each failing call counts as a hit (``NAME.hit`` is written on the first).
+    Unarmed, a single dictionary check."""
+    if not _ARMED:
+        return False
+    armed = _ARMED.get(name)
+    if armed is None or armed[0] != "error" or not (_DIR / f"{name}.fail").exists():
+        return False
+    count = _COUNTS[name] = _COUNTS.get(name, 0) + 1
+    if count == 1:
+        (_DIR / f"{name}.hit").write_text(str(os.getpid()))
+    return True

@@ -9,6 +9,7 @@
     ├── StorageError         the store could not commit; nothing was acknowledged
     │   ├── CommitUnknown    the connection died during COMMIT: it may or may not have committed
     │   └── Fenced           another node holds the lease now: this node's write was refused
+    ├── CorruptRecord        a stored record cannot be read: its session fails, others serve
     └── ServerError          the server answered with an error the client cannot map
         └── Unavailable      no node answered, or the node is a standby
 
@@ -78,6 +79,15 @@ class Fenced(StorageError):
     of the refused batch was written; the node must step down."""
 
     code = "fenced"
+
+
+class CorruptRecord(DexError):
+    """A stored record (a session's state or history, a turn, an agent) that cannot be read:
+    damaged on disk, or written by hand. The session it belongs to answers this error (a
+    500 naming it, logged); every other session keeps serving, and a node starts anyway."""
+
+    code = "corrupt_record"
+    status = 500
 
 
 class ServerError(DexError):

@@ -5,14 +5,18 @@ input keeps refusing them."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from dex.errors import InvalidInput
+from dex.errors import CorruptRecord, DexError, InvalidInput
 from dex.server import records
 from dex.server.engine import handlers
 from dex.server.engine.state import AttemptError, SessionState, Turn
@@ -25,6 +29,7 @@ from dex.wire import (
     ModelResponse,
     ModelToolCall,
     NoteItem,
+    StepStatus,
     ToolOutcome,
 )
 from tests.unit.test_store import SPEC, T0, in_a_turn
@@ -253,7 +258,7 @@ def test_a_stored_record_that_is_wrong_otherwise_is_still_refused() -> None:
     data["future"] = 1
     data["history_length"] = "many"
 
-    with pytest.raises(ValueError, match="history_length"):
+    with pytest.raises(CorruptRecord, match="history_length"):
         records.session(StoredSession(orjson.dumps(data).decode(), [], [], []))
 
 
@@ -274,3 +279,137 @@ def test_a_value_that_cannot_be_encoded_is_invalid_input_not_a_crash() -> None:
     state = SessionState(id="s", agent="a", created_at=0)
     with pytest.raises(InvalidInput, match="cannot be stored"):
         records.write(session=state, history=[NoteItem(text="\ud800")])  # a lone surrogate
+
+
+# --- every record of every format version round-trips ------------------------------------------
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "store-format-1.json"
+
+
+def test_every_row_stored_in_format_1_reads_writes_again_and_reads_back_the_same() -> None:
+    """Each row Dex 0.1 stored (format 1, Steps inline) is read, written by this version
+    (format 2, Steps as rows) and read back unchanged."""
+    tables = json.loads(FIXTURE.read_text())["tables"]
+    history: dict[str, list[str]] = {}
+    for row in sorted(tables["history"], key=lambda r: (r["session_id"], r["seq"])):
+        history.setdefault(row["session_id"], []).append(row["item"])
+    assert tables["sessions"] and tables["turns"] and tables["agents"]
+    for row in tables["sessions"]:
+        stored = StoredSession(row["state"], [], [], history.get(row["id"], []))
+        state, items, _ = records.session(stored, row["id"])
+        storage = Storage()
+        storage.apply(records.write(session=state, history=items))
+        again, again_items, _ = storage.session()
+        assert (again, again_items) == (state, items)
+    for row in tables["turns"]:
+        turn = records.turn(StoredTurn(row["turn"], [], []))
+        idle = SessionState(id=row["session_id"], agent="helper", created_at=T0)
+        storage = Storage()
+        storage.apply(records.write(session=idle, ended_turn=turn))
+        assert storage.archived(turn.number) == turn
+    for row in tables["agents"]:
+        spec = records.agent(row["spec"])
+        assert records.agent(records.write(agents=[spec]).agents[0][1]) == spec
+
+
+ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["message", "assign", "done", "fail", "back", "recover"]),
+        st.integers(0, 5),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(actions=ACTIONS)
+def test_every_state_the_engine_reaches_round_trips(actions: list[tuple[str, int]]) -> None:
+    """Sessions driven through random inputs (messages, hand-outs, results with tool calls,
+    failures with each attempt_progress, hand-backs, a node's recovery), committed as the
+    domain commits them: after each, storage reads back the state, history and ended turn."""
+    state = SessionState(id="s1", agent="helper", created_at=T0)
+    storage, rows = Storage(), records.Rows()
+    storage.apply(records.write(session=state, create=True))
+    history: list[Item] = []
+    now = T0
+    for action, choice in actions:
+        now += 1
+        try:
+            t = _act(state, action, choice, now)
+        except DexError:
+            continue  # an input the state refuses: nothing changed
+        start = state.history_length
+        state.history_length += len(t.history)
+        storage.apply(
+            records.write(
+                session=state,
+                rows=rows,
+                history=t.history,
+                history_start=start,
+                ended_turn=t.ended_turn,
+            )
+        )
+        history += t.history
+        loaded, loaded_history, _ = storage.session()
+        assert (loaded, loaded_history) == (state, history)
+        if t.ended_turn is not None:
+            assert storage.archived(t.ended_turn.number) == t.ended_turn
+
+
+def _act(state: SessionState, action: str, choice: int, now: float) -> handlers.Transition:
+    if action == "message":
+        return handlers.receive_message(state, SPEC, f"message {choice}", None, now)[0]
+    if action == "recover":
+        return handlers.recover(state, SPEC, now, "the node restarted")
+    steps = [s for s in (state.turn.steps if state.turn else []) if s.type.value != "AwaitTimer"]
+    step = steps[choice % len(steps)] if steps else None
+    if step is None:
+        return handlers.Transition()
+    if action == "assign":
+        if step.status == StepStatus.QUEUED:
+            handlers.assign(state, step.id, "w1", now)
+        return handlers.Transition()
+    if step.status != StepStatus.RUNNING:
+        return handlers.Transition()
+    number = step.attempts[-1].number
+    if action == "back":
+        return handlers.hand_back(state, step.id, number)
+    if action == "fail":
+        progress = list(AttemptProgress)[choice % len(AttemptProgress)]
+        error = AttemptError(message="boom", attempt_progress=progress)
+        return handlers.fail_attempt(state, SPEC, step.id, number, error, now)
+    if step.type.value == "RunModel":
+        names = ["lookup", "charge"][: choice % 3]
+        calls = [ModelToolCall(id=f"c{i}", name=n, arguments={"n": i}) for i, n in enumerate(names)]
+        response = ModelResponse(text="" if calls else f"answer {choice}", tool_calls=calls)
+        return handlers.complete_model(state, SPEC, step.id, number, response, now)
+    outcome = ToolOutcome(status="succeeded", result={"value": choice})
+    return handlers.complete_tool(state, SPEC, step.id, number, outcome, now)
+
+
+# --- a corrupt row -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw", ["not json", "[1, 2]", '{"format": 2, "id": 5}', "{", '"a string"', "null"]
+)
+def test_a_corrupt_state_is_a_corrupt_record_error_naming_the_session(raw: str) -> None:
+    with pytest.raises(CorruptRecord, match=r"the stored state of session 's1' cannot be read"):
+        records.session(StoredSession(raw, [], [], []), "s1")
+
+
+def test_a_corrupt_history_item_step_row_turn_or_agent_is_a_corrupt_record_error() -> None:
+    state, history = in_a_turn("s1")
+    storage = Storage()
+    storage.apply(records.write(session=state, history=history))
+    good = StoredSession(storage.state, storage._of("s", 1), storage._of("c", 1), storage.history)
+    bad_item = StoredSession(good.state, good.steps, good.calls, [*good.history, '{"type": 1}'])
+    with pytest.raises(CorruptRecord, match=r"the stored history of session 's1'"):
+        records.session(bad_item, "s1")
+    bad_step = StoredSession(good.state, ['{"id": 7}'], good.calls, good.history)
+    with pytest.raises(CorruptRecord, match=r"the stored state of session 's1'"):
+        records.session(bad_step, "s1")
+    with pytest.raises(CorruptRecord, match=r"a stored turn of session 's1' cannot be read"):
+        records.turn(StoredTurn('{"number": "one"}', [], []), "s1")
+    with pytest.raises(CorruptRecord, match="a stored agent cannot be read"):
+        records.agent("\x00")

@@ -65,6 +65,10 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "DEX_WORKER_CAPACITY": "3",
         "DEX_DRAIN_TIMEOUT": "5",
         "DEX_ADDRESS": "http://a:1,http://b:2",
+        "DEX_TOKENS_FILE": "/etc/dex/tokens.toml",
+        "DEX_RATE_LIMIT": "20/second",
+        "DEX_TLS_CERT": "/etc/dex/cert.pem",
+        "DEX_TLS_KEY": "/etc/dex/key.pem",
     }.items():
         monkeypatch.setenv(name, value)
     server = ServerConfig.load()
@@ -81,6 +85,10 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "worker_token": "w-secret",
         "admin_token": "a-secret",
         "tracing": True,
+        "tokens_file": Path("/etc/dex/tokens.toml"),
+        "rate_limit": "20/second",
+        "tls_cert": Path("/etc/dex/cert.pem"),
+        "tls_key": Path("/etc/dex/key.pem"),
     }
     worker = WorkerConfig.load()
     assert (worker.capacity, worker.drain_timeout, worker.token) == (3, 5, "w-secret")

@@ -167,6 +167,30 @@ def server(
         typer.Option(help="A token that opens everything, /metrics too (DEX_ADMIN_TOKEN)."),
     ] = None,
     tracing: Tracing = None,
+    tokens_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="DEX_TOKENS_FILE",
+            help="Turn auth on with the tokens of this TOML file (SHA-256 hashes, roles, agent "
+            "scopes, rate limits); read again when it changes or on SIGHUP. See dex token new.",
+        ),
+    ] = None,
+    rate_limit: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DEX_RATE_LIMIT",
+            help='Each token\'s limit on the client API, e.g. "20/second; 600/minute" '
+            "(over it: 429 with Retry-After).",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(envvar="DEX_TLS_CERT", help="Serve HTTPS with this certificate chain (PEM)."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(envvar="DEX_TLS_KEY", help="The private key of --tls-cert (PEM)."),
+    ] = None,
 ) -> None:
     """Run a Dex Server node on SQLite in DATA_DIR, or on the database --database names."""
     from dex.server.app import serve
@@ -186,6 +210,10 @@ def server(
         worker_token=worker_token,
         admin_token=admin_token,
         tracing=tracing,
+        tokens_file=tokens_file,
+        rate_limit=rate_limit,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
     )
     if config.tracing:
         _tracing_on("dex-server")
@@ -242,6 +270,46 @@ def worker(
     except DexError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command()
+def token(
+    role: Annotated[str, typer.Argument(help="client, worker or admin.")],
+    name: Annotated[str | None, typer.Option(help="Its name in logs and 429s.")] = None,
+    agents: Annotated[
+        str | None,
+        typer.Option(help="A worker token's scope: the agents it may serve, comma-separated."),
+    ] = None,
+    rate_limit: Annotated[
+        str | None, typer.Option(help='This token\'s client API limit, e.g. "20/second".')
+    ] = None,
+) -> None:
+    """Make a new random token: print it once (give it to its holder) and the entry that
+    lets it in (append it to the --tokens-file; only its SHA-256 is kept there)."""
+    import secrets
+
+    from dex.server.api.tokens import Role, check_rate_limit, digest
+
+    if role not in set(Role):
+        raise typer.BadParameter(f"role {role!r}: client, worker or admin")
+    if agents is not None and role != Role.WORKER:
+        raise typer.BadParameter("--agents limits a worker token")
+    if rate_limit is not None:
+        try:
+            check_rate_limit(rate_limit)
+        except DexError as e:
+            raise typer.BadParameter(e.message) from None
+    value = f"dex_{role[0]}_{secrets.token_urlsafe(32)}"
+    lines = ["[[token]]"]
+    if name:
+        lines.append(f"name = {json.dumps(name)}")
+    lines += [f'role = "{role}"', f'sha256 = "{digest(value).hex()}"']
+    if agents is not None:
+        lines.append(f"agents = {json.dumps([a.strip() for a in agents.split(',') if a.strip()])}")
+    if rate_limit is not None:
+        lines.append(f"rate_limit = {json.dumps(rate_limit)}")
+    typer.echo(f"# the token (shown once; the file keeps only its hash): {value}", err=True)
+    typer.echo("\n".join(lines))
 
 
 @app.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import ssl as ssl_module
 import time
 from collections.abc import AsyncGenerator, Sequence
 from datetime import datetime
@@ -26,6 +27,7 @@ from dex.errors import (
     InvalidInput,
     NotFound,
     ServerError,
+    StorageError,
     Unavailable,
 )
 
@@ -60,14 +62,17 @@ class Client:
         timeout: float = 30.0,
         connections: int = 100,
         token: str | None = None,
+        ssl: ssl_module.SSLContext | None = None,
     ) -> None:
         """``token``: the client token, when the server has auth on (default:
-        ``DEX_CLIENT_TOKEN`` from the environment)."""
+        ``DEX_CLIENT_TOKEN`` from the environment). ``ssl``: how to verify an ``https://``
+        node (default: the system's CAs, or the file ``SSL_CERT_FILE`` names)."""
         self.addresses = addresses(address)
         token = token or os.environ.get("DEX_CLIENT_TOKEN")
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
         self._connections = connections
+        self._ssl = ssl
         self._http: aiohttp.ClientSession | None = None
         self._current = 0
 
@@ -329,7 +334,9 @@ class Client:
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
             self._http = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._connections),
+                connector=aiohttp.TCPConnector(
+                    limit=self._connections, ssl=self._ssl if self._ssl is not None else True
+                ),
                 json_serialize=lambda o: orjson.dumps(o).decode(),
             )
         return self._http
@@ -406,8 +413,9 @@ class Client:
                 ) as response:
                     payload = await response.read()
                     if response.status == 503:
-                        last = Unavailable(f"{base} is not serving: {payload[:200]!r}")
-                        self._current += 1
+                        last = _not_serving(base, payload)
+                        if not isinstance(last, StorageError):
+                            self._current += 1  # a standby, or a node starting: the next one
                         continue
                     decoded = orjson.loads(payload) if payload else None
                     if response.status >= 400:
@@ -425,7 +433,9 @@ class Client:
                 self._current += 1
         raise _NoAnswer(last)
 
-    def _unavailable(self, last: Exception | None) -> Unavailable:
+    def _unavailable(self, last: Exception | None) -> DexError:
+        if isinstance(last, StorageError):
+            return last  # the node serves, but its store cannot commit now (a full disk)
         return Unavailable(
             f"no Dex Server answered at {', '.join(self.addresses)}: {last}", retryable=True
         )
@@ -450,6 +460,24 @@ def _unix(value: Time | None) -> float | None:
 def _params(**values: Any) -> dict[str, Any]:
     """Query parameters, leaving out the ones not given."""
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _not_serving(base: str, payload: bytes) -> DexError:
+    """A 503: the node does not serve (a standby, starting), or it serves but its store
+    could not commit (``storage_error``: nothing was written)."""
+    try:
+        decoded = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        decoded = None
+    error = decoded.get("error") if isinstance(decoded, dict) else None
+    if isinstance(error, dict) and error.get("code") == "storage_error":
+        details = error.get("details")
+        return StorageError(
+            str(error.get("message")),
+            retryable=True,
+            **(details if isinstance(details, dict) else {}),
+        )
+    return Unavailable(f"{base} is not serving: {payload[:200]!r}")
 
 
 def _error(status: int, body: Any) -> DexError:

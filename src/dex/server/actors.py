@@ -18,15 +18,18 @@ waits on, stays.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dex.errors import NotFound
+from dex.errors import CorruptRecord, NotFound
 from dex.server import records
 from dex.server.engine.state import SessionState, SessionStatus, Turn
 from dex.server.store.base import Store
+
+log = logging.getLogger("dex.sessions")
 
 RECENT_TURNS = 4
 """Ended turns each actor keeps, as committed: a waiter gets its turn without a read."""
@@ -167,7 +170,16 @@ class Actors:
             raw = await self.store.load_session(session_id)
             if raw is None:
                 raise NotFound(f"unknown session {session_id!r}", session_id=session_id)
-            state, history, rows = records.session(raw)
+            try:
+                state, history, rows = records.session(raw, session_id)
+            except CorruptRecord as e:
+                log.error(
+                    "%s", e.message, extra={"action": "session.corrupt", "session_id": session_id}
+                )
+                raise CorruptRecord(
+                    f"{e.message}. The session is left as stored; every other session serves",
+                    session_id=session_id,
+                ) from e
             actor = Actor(
                 state=state,
                 history_json=[item.model_dump(mode="json") for item in history],

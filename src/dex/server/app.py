@@ -21,9 +21,11 @@ import dex
 from dex import _loop
 from dex.errors import DexError
 from dex.server.api import errors, hot, ops, sessions, workers
-from dex.server.api.auth import Auth, Role
+from dex.server.api.auth import Auth
 from dex.server.api.gate import StandbyGate
+from dex.server.api.ratelimit import RateLimits
 from dex.server.api.responses import ORJSONResponse
+from dex.server.api.tokens import Role, Tokens, check_rate_limit
 from dex.server.clock import Clock
 from dex.server.config import ServerConfig
 from dex.server.dispatch.dispatcher import Dispatcher
@@ -139,18 +141,27 @@ def asgi(config: ServerConfig, tracer_provider: Any = None) -> ASGIApp:
 
 
 def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
-    """The layers in front of the routes: auth when it is on, the body limit, and the
-    message send served without the framework (``hot``)."""
+    """The layers in front of the routes: auth and rate limits when they are on, the body
+    limit, and the message send served without the framework (``hot``). The node's tokens
+    are ``app.state.tokens`` (SIGHUP reads the file again)."""
     # with tracing on, every request goes through FastAPI, whose spans the turns link to
     routes: ASGIApp = fastapi_app if config.tracing else hot.HotRoutes(fastapi_app)
     app: ASGIApp = errors.BodyLimit(routes, config.max_body_bytes)
-    tokens = {
-        Role.CLIENT: config.client_token,
-        Role.WORKER: config.worker_token,
-        Role.ADMIN: config.admin_token,
-    }
-    configured = {role: token for role, token in tokens.items() if token}
-    return Auth(app, configured) if configured else app
+    tokens = Tokens(
+        {
+            Role.CLIENT: config.client_token,
+            Role.WORKER: config.worker_token,
+            Role.ADMIN: config.admin_token,
+        },
+        config.tokens_file,
+    )
+    fastapi_app.state.tokens = tokens
+    if config.rate_limit is not None:
+        check_rate_limit(config.rate_limit)
+    limited = config.rate_limit is not None or any(t.rate_limit for t in tokens.tokens)
+    limits = RateLimits(config.rate_limit) if limited or config.tokens_file else None
+    fastapi_app.state.rate_limits = limits
+    return Auth(app, tokens, limits) if tokens.enabled or limits is not None else app
 
 
 STARTUP_FAILED = 3
@@ -195,6 +206,9 @@ class _Server(uvicorn.Server):
             self.should_exit = True
 
 
+WS_MAX_SIZE = 64 << 20
+"""The largest WebSocket message (a Worker's frame) the node takes, in bytes."""
+
 STEPPED_DOWN = 4
 """The exit status of a node that lost the lead: restart it, and it comes back a standby."""
 
@@ -205,23 +219,34 @@ def _exit_stepped_down() -> None:
 
 
 def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
-    """Run one node until SIGINT or SIGTERM (then drain, and exit)."""
+    """Run one node until SIGINT or SIGTERM (then drain, and exit); SIGHUP reads the
+    tokens file again."""
     fastapi_app = create_app(config, leadership, on_step_down=_exit_stepped_down)
+    try:
+        app = _wrap(fastapi_app, config)
+    except DexError as e:
+        log.error("cannot start: %s", e.message, extra={"action": "node.start_failed"})
+        sys.exit(STARTUP_FAILED)
     server = _Server(
         uvicorn.Config(
-            _wrap(fastapi_app, config),
+            app,
             host=config.host,
             port=config.port,
             lifespan="on",
             log_level="warning",
             access_log=False,
-            proxy_headers=False,  # no access log: nothing reads the client's address
-            ws_max_size=64 << 20,
+            # no access log; a rate limit with auth off keys on the peer's own address
+            proxy_headers=False,
+            ws_max_size=WS_MAX_SIZE,
             timeout_graceful_shutdown=5,
+            ssl_certfile=config.tls_cert,
+            ssl_keyfile=config.tls_key,
         ),
         fastapi_app,
         config.drain_timeout,
     )
+    tokens: Tokens = fastapi_app.state.tokens
+    signal.signal(signal.SIGHUP, lambda sig, frame: tokens.reload())
     sys.setswitchinterval(SWITCH_INTERVAL)
     _loop.run(server.serve())
     if not server.started:

@@ -43,6 +43,16 @@ class ServerConfig(Settings):
     """What Workers send (``DEX_WORKER_TOKEN``)."""
     admin_token: str | None = Field(None, validation_alias="DEX_ADMIN_TOKEN", repr=False)
     """Opens everything, ``/metrics`` included (``DEX_ADMIN_TOKEN``)."""
+    tokens_file: Path | None = Field(None, validation_alias="DEX_TOKENS_FILE")
+    """A TOML file of tokens by their SHA-256, with roles, agent scopes and rate limits
+    (``DEX_TOKENS_FILE``; see ``dex.server.api.tokens``). Read again when it changes."""
+    rate_limit: str | None = Field(None, validation_alias="DEX_RATE_LIMIT")
+    """Each token's limit on the client API, like ``"20/second; 600/minute"``
+    (``DEX_RATE_LIMIT``); None: no limit unless a token's entry sets one."""
+    tls_cert: Path | None = Field(None, validation_alias="DEX_TLS_CERT")
+    """Serve HTTPS and WSS with this certificate chain (PEM; ``DEX_TLS_CERT``)."""
+    tls_key: Path | None = Field(None, validation_alias="DEX_TLS_KEY")
+    """... and this private key (PEM; ``DEX_TLS_KEY``)."""
     tracing: bool = Field(False, validation_alias="DEX_TRACING")
     """OpenTelemetry spans of turns, Steps and attempts (``DEX_TRACING``; needs
     ``dex-runtime[otel]``): see docs/operations.md."""

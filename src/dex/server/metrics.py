@@ -146,6 +146,12 @@ def node_gauges(node: Node) -> Iterator[Metric]:
         getattr(store, "operations", 0),
     )
     yield counter(
+        "dex_store_commit_failures",
+        "Group commits that failed (a full disk, an I/O error): every write in them was "
+        "refused, nothing of them written.",
+        getattr(store, "commit_failures", 0),
+    )
+    yield counter(
         "dex_store_written_bytes",
         "Characters of JSON committed (session states, history items, turns).",
         getattr(store, "bytes_written", 0),

@@ -19,7 +19,8 @@ wire's (history items, agent specs) are pydantic models.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,7 +29,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from dex.errors import InvalidInput
+from dex.errors import CorruptRecord, InvalidInput
 from dex.server.engine.state import SessionState, Step, ToolCall, Turn
 from dex.server.store.base import (
     Row,
@@ -215,34 +216,55 @@ def _bare(record: SessionState | Turn, turn: Turn | None) -> str:
         turn.steps, turn.tool_calls = steps, calls
 
 
-def session(stored: StoredSession) -> tuple[SessionState, list[Item], Rows]:
+def session(
+    stored: StoredSession, session_id: str | None = None
+) -> tuple[SessionState, list[Item], Rows]:
     """The state (with its current turn's Steps and calls), the history, and what storage
-    holds of the turn's rows."""
-    state = _decode(_STATE, stored.state)
-    rows = Rows()
-    if state.turn is not None and _format(stored.state) >= 2:
-        _attach(state.turn, stored.steps, stored.calls)
-        rows.turn = state.turn.number
-        rows.remember("s", state.turn.steps, stored.steps)
-        rows.remember("c", state.turn.tool_calls, stored.calls)
-    return state, history(stored.history), rows
+    holds of the turn's rows; ``CorruptRecord`` naming the session if any cannot be read."""
+    name = f"session {session_id!r}" if session_id is not None else "a session"
+    with _reading(f"the stored state of {name}"):
+        state = _decode(_STATE, stored.state)
+        rows = Rows()
+        if state.turn is not None and _format(stored.state) >= 2:
+            _attach(state.turn, stored.steps, stored.calls)
+            rows.turn = state.turn.number
+            rows.remember("s", state.turn.steps, stored.steps)
+            rows.remember("c", state.turn.tool_calls, stored.calls)
+    with _reading(f"the stored history of {name}"):
+        return state, history(stored.history), rows
 
 
-def turn(stored: StoredTurn) -> Turn:
-    record = _decode(_TURN, stored.turn)
-    if _format(stored.turn) >= 2:
-        _attach(record, stored.steps, stored.calls)
+def turn(stored: StoredTurn, session_id: str | None = None) -> Turn:
+    name = f" of session {session_id!r}" if session_id is not None else ""
+    with _reading(f"a stored turn{name}"):
+        record = _decode(_TURN, stored.turn)
+        if _format(stored.turn) >= 2:
+            _attach(record, stored.steps, stored.calls)
+            return record
+        for text in stored.calls:  # a format-1 turn's call changed since (reconciled): a row
+            call = _decode(_CALL, text)
+            seq = _seq(call.id)
+            if 0 < seq <= len(record.tool_calls):
+                record.tool_calls[seq - 1] = call
         return record
-    for text in stored.calls:  # a format-1 turn's call changed since (reconciled): a row
-        call = _decode(_CALL, text)
-        seq = _seq(call.id)
-        if 0 < seq <= len(record.tool_calls):
-            record.tool_calls[seq - 1] = call
-    return record
 
 
-def maybe_turn(stored: StoredTurn | None) -> Turn | None:
-    return None if stored is None else turn(stored)
+def maybe_turn(stored: StoredTurn | None, session_id: str | None = None) -> Turn | None:
+    return None if stored is None else turn(stored, session_id)
+
+
+@contextmanager
+def _reading(what: str) -> Iterator[None]:
+    """Any failure to decode a stored record is ``CorruptRecord``: ``what`` and the first
+    problem, never a traceback for the caller."""
+    try:
+        yield
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CorruptRecord(f"{what} cannot be read: {where}: {first['msg']}") from e
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # not JSON, not an object
+        raise CorruptRecord(f"{what} cannot be read: {e}") from e
 
 
 def _attach(turn: Turn, steps: list[str], calls: list[str]) -> None:
@@ -284,6 +306,11 @@ def history(items: list[str]) -> list[Item]:
 
 
 def agent(raw: str) -> AgentSpec:
+    with _reading("a stored agent"):
+        return _agent(raw)
+
+
+def _agent(raw: str) -> AgentSpec:
     return _model(AgentSpec, raw)
 
 

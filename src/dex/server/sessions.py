@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dex import _failpoints as failpoints
-from dex.errors import Conflict, DexError, InvalidInput, NotFound
+from dex.errors import Conflict, CorruptRecord, DexError, InvalidInput, NotFound
 from dex.server import fleet, records, views
 from dex.server.actors import Actor, Actors
 from dex.server.committer import Committer, Handle
@@ -98,6 +98,9 @@ class Sessions:
         )
         self.agents: dict[str, AgentSpec] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.corrupt: set[str] = set()
+        """Sessions whose stored records could not be read at start: they were not
+        recovered (each answers ``corrupt_record``), every other one was."""
         self.background_failures = 0
         """Background writes (a timer firing, a handler, an expired attempt) that failed
         and were tried again."""
@@ -201,7 +204,7 @@ class Sessions:
         commits). Returns how many attempts were failed."""
         if self.tracing is not None:
             self.tracing.started_at = self.clock.now()  # what ended before is the old node's
-        self.agents = {a.name: a for a in map(records.agent, await self.store.load_agents())}
+        self.agents = {a.name: a for a in self._readable_agents(await self.store.load_agents())}
 
         async def recover(actor: Actor) -> int:
             session_id = actor.state.id
@@ -220,9 +223,29 @@ class Sessions:
         failed = 0
         for first in range(0, len(sessions), parallel):
             wave = sessions[first : first + parallel]
-            actors = await asyncio.gather(*(self.actors.get(s) for s in wave))
-            failed += sum(await asyncio.gather(*(recover(a) for a in actors)))
+            actors = await asyncio.gather(*(self._loadable(s) for s in wave))
+            failed += sum(await asyncio.gather(*(recover(a) for a in actors if a is not None)))
         return failed
+
+    def _readable_agents(self, raws: list[str]) -> list[AgentSpec]:
+        """The stored agents that can be read; a damaged one is logged and left out (its
+        Worker registers it again on connecting)."""
+        agents = []
+        for raw in raws:
+            try:
+                agents.append(records.agent(raw))
+            except CorruptRecord as e:
+                log.error("%s", e.message, extra={"action": "agent.corrupt"})
+        return agents
+
+    async def _loadable(self, session_id: str) -> Actor | None:
+        """The session's actor, or None if its stored records cannot be read (logged: the
+        node starts without it, and it answers ``corrupt_record``)."""
+        try:
+            return await self.actors.get(session_id)
+        except CorruptRecord:
+            self.corrupt.add(session_id)
+            return None
 
     async def _recover(self, actor: Actor, reason: str) -> int:
         """Fail every attempt of the session that storage calls running (NOT_COMPLETED);
@@ -402,13 +425,13 @@ class Sessions:
         if any(m.number == number for m in actor.state.queued):
             return None
         return actor.ended.get(number) or records.maybe_turn(
-            await self.store.load_turn(actor.state.id, number)
+            await self.store.load_turn(actor.state.id, number), actor.state.id
         )
 
     async def snapshot(self, session_id: str) -> dict[str, Any]:
         actor = await self.actors.get(session_id)
         state = actor.state
-        ended = [records.turn(t) for t in await self.store.load_turns(session_id)]
+        ended = [records.turn(t, session_id) for t in await self.store.load_turns(session_id)]
         return views.snapshot(state, actor.history_json, ended, self.dispatcher)
 
     # --- waits: approvals, answers, timers, cancel, reconcile ------------------------------
@@ -455,7 +478,7 @@ class Sessions:
         if number > actor.state.messages_received:
             return None  # no such turn, and a number storage could not even look up
         turn = actor.ended.get(number) or records.maybe_turn(
-            await self.store.load_turn(actor.state.id, number)
+            await self.store.load_turn(actor.state.id, number), actor.state.id
         )
         call = turn.tool_call(call_id) if turn is not None else None
         return (turn, call) if turn is not None and call is not None else None

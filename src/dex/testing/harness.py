@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -77,17 +78,22 @@ class ServerProcess(_Process):
         env: Mapping[str, str] | None = None,
         database: str | None = None,
         wrap: Sequence[str] = (),
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """``tls``: the node serves HTTPS (give ``DEX_TLS_CERT`` and ``DEX_TLS_KEY`` in
+        ``env``); the context verifies it, for the probes."""
         super().__init__(data_dir.parent / f"{data_dir.name}-server.log", wrap)
         self.data_dir = data_dir
         self.port = port or free_port()
         self.heartbeat_timeout = heartbeat_timeout
         self.env = dict(env or {})
         self.database = database
+        self.tls = tls
 
     @property
     def address(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(
         self, env: Mapping[str, str] | None = None, timeout: float = 30.0, *, ready: bool = True
@@ -129,7 +135,7 @@ class ServerProcess(_Process):
 
     def _get(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(self.address + path, timeout=1) as r:
+            with urllib.request.urlopen(self.address + path, timeout=1, context=self.tls) as r:
                 return bool(r.status == 200)
         except OSError:
             return False

@@ -200,6 +200,9 @@ SERVER_FRAME: TypeAdapter[list[ServerMessage]] = TypeAdapter(list[ServerMessage]
 CLOSE_BAD_FRAME = 4400
 """A frame that does not fit the protocol (the reason says where): fix the Worker."""
 CLOSE_UNAUTHORIZED = 4401
+CLOSE_FORBIDDEN = 4403
+"""The hello names an agent this Worker's token may not serve (the reason names it): the
+Worker stops, as for a refused token."""
 CLOSE_ID_IN_USE = 4409
 """Another live connection uses this ``worker_id`` (reconnect later, or pick another)."""
 CLOSE_NOT_READY = 4503
@@ -207,6 +210,7 @@ CLOSE_NOT_READY = 4503
 
 __all__ = [
     "CLOSE_BAD_FRAME",
+    "CLOSE_FORBIDDEN",
     "CLOSE_ID_IN_USE",
     "CLOSE_NOT_READY",
     "CLOSE_UNAUTHORIZED",

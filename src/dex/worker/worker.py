@@ -46,6 +46,7 @@ from dex.wire import (
     StepType,
     ToolOutcome,
 )
+from dex.wire.protocol import CLOSE_FORBIDDEN
 from dex.worker.history import HistoryCache
 
 if TYPE_CHECKING:
@@ -356,8 +357,13 @@ class Worker:
                 link.put({"t": "hb", "attempts": list(self._attempts)})
 
     async def _read(self, link: _Link) -> None:
-        async for frame in link.ws:
+        while True:
+            frame = await link.ws.receive()
             if frame.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                if frame.type == aiohttp.WSMsgType.CLOSE and frame.data == CLOSE_FORBIDDEN:
+                    why = f"the server refused this Worker: {frame.extra or 'forbidden'}"
+                    log.error(why, extra={"action": "worker.forbidden"})
+                    raise AuthError(why)  # for good: connecting again cannot help
                 break
             for message in orjson.loads(frame.data):
                 self._on_message(link, message)

@@ -1,34 +1,48 @@
-"""Bearer tokens with three roles: ``client``, ``worker`` and ``admin``.
+"""Bearer tokens with three roles (``client``, ``worker``, ``admin``), and rate limits on
+the client API.
 
-Auth is on when any token is configured. Then every request carries
-``Authorization: Bearer <token>``: the Worker channel needs a worker token, the
-client API a client token, ``/metrics`` an admin token, and an admin token opens
-everything. ``/healthz`` and ``/readyz`` stay open for probes, and so does the API
-description (``/openapi.json``, ``/docs``). A missing or unknown token is a 401, a
-token of the wrong role a 403, each with a JSON error body. A refused WebSocket
+Auth is on when any token is configured (``--client-token``, ``--worker-token``,
+``--admin-token``, or a ``--tokens-file``: see ``dex.server.api.tokens``). Then every
+request carries ``Authorization: Bearer <token>``: the Worker channel needs a worker
+token, the client API a client token, ``/metrics`` and ``/admin`` an admin token, and an
+admin token opens everything. ``/healthz`` and ``/readyz`` stay open for probes, and so
+does the API description (``/openapi.json``, ``/docs``, ``/redoc``). A missing or unknown token is a
+401, a token of the wrong role a 403, each with a JSON error body. A refused WebSocket
 handshake gets the same HTTP answer (401 or 403 with the JSON body) instead of the
 upgrade; on a server without the ASGI denial-response extension it is closed before it
-is accepted (code 4401 or 4403), which the server sends as a 403.
+is accepted (code 4401 or 4403), which the server sends as a 403. A worker token scoped
+to some agents is checked against the Worker's hello (``dex.auth.agents`` in the scope).
+
+The check runs once per HTTP request and once per Worker connection (not per message).
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Mapping
-from enum import StrEnum
-
 import orjson
+from fastapi import Security
+from fastapi.params import Security as SecurityParam
+from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dex.server.api.ratelimit import RateLimits
+from dex.server.api.tokens import Role, Token, Tokens
 from dex.wire import error_body
 
-OPEN = ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect")
+OPEN = ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+AGENTS_KEY = "dex.auth.agents"
+"""Where a connection's agent scope is left in the ASGI scope (absent: any agent)."""
 
+__all__ = ["AGENTS_KEY", "GUARDED", "OPEN", "Auth", "Role", "role_for"]
 
-class Role(StrEnum):
-    CLIENT = "client"
-    WORKER = "worker"
-    ADMIN = "admin"
+BEARER = HTTPBearer(
+    auto_error=False,  # the Auth layer refuses, before any route runs
+    scheme_name="bearer",
+    description="A client, worker or admin token (when the node has auth on). "
+    "`/docs` sends it once you authorize.",
+)
+GUARDED: list[SecurityParam] = [Security(BEARER)]
+"""The dependency of every guarded route: it puts the bearer scheme in the OpenAPI
+document (``/docs`` can authorize); the check itself is ``Auth``'s."""
 
 
 def role_for(path: str) -> Role | None:
@@ -43,53 +57,88 @@ def role_for(path: str) -> Role | None:
 
 
 class Auth:
-    def __init__(self, app: ASGIApp, tokens: Mapping[Role, str]) -> None:
+    """The ASGI layer in front of the node: who is asking, may they, and not too often."""
+
+    def __init__(self, app: ASGIApp, tokens: Tokens, limits: RateLimits | None = None) -> None:
         self.app = app
-        self.tokens = {role: token.encode() for role, token in tokens.items() if token}
+        self.tokens = tokens
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or not self.tokens:
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         needed = role_for(scope["path"])
         if needed is None:
             await self.app(scope, receive, send)
             return
-        held = self._role(scope)
-        if held is None:
-            await _refuse(
-                scope,
-                send,
-                401,
-                "unauthorized",
-                "send Authorization: Bearer <token> with a valid token",
-            )
-        elif held not in (needed, Role.ADMIN):
-            await _refuse(
-                scope,
-                send,
-                403,
-                "forbidden",
-                f"this needs a {needed.value} token, not a {held.value} token",
-            )
-        else:
-            await self.app(scope, receive, send)
+        token: Token | None = None
+        if self.tokens.enabled:
+            token = self._token(scope)
+            if token is None:
+                await _refuse(
+                    scope,
+                    send,
+                    401,
+                    "unauthorized",
+                    "send Authorization: Bearer <token> with a valid token",
+                )
+                return
+            if token.role not in (needed, Role.ADMIN):
+                await _refuse(
+                    scope,
+                    send,
+                    403,
+                    "forbidden",
+                    f"this needs a {needed.value} token, not a {token.role.value} token",
+                )
+                return
+            if token.agents is not None:
+                scope[AGENTS_KEY] = token.agents
+        if needed == Role.CLIENT and self.limits is not None and scope["type"] == "http":
+            key = token.name if token is not None else _address(scope)
+            over = self.limits.check(key, token.rate_limit if token else None)
+            if over is not None:
+                limit, retry_after = over
+                who = f"token {token.name!r}" if token is not None else f"address {key}"
+                await _refuse(
+                    scope,
+                    send,
+                    429,
+                    "rate_limited",
+                    f"{who} is over its rate limit of {limit}: try again in {retry_after} s",
+                    headers=[(b"retry-after", str(retry_after).encode())],
+                    limit=limit,
+                    retry_after=retry_after,
+                )
+                return
+        await self.app(scope, receive, send)
 
-    def _role(self, scope: Scope) -> Role | None:
+    def _token(self, scope: Scope) -> Token | None:
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
-                offered = value[7:].strip()
-                for role, token in self.tokens.items():
-                    if hmac.compare_digest(offered, token):
-                        return role
+                return self.tokens.match(value[7:].strip())
         return None
 
 
-async def _refuse(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
-    body = orjson.dumps(error_body(code, message))
-    headers = [(b"content-type", b"application/json")]
+def _address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+async def _refuse(
+    scope: Scope,
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    **details: object,
+) -> None:
+    body = orjson.dumps(error_body(code, message, **details))
+    all_headers = [(b"content-type", b"application/json"), *(headers or [])]
     if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
+        all_headers.append((b"www-authenticate", b"Bearer"))
     kind = "http"
     if scope["type"] == "websocket":
         if "websocket.http.response" not in scope.get("extensions", {}):
@@ -97,5 +146,5 @@ async def _refuse(scope: Scope, send: Send, status: int, code: str, message: str
             await send({"type": "websocket.close", "code": 4000 + status, "reason": message})
             return
         kind = "websocket.http"  # the handshake's own HTTP answer, before any upgrade
-    await send({"type": f"{kind}.response.start", "status": status, "headers": headers})
+    await send({"type": f"{kind}.response.start", "status": status, "headers": all_headers})
     await send({"type": f"{kind}.response.body", "body": body})

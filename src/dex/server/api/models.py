@@ -52,6 +52,9 @@ WHEN = {
     413: "The body is over the server's limit: `body_too_large`.",
     422: "The body, a parameter or a header is not valid (`invalid_request`, with "
     "`details.problems`), or valid but unusable (`invalid_input`).",
+    429: "The token (or, with auth off, the address) is over its rate limit on the client "
+    "API: `rate_limited`, with `Retry-After` (seconds) and `details.limit`, "
+    "`details.retry_after`.",
     500: "A bug in the server, logged with its traceback: `internal_error`.",
     503: "The node does not serve now (starting, a standby, stepped down: `unavailable`, "
     "with the `x-dex-role` header; try another address), or the store could not commit "

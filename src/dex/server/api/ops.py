@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dex.errors import Conflict
 from dex.server.api import models
+from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
 
@@ -39,6 +40,7 @@ async def readyz(request: Request) -> ORJSONResponse:
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
         **errors(401, 403),
     },
+    dependencies=GUARDED,
 )
 async def metrics(request: Request) -> Response:
     """Prometheus text: attempts and turns by outcome, latencies, queue depths, Workers,
@@ -52,6 +54,7 @@ async def metrics(request: Request) -> Response:
     status_code=202,
     response_model=models.Readiness,
     responses=errors(401, 403, 409),
+    dependencies=GUARDED,
 )
 async def step_down(request: Request) -> ORJSONResponse:
     """A planned step-down: the node drains (running attempts finish within its drain

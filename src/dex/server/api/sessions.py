@@ -12,6 +12,7 @@ from pydantic import Field
 
 from dex.server import views
 from dex.server.api import models
+from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
 from dex.server.engine.state import ToolCall, Turn
@@ -19,7 +20,12 @@ from dex.server.fleet import Filters
 from dex.server.sessions import Sessions
 from dex.wire import Wire
 
-router = APIRouter(prefix="/v1", tags=["sessions"], responses=errors(401, 403, 500, 503))
+router = APIRouter(
+    prefix="/v1",
+    tags=["sessions"],
+    responses=errors(401, 403, 429, 500, 503),
+    dependencies=GUARDED,
+)
 BODY = errors(400, 413, 422)
 """What any route with a JSON body may answer before it runs."""
 WAIT = {**BODY, **errors(404, 409, 503)}

@@ -21,12 +21,14 @@ from pydantic import ValidationError
 
 from dex.errors import DexError
 from dex.server.api import models
+from dex.server.api.auth import AGENTS_KEY, GUARDED
 from dex.server.api.responses import ORJSONResponse
 from dex.server.dispatch.dispatcher import Dispatcher, WorkerConn, WorkerIdInUse
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.wire.protocol import (
     CLOSE_BAD_FRAME,
+    CLOSE_FORBIDDEN,
     CLOSE_ID_IN_USE,
     CLOSE_NOT_READY,
     WORKER_FRAME,
@@ -110,6 +112,16 @@ async def worker_channel(ws: WebSocket) -> None:
         await _close(ws, CLOSE_BAD_FRAME, f"bad hello: {e}")
         return
     hello = messages[0]
+    allowed: frozenset[str] | None = ws.scope.get(AGENTS_KEY)  # the worker token's scope
+    outside = sorted(a.name for a in hello.agents if allowed is not None and a.name not in allowed)
+    if outside:
+        log.warning(
+            "refused a Worker: its token may not serve %s",
+            ", ".join(outside),
+            extra={"action": "worker.forbidden", "worker_id": hello.worker_id},
+        )
+        await _close(ws, CLOSE_FORBIDDEN, f"this worker token may not serve {', '.join(outside)}")
+        return
     node: Node | None = app.state.node
     if node is None or node.role != "active":
         await _close(ws, CLOSE_NOT_READY, f"not ready: {node.role if node else 'starting'}")
@@ -293,7 +305,8 @@ def _answer(attempt: str, outbox: Outbox, worker_id: str, error: BaseException |
     "/v1/workers",
     tags=["workers"],
     response_model=models.WorkerList,
-    responses=models.errors(401, 403, 500, 503),
+    responses=models.errors(401, 403, 429, 500, 503),
+    dependencies=GUARDED,
 )
 async def list_workers(request: Request) -> ORJSONResponse:
     """The Workers connected to this node: their agents, tools, capacity and the attempts

@@ -27,12 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dex import _failpoints as failpoints
+from dex.errors import DexError
 from dex.server.clock import Clock
 from dex.wire.protocol import CLOSE_ID_IN_USE
 
 log = logging.getLogger("dex.dispatch")
 
 Send = Callable[[dict[str, Any]], None]
+HAND_OUT_RETRY = 0.25
+"""Seconds before a Step whose hand-out could not be recorded is offered again."""
 
 
 class WorkerIdInUse(Exception):
@@ -394,22 +397,31 @@ class Dispatcher:
                 sid, step_id = self._ready[queue].popleft()
                 self._ready_count -= 1
                 worker.reserved += 1
-                self.spawn(self._hand_out(sid, step_id, worker))
+                self.spawn(self._hand_out(sid, step_id, queue, worker))
 
-    async def _hand_out(self, session_id: str, step_id: str, worker: WorkerConn) -> None:
+    async def _hand_out(
+        self, session_id: str, step_id: str, queue: str, worker: WorkerConn
+    ) -> None:
         assert self._assign is not None
         try:
             message = await self._assign(session_id, step_id, worker)
-        except Exception:
-            log.exception(
-                "hand-out failed",
+        except Exception as e:
+            # not recorded (a full disk, a reloaded session): the Step is still queued in
+            # storage, so it goes back in the queue here too, or it would wait for a restart
+            log.warning(
+                "hand-out failed, the Step is offered again in %gs: %r",
+                HAND_OUT_RETRY,
+                e,
+                exc_info=not isinstance(e, DexError),
                 extra={
                     "action": "dispatch.assign_failed",
                     "session_id": session_id,
                     "step_id": step_id,
                 },
             )
-            message = None
+            self.release(worker)
+            self.offer(session_id, step_id, queue, self.clock.now() + HAND_OUT_RETRY)
+            return
         if message is None:
             self.release(worker)
         else:

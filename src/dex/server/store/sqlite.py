@@ -13,16 +13,19 @@ trading durability.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dex import _failpoints as failpoints
 from dex.errors import Conflict, StorageError
 from dex.server.store.base import migrations
 from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
@@ -32,6 +35,7 @@ T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
 Pending = tuple[Op | None, list[Statement], asyncio.Future[Any]]
 """A queued operation: a read (a function of the connection) or a write (statements)."""
+Results = list[tuple[asyncio.Future[Any], Any, BaseException | None]]
 
 
 class SqliteStore(SqlStore):
@@ -43,6 +47,11 @@ class SqliteStore(SqlStore):
         self.commits = 0
         """How many transactions committed: with ``operations``, shows how well commits group."""
         self.operations = 0
+        self.commit_failures = 0
+        """Batches whose commit failed (a full disk, an I/O error): nothing of them written."""
+        self.failing_since: float | None = None
+        """Monotonic time of the first of the commits failing now; None while they succeed."""
+        self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
 
     # --- lifecycle ------------------------------------------------------------
@@ -117,7 +126,7 @@ class SqliteStore(SqlStore):
         loop = self._loop
         assert loop is not None
         try:
-            conn = self._connect()
+            self._conn = self._connect()
         except sqlite3.Error as e:
             loop.call_soon_threadsafe(
                 ready.set_exception, StorageError(f"cannot open {self.path}: {e}")
@@ -139,30 +148,42 @@ class SqliteStore(SqlStore):
                     stop = True
                     break
                 batch.append(item)
-            loop.call_soon_threadsafe(_deliver, self._commit(conn, batch))
-        conn.close()
+            try:
+                results = self._commit(batch)
+            except Exception as e:  # a bug: the writer must still answer, and live on
+                log.exception("the writer failed a batch", extra={"action": "store.bug"})
+                self._roll_back()
+                failed = StorageError(f"the store failed: {e!r}", retryable=True)
+                results = [(fut, None, failed) for _, _, fut in batch]
+            loop.call_soon_threadsafe(_deliver, results)
+        if self._conn is not None:
+            self._conn.close()
 
-    def _commit(
-        self, conn: sqlite3.Connection, batch: list[Pending]
-    ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
+    def _commit(self, batch: list[Pending]) -> Results:
+        writing = any(op is None for op, _, _ in batch)
         try:
+            conn = self._conn or self._reconnect()
             conn.execute("BEGIN")
             values = _run_grouped(conn, batch)
+            if writing and failpoints.failing("sqlite.commit"):
+                raise _disk_full()  # as SQLite says it when the disk fills during COMMIT
             conn.execute("COMMIT")
         except Exception:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            return self._one_by_one(conn, batch)  # so that only the bad ones fail
-        self.commits += 1
-        self.operations += len(batch)
+            self._roll_back()
+            return self._one_by_one(batch)  # so that only the bad ones fail
+        self._committed(writing, len(batch))
         return [(fut, value, None) for (_, _, fut), value in zip(batch, values, strict=True)]
 
-    def _one_by_one(
-        self, conn: sqlite3.Connection, batch: list[Pending]
-    ) -> list[tuple[asyncio.Future[Any], Any, BaseException | None]]:
-        """The batch again, each operation in its own savepoint: the bad ones fail alone."""
-        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+    def _one_by_one(self, batch: list[Pending]) -> Results:
+        """The batch again, each operation in its own savepoint: the bad ones fail alone.
+        A commit that fails (a full disk, an I/O error) fails every write of the batch:
+        none was written, none is acknowledged; its reads run again on their own, so they
+        never show what was not committed. The writer never dies of it, and commits
+        resume by themselves once the cause is gone."""
+        results: Results = []
+        writing = any(op is None for op, _, _ in batch)
         try:
+            conn = self._conn or self._reconnect()
             conn.execute("BEGIN")
             for op, statements, fut in batch:
                 conn.execute("SAVEPOINT op")
@@ -179,15 +200,95 @@ class SqliteStore(SqlStore):
                 else:
                     conn.execute("RELEASE op")
                     results.append((fut, value, None))
+            if writing and failpoints.failing("sqlite.commit"):
+                raise _disk_full()
             conn.execute("COMMIT")
         except sqlite3.Error as e:
+            self._roll_back()
+            self._failed(e)
+            error = StorageError(
+                f"the store could not commit: {_cause(e)}. Nothing was written; try again",
+                retryable=True,
+                cause=_cause(e),
+            )
+            writes = [(fut, None, error) for op, _, fut in batch if op is None]
+            reads = [item for item in batch if item[0] is not None]
+            return writes + self._read_alone(reads, error)
+        self._committed(writing, len(batch))
+        return results
+
+    def _read_alone(self, reads: list[Pending], error: StorageError) -> Results:
+        """Run reads in a transaction of their own (one view), after a failed commit; one
+        that changed something (a migration) was a write: it fails with the batch."""
+        if not reads:
+            return []
+        results: Results = []
+        try:
+            conn = self._conn or self._reconnect()
+            conn.execute("BEGIN")
+            try:
+                for op, _, fut in reads:
+                    assert op is not None
+                    changes = conn.total_changes
+                    try:
+                        value = op(conn)
+                    except Exception as e:
+                        results.append((fut, None, _translate(e)))
+                        continue
+                    if conn.total_changes != changes:
+                        results.append((fut, None, error))
+                    else:
+                        results.append((fut, value, None))
+            finally:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            self._roll_back()
+            return [(fut, None, error) for _, _, fut in reads]
+        return results
+
+    def _committed(self, writing: bool, operations: int) -> None:
+        if writing and self.failing_since is not None:
+            log.warning(
+                "commits succeed again after %.1fs of failures",
+                time.monotonic() - self.failing_since,
+                extra={"action": "store.commit_recovered", "failures": self.commit_failures},
+            )
+            self.failing_since = None
+        self.commits += 1
+        self.operations += operations
+
+    def _failed(self, e: sqlite3.Error) -> None:
+        self.commit_failures += 1
+        if self.failing_since is None:  # one line when commits start failing, not one each
+            self.failing_since = time.monotonic()
+            log.error(
+                "commit failed: %s; every write is refused until commits succeed again",
+                _cause(e),
+                extra={"action": "store.commit_failed", "error": str(e)},
+            )
+
+    def _roll_back(self) -> None:
+        """End a failed transaction. A connection that cannot even roll back is closed and
+        opened again (SQLite then reads the database as it is on disk)."""
+        conn = self._conn
+        if conn is None:
+            return
+        try:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            error = StorageError(f"commit failed: {e}", retryable=True)
-            return [(fut, None, error) for _, _, fut in batch]
-        self.commits += 1
-        self.operations += len(batch)
-        return results
+        except sqlite3.Error as e:
+            log.warning(
+                "rollback failed (%s): opening the database again",
+                e,
+                extra={"action": "store.reconnect"},
+            )
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+            self._conn = None
+
+    def _reconnect(self) -> sqlite3.Connection:
+        self._conn = self._connect()
+        return self._conn
 
     async def _call(self, op: Callable[[sqlite3.Connection], T]) -> T:
         if self._loop is None or self._thread is None:
@@ -213,7 +314,7 @@ class SqliteStore(SqlStore):
         return await self._call(_version)
 
 
-def _deliver(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+def _deliver(results: Results) -> None:
     for fut, value, error in results:
         if fut.done():
             continue
@@ -231,7 +332,41 @@ def _translate(e: Exception) -> Exception:
         return Conflict("the write conflicts with what is stored")
     if isinstance(e, sqlite3.Error):
         log.error("write failed", extra={"action": "store.error", "error": str(e)})
-        return StorageError("the store could not complete the operation", retryable=True)
+        return StorageError(
+            f"the store could not complete the operation: {_cause(e)}. Nothing was written; "
+            "try again",
+            retryable=True,
+            cause=_cause(e),
+        )
+    return e
+
+
+_CAUSES = {
+    5: "the database is locked by another process",
+    8: "the database is read-only",
+    10: "a disk I/O error",
+    11: "the database file is corrupt",
+    13: "the disk is full",
+    14: "the database file cannot be opened",
+}
+"""SQLite's primary result codes, as an operator would name the problem."""
+
+
+def _cause(e: sqlite3.Error) -> str:
+    """What went wrong, in an operator's words, without table or statement names."""
+    code = getattr(e, "sqlite_errorcode", None)
+    name = getattr(e, "sqlite_errorname", None) or "a storage error"
+    if code is None:
+        return str(e)
+    return _CAUSES.get(code & 0xFF, f"SQLite error {name}")
+
+
+def _disk_full() -> sqlite3.OperationalError:
+    """The error SQLite raises when the disk fills (SQLITE_FULL): the ``sqlite.commit``
+    failpoint raises it where a real full disk does."""
+    e = sqlite3.OperationalError("database or disk is full")
+    e.sqlite_errorcode = sqlite3.SQLITE_FULL
+    e.sqlite_errorname = "SQLITE_FULL"
     return e
 
 

@@ -1,0 +1,107 @@
+"""A store that cannot commit (a full disk: SQLite's real "database or disk is full",
+raised by the ``sqlite.commit`` failpoint where a full disk raises it) refuses every write
+with a 503 that names the problem, acknowledges nothing it did not commit, keeps serving
+reads, and recovers by itself when the fault clears. ``tests/e2e/test_storage_faults.py``
+fills a real filesystem."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dex import _failpoints as failpoints
+from dex.testing import wait_until
+from tests.integration.conftest import Api, connect_fake_worker
+from tests.integration.test_api import _metrics, assert_error, everything, model_done
+
+
+class FullDisk:
+    """The ``sqlite.commit`` failpoint, armed in this process: ``fill()`` makes every
+    commit fail as on a full disk, ``free()`` ends it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.switch = directory / "sqlite.commit.fail"
+
+    def fill(self) -> None:
+        self.switch.write_text("")
+
+    def free(self) -> None:
+        self.switch.unlink()
+
+
+@pytest.fixture
+def disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FullDisk]:
+    monkeypatch.setattr(failpoints, "_ARMED", {"sqlite.commit": ("error", 1)})
+    monkeypatch.setattr(failpoints, "_COUNTS", {})
+    monkeypatch.setattr(failpoints, "_DIR", tmp_path)
+    yield FullDisk(tmp_path)
+
+
+def test_a_full_disk_refuses_writes_with_a_503_naming_it_and_changes_nothing(
+    api_with_agent: Api, disk: FullDisk
+) -> None:
+    api = api_with_agent
+    api.create("s1")
+    before = everything(api)
+    disk.fill()
+    refused = api.http.post("/v1/sessions", json={"agent": "echo", "session_id": "s2"})
+    error = assert_error(refused, 503, "storage_error")
+    assert "the disk is full" in error["message"] and "Nothing was written" in error["message"]
+    assert error["details"] == {"cause": "the disk is full"}
+    sent = api.http.post("/v1/sessions/s1/messages", json={"text": "hi", "message_id": "m1"})
+    assert_error(sent, 503, "storage_error")
+    # reads still answer, and show nothing of what was refused
+    assert everything(api) == before
+    assert _metrics(api)["dex_store_commit_failures_total"] >= 2
+    disk.free()
+    # no restart: the next write commits
+    assert api.http.post("/v1/sessions", json={"agent": "echo", "session_id": "s2"}).status_code
+    again = api.send("s1", "hi", message_id="m1")
+    assert again["created"] is True and again["turn"] == 1
+
+
+def test_a_workers_result_that_cannot_be_committed_is_acked_not_ok_and_its_attempt_fails(
+    api_with_agent: Api, disk: FullDisk
+) -> None:
+    """A result is either committed or its attempt fails: the Worker hears ``ok: false``,
+    and once the disk is free the Step runs again as attempt 2."""
+    api = api_with_agent
+    api.create("s1")
+    api.send("s1", "hello")
+    with connect_fake_worker(api) as worker:
+        step = worker.step(session_id="s1")
+        disk.fill()
+        refused = worker.done(step["attempt_id"], model_done("lost"))
+        assert refused["ok"] is False and "the disk is full" in refused["error"]
+        assert api.snapshot("s1")["current_turn"]["status"] == "running"
+        disk.free()
+        # the Worker forgot the attempt (no heartbeat): it fails after the timeout, or at
+        # once when the connection closes; this test's timeout is long, so close it
+    with connect_fake_worker(api, "w-2") as second:
+        retry = second.step(session_id="s1", step_id=step["step_id"], attempt=2)
+        assert second.done(retry["attempt_id"], model_done("kept"))["ok"] is True
+    turn = api.turn("s1", 1, wait=10)
+    assert turn["text"] == "kept"
+    first = turn["steps"][0]["attempts"][0]
+    assert first["outcome"] == "failed" and first["error"]["attempt_progress"] == "NOT_COMPLETED"
+
+
+def test_a_hand_out_that_cannot_be_recorded_is_offered_again_when_the_disk_frees(
+    api_with_agent: Api, disk: FullDisk
+) -> None:
+    """The Step stays queued in storage; it must stay queued in the dispatcher too, or it
+    would wait for the next restart."""
+    api = api_with_agent
+    api.create("s1")
+    api.send("s1", "hello")  # queued: no Worker yet
+    disk.fill()
+    with connect_fake_worker(api) as worker:
+        wait_until(lambda: disk.switch.with_name("sqlite.commit.hit").exists(), 10)
+        assert api.snapshot("s1")["waiting"], "the Step is still queued"
+        disk.free()
+        step = worker.step(session_id="s1")
+        assert step["attempt"] == 1
+        assert worker.done(step["attempt_id"], model_done("handed out"))["ok"] is True
+    assert api.turn("s1", 1, wait=10)["text"] == "handed out"
