@@ -65,7 +65,7 @@ def test_a_tokens_file_rotates_on_sighup_and_a_scoped_worker_is_refused_for_othe
     assert "may not serve" in refused.output() and "compactor" in refused.output()
 
     with dex.SyncClient(rig.server.address, token=old) as client:
-        assert client.list_sessions() == []
+        assert client.list_sessions()["sessions"] == []
     tokens.write_text(entry("client", old) + entry("client", new))
     assert rig.server.proc is not None
     rig.server.proc.send_signal(signal.SIGHUP)  # read at once, not at the next look
@@ -74,7 +74,7 @@ def test_a_tokens_file_rotates_on_sighup_and_a_scoped_worker_is_refused_for_othe
     assert rig.server.alive  # SIGHUP used to end the node (Python's default action)
     assert "tokens file read: 2 tokens" in rig.server.output()
     with dex.SyncClient(rig.server.address, token=old) as client:
-        assert client.list_sessions() == []  # both valid during a rotation
+        assert client.list_sessions()["sessions"] == []  # both valid during a rotation
 
 
 def _lets_in(client: dex.SyncClient) -> bool:

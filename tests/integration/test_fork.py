@@ -37,6 +37,8 @@ async def test_a_fork_has_the_history_before_the_turn_and_goes_its_own_way(
     forked = await client.fork_session(original, 2, "retry-two")
     assert forked["id"] == "retry-two" and forked["status"] == "idle"
     assert forked["forked_from"] == {"session_id": original, "turn": 2}
+    listed = (await client.list_sessions())["sessions"]
+    assert {k: forked[k] for k in listed[0]} == next(s for s in listed if s["id"] == "retry-two")
     fork = await client.get_agent_snapshot("retry-two")
     turn_two_starts = texts(before).index("user: echo two")
     assert texts(fork) == texts(before)[:turn_two_starts]  # all of turn 1, none of turn 2

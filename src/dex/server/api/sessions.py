@@ -159,10 +159,7 @@ async def fork_session(session_id: str, body: Fork, request: Request) -> ORJSONR
     assert state.forked_from is not None
     return ORJSONResponse(
         {
-            "id": state.id,
-            "agent": state.agent,
-            "status": state.status.value,
-            "created_at": state.created_at,
+            **views.session_row(state),
             "forked_from": views.plain(state.forked_from),
             "messages_received": state.messages_received,
         },
