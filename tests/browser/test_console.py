@@ -110,12 +110,29 @@ def test_an_unknown_outcome_is_found_and_reconciled(rig: Rig, page: Page) -> Non
     rig.start_server()
     worker = rig.start_worker()
     sid = rig.session()
-    turn = rig.call(sid, ("charge", {"amount": 5, "gate": "g"}))
+    turn = rig.call(
+        sid, ("charge", {"amount": 5, "gate": "g"}), ("lookup", {"key": "k", "gate": "h"})
+    )
     rig.wait_entered("g", 1)
-    worker.kill()  # mid-call: a single-attempt write may have run
+    rig.wait_entered("h", 1)
+    worker.kill()  # mid-call: a single-attempt write may have run, a read runs again
+
+    def lookup_queued() -> bool:
+        waiting = rig.client.get_agent_snapshot(sid)["waiting"]
+        return any(w["queue"] == "tool:assistant/lookup" for w in waiting)
+
+    wait_until(lookup_queued, 10, what="the read is queued again, with no Worker to take it")
+    page.goto(f"{rig.server.address}/ui/cluster")
+    expect(page.locator("table.workers")).to_have_count(0)
+    queued = page.locator("table.queued tbody tr")
+    expect(queued).to_have_count(1)
+    expect(queued).to_contain_text("lookup")
+    expect(queued).to_contain_text("assistant")
+    screenshot(page, "cluster-queued")
+    rig.open_gate("h")
     rig.start_worker()
-    (call,) = rig.wait_turn(sid, turn)["tool_calls"]
-    assert call["status"] == "outcome_unknown"
+    call, read = rig.wait_turn(sid, turn)["tool_calls"]
+    assert (call["status"], read["status"]) == ("outcome_unknown", "succeeded")
 
     page.goto(f"{rig.server.address}/ui/sessions")
     page.get_by_role("link", name="has outcome_unknown").click()

@@ -7,6 +7,7 @@
   const root = document.getElementById("session");
   if (!root) return;
   const live = document.getElementById("live");
+  const from = document.getElementById("live-from");
   const banner = document.getElementById("connection");
   const REGIONS = ["state", "turns"];
   let attempt = null; // the model attempt whose text the live box shows
@@ -46,7 +47,7 @@
     if (data.attempt_id !== attempt) {
       attempt = data.attempt_id;
       live.textContent = "";
-      live.dataset.attempt = attempt;
+      from.textContent = `Step ${data.step_id}, attempt ${attempt.split("/").pop()}`;
     }
     live.textContent += data.text;
   }
