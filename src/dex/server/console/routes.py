@@ -173,7 +173,8 @@ def _body(model: type[M], **fields: Any) -> M:
     try:
         return model(**fields)
     except ValidationError as e:
-        raise RequestValidationError(e.errors()) from None
+        problems = [{**error, "loc": ("form", *error["loc"])} for error in e.errors()]
+        raise RequestValidationError(problems) from None
 
 
 def _by(request: Request) -> str:
