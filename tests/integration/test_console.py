@@ -15,6 +15,9 @@ from starlette.testclient import TestClient
 from dex.server.app import asgi
 from dex.server.config import ServerConfig
 from tests.integration.conftest import Api
+from tests.integration.test_standby import Standby, standby
+
+__all__ = ["standby"]
 
 CLIENT, WORKER, ADMIN = "client-secret", "worker-secret", "admin-secret"
 
@@ -147,3 +150,19 @@ def test_after_logging_in_it_goes_back_to_a_console_page_never_another_site(
             "/ui/login", data={"token": CLIENT, "next": target}, follow_redirects=False
         )
         assert logged_in.headers["location"] == "/ui", target
+
+
+def test_a_standby_console_shows_its_role_and_serves_sessions_once_it_leads(
+    standby: Standby,
+) -> None:
+    http = standby.http
+    refused = http.get("/ui/sessions")
+    assert refused.status_code == 503
+    assert "it is standby" in message(refused.text)
+    cluster = http.get("/ui/cluster")
+    assert cluster.status_code == 200
+    assert re.search(r'id="role">standby<', cluster.text)
+    standby.grant()
+    assert http.get("/ui/sessions").status_code == 200
+    cluster = http.get("/ui/cluster").text
+    assert re.search(r'id="role">active<', cluster) and re.search(r'id="epoch">7<', cluster)
