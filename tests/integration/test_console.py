@@ -159,9 +159,9 @@ def test_a_standby_console_shows_its_role_and_serves_sessions_once_it_leads(
     refused = http.get("/ui/sessions")
     assert refused.status_code == 503
     assert "it is standby" in message(refused.text)
-    cluster = http.get("/ui/cluster")
-    assert cluster.status_code == 200
-    assert re.search(r'id="role">standby<', cluster.text)
+    waiting = http.get("/ui/cluster")
+    assert waiting.status_code == 200
+    assert re.search(r'id="role">standby<', waiting.text)
     standby.grant()
     assert http.get("/ui/sessions").status_code == 200
     cluster = http.get("/ui/cluster").text
