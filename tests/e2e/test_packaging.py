@@ -1,5 +1,5 @@
 """Dex installs by its name from a wheel into a fresh virtualenv, with only the core
-(no model SDK), and runs ``dex server``."""
+(no model SDK), and runs ``dex server`` with its web console."""
 
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ def test_the_wheel_installs_by_name_and_serves(tmp_path: Path) -> None:
 
         wait_until(lambda: ready() or server.poll() is not None, 60, what="dex server ready")
         assert server.poll() is None, (tmp_path / "server.log").read_text()
+        # the console's templates and static files are package data in the wheel
+        for page in ("/ui", "/ui/sessions", "/ui/static/console.js"):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{page}", timeout=5) as r:
+                assert r.status == 200, page
     finally:
         server.send_signal(signal.SIGTERM)
         code = server.wait(30)

@@ -87,6 +87,21 @@ EXPECTED: dict[str, str] = {
     "stream_events": Role.CLIENT,
     "list_workers": Role.CLIENT,
     "worker_channel": Role.WORKER,
+    # the web console: read and act like the client API; its log-in and files are open
+    "console_inbox": Role.CLIENT,
+    "console_sessions": Role.CLIENT,
+    "console_session": Role.CLIENT,
+    "console_events": Role.CLIENT,
+    "console_cluster": Role.CLIENT,
+    "console_approve": Role.CLIENT,
+    "console_deny": Role.CLIENT,
+    "console_answer": Role.CLIENT,
+    "console_reconcile": Role.CLIENT,
+    "console_cancel": Role.CLIENT,
+    "console_login_form": OPEN,
+    "console_login": OPEN,
+    "console_logout": OPEN,
+    "console_static": OPEN,
 }
 """The role each route needs, by route name. A route missing here fails the test below:
 decide who may call it before it ships."""

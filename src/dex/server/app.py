@@ -28,6 +28,7 @@ from dex.server.api.responses import ORJSONResponse
 from dex.server.api.tokens import Role, Tokens, check_rate_limit
 from dex.server.clock import Clock
 from dex.server.config import ServerConfig
+from dex.server.console import routes as console
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.ha.leadership import Leadership, Solo
 from dex.server.ha.node import Node
@@ -89,6 +90,7 @@ def create_app(
     app.include_router(ops.router)
     app.include_router(sessions.router)
     app.include_router(workers.router)
+    app.include_router(console.router)  # the web console at /ui (docs/console.md)
     return app
 
 

@@ -429,10 +429,17 @@ class Sessions:
         )
 
     async def snapshot(self, session_id: str) -> dict[str, Any]:
+        return (await self.timeline(session_id))[0]
+
+    async def timeline(self, session_id: str) -> tuple[dict[str, Any], list[Turn]]:
+        """The snapshot, and every turn in order (the ended ones, then the current one):
+        the console's session page shows each turn's Steps, which the snapshot holds for
+        the current turn only. One read of storage for both."""
         actor = await self.actors.get(session_id)
         state = actor.state
         ended = [records.turn(t, session_id) for t in await self.store.load_turns(session_id)]
-        return views.snapshot(state, actor.history_json, ended, self.dispatcher)
+        snapshot = views.snapshot(state, actor.history_json, ended, self.dispatcher)
+        return snapshot, [*ended, *filter(None, [state.turn])]
 
     # --- waits: approvals, answers, timers, cancel, reconcile ------------------------------
 
@@ -561,6 +568,10 @@ class Sessions:
 
     async def approvals(self, session_id: str) -> list[dict[str, Any]]:
         return views.pending_approvals((await self.actors.get(session_id)).state)
+
+    async def person_waits(self, session_id: str) -> list[dict[str, Any]]:
+        """What the session's turn waits for a person to do, as the inbox lists it."""
+        return views.person_waits((await self.actors.get(session_id)).state)
 
     # --- Worker inputs -------------------------------------------------------------------
 

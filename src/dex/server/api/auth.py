@@ -13,10 +13,19 @@ upgrade; on a server without the ASGI denial-response extension it is closed bef
 is accepted (code 4401 or 4403), which the server sends as a 403. A worker token scoped
 to some agents is checked against the Worker's hello (``dex.auth.agents`` in the scope).
 
+The web console (``/ui``, ``dex.server.console``) is guarded like the client API: a
+client token reads and acts, an admin token opens it too. A browser cannot send the
+header from a link or an ``EventSource``, so on console paths the token may come from the
+console's HttpOnly cookie instead (set by its log-in form, which stays open with its
+static files); a console request refused gets the log-in page (HTML) with the same
+status. The cookie is honoured on console paths only: the JSON API stays bearer-only.
+
 The check runs once per HTTP request and once per Worker connection (not per message).
 """
 
 from __future__ import annotations
+
+from urllib.parse import unquote_to_bytes
 
 import orjson
 from fastapi import Security
@@ -26,13 +35,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dex.server.api.ratelimit import RateLimits
 from dex.server.api.tokens import Role, Token, Tokens
+from dex.server.console import pages
 from dex.wire import error_body
 
 OPEN = ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+CONSOLE_OPEN = (f"{pages.PREFIX}/login", f"{pages.PREFIX}/logout")
 AGENTS_KEY = "dex.auth.agents"
 """Where a connection's agent scope is left in the ASGI scope (absent: any agent)."""
+TOKEN_KEY = "dex.auth.token"
+"""Where the name of the request's token is left in the ASGI scope (absent: auth off)."""
 
-__all__ = ["AGENTS_KEY", "GUARDED", "OPEN", "Auth", "Role", "role_for"]
+__all__ = ["AGENTS_KEY", "GUARDED", "OPEN", "TOKEN_KEY", "Auth", "Role", "refusal", "role_for"]
 
 BEARER = HTTPBearer(
     auto_error=False,  # the Auth layer refuses, before any route runs
@@ -47,13 +60,27 @@ document (``/docs`` can authorize); the check itself is ``Auth``'s."""
 
 def role_for(path: str) -> Role | None:
     """The role a path needs; None when it is open."""
-    if path in OPEN:
+    if path in OPEN or path in CONSOLE_OPEN or path.startswith(f"{pages.PREFIX}/static/"):
         return None
     if path.startswith("/v1/workers/"):
         return Role.WORKER
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or pages.owns(path):
         return Role.CLIENT
     return Role.ADMIN
+
+
+def refusal(token: Token | None, needed: Role) -> tuple[int, str, str] | None:
+    """Why ``token`` may not do what needs ``needed``: (status, code, message); None if it
+    may. The one check of every request, and of the console's log-in form."""
+    if token is None:
+        return 401, "unauthorized", "send Authorization: Bearer <token> with a valid token"
+    if token.role not in (needed, Role.ADMIN):
+        return (
+            403,
+            "forbidden",
+            f"this needs a {needed.value} token, not a {token.role.value} token",
+        )
+    return None
 
 
 class Auth:
@@ -75,24 +102,12 @@ class Auth:
         token: Token | None = None
         if self.tokens.enabled:
             token = self._token(scope)
-            if token is None:
-                await _refuse(
-                    scope,
-                    send,
-                    401,
-                    "unauthorized",
-                    "send Authorization: Bearer <token> with a valid token",
-                )
+            refused = refusal(token, needed)
+            if refused is not None:
+                await _refuse(scope, send, *refused)
                 return
-            if token.role not in (needed, Role.ADMIN):
-                await _refuse(
-                    scope,
-                    send,
-                    403,
-                    "forbidden",
-                    f"this needs a {needed.value} token, not a {token.role.value} token",
-                )
-                return
+            assert token is not None
+            scope[TOKEN_KEY] = token.name
             if token.agents is not None:
                 scope[AGENTS_KEY] = token.agents
         if needed == Role.CLIENT and self.limits is not None and scope["type"] == "http":
@@ -115,10 +130,26 @@ class Auth:
         await self.app(scope, receive, send)
 
     def _token(self, scope: Scope) -> Token | None:
+        """The request's token: its bearer header, or on a console path the console's
+        cookie."""
+        cookie = None
         for name, value in scope["headers"]:
             if name == b"authorization" and value[:7].lower() == b"bearer ":
                 return self.tokens.match(value[7:].strip())
+            if name == b"cookie":
+                cookie = value
+        if cookie is not None and pages.owns(scope["path"]):
+            offered = _cookie(cookie, pages.COOKIE.encode())
+            return self.tokens.match(offered) if offered else None
         return None
+
+
+def _cookie(header: bytes, name: bytes) -> bytes | None:
+    for part in header.split(b";"):
+        key, _, value = part.strip().partition(b"=")
+        if key == name:
+            return unquote_to_bytes(value)  # the console sets it percent-encoded
+    return None
 
 
 def _address(scope: Scope) -> str:
@@ -137,6 +168,9 @@ async def _refuse(
 ) -> None:
     body = orjson.dumps(error_body(code, message, **details))
     all_headers = [(b"content-type", b"application/json"), *(headers or [])]
+    if scope["type"] == "http" and pages.owns(scope["path"]) and status in (401, 403):
+        body = pages.refusal(status, message)  # a person's browser: the log-in form, why
+        all_headers[0] = (b"content-type", b"text/html; charset=utf-8")
     if status == 401:
         all_headers.append((b"www-authenticate", b"Bearer"))
     kind = "http"

@@ -1,4 +1,5 @@
-"""Every error leaves the server as JSON: ``{"error": {"code", "message", "details"?}}``."""
+"""Every error leaves the server as JSON: ``{"error": {"code", "message", "details"?}}``;
+on a console path (``/ui``) as the console's error page, with the same status."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY, RequestBodyLimitMiddleware
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dex.errors import DexError
 from dex.server.api.responses import ORJSONResponse
+from dex.server.console import pages
 from dex.wire import error_body
 
 log = logging.getLogger("dex.server.api")
@@ -20,27 +23,38 @@ log = logging.getLogger("dex.server.api")
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(DexError)
-    async def dex_error(_: Request, exc: DexError) -> ORJSONResponse:
-        return ORJSONResponse(error_body(exc.code, exc.message, **exc.details), exc.status)
+    async def dex_error(request: Request, exc: DexError) -> Response:
+        body = error_body(exc.code, exc.message, **exc.details)
+        return _answer(request, body, exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
         problems = [
             {"where": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]} for e in exc.errors()
         ]
-        return ORJSONResponse(
-            error_body("invalid_request", "the request is not valid", problems=problems), 422
-        )
+        body = error_body("invalid_request", "the request is not valid", problems=problems)
+        return _answer(request, body, 422)
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> ORJSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         if exc.status_code == 413:  # RequestBodyLimitMiddleware, counting a streamed body
             limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
-            return ORJSONResponse(error_body(*_too_large_error(limit)), 413)
+            return _answer(request, error_body(*_too_large_error(limit)), 413)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return ORJSONResponse(error_body(code, str(exc.detail)), exc.status_code)
+        return _answer(request, error_body(code, str(exc.detail)), exc.status_code)
 
     app.add_middleware(CatchAll)
+
+
+def _answer(request: Request, body: dict[str, Any], status: int) -> Response:
+    """The error as JSON; on a console path, as the console's page for a person."""
+    if not pages.owns(request.url.path):
+        return ORJSONResponse(body, status)
+    error = body["error"]
+    message = error["message"]
+    for problem in error.get("details", {}).get("problems", []):
+        message += f"; {problem['where']}: {problem['problem']}"
+    return pages.error_page(request, status, error["code"], message)
 
 
 class CatchAll:

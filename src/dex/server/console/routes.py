@@ -1,0 +1,304 @@
+"""The console's pages and actions.
+
+Reads use the domain calls the JSON API uses: the inbox (``GET /v1/inbox``), the fleet
+view's filters and keyset cursor (``GET /v1/sessions``), the session's snapshot and turns,
+the connected Workers (``GET /v1/workers``). An action parses its form into the JSON API's
+own body model and calls the API's own route function, so a console approval *is* an API
+approval: the same validation, the same ``Sessions`` method, the same refusals. Then it
+redirects (303) to the session page, which renders again from the state; a refusal is an
+error page with the API's status, and changes nothing.
+
+The session page follows the session live through the API's own event stream
+(``stream_events``, mounted under ``/ui`` so the console's cookie reaches it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from dex.errors import DexError, NotFound
+from dex.server import views
+from dex.server.api import sessions as api
+from dex.server.api.auth import TOKEN_KEY, refusal
+from dex.server.api.tokens import Role, Tokens
+from dex.server.console.pages import COOKIE, PREFIX, STATIC, render
+from dex.server.fleet import Filters
+from dex.server.ha.node import Node
+from dex.server.sessions import Sessions
+
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+PAGE = 50
+"""Sessions per page of the session list and the inbox."""
+M = TypeVar("M", bound=BaseModel)
+
+SHOW = {
+    "all": None,
+    "running": "running",
+    "approval": "waiting",
+    "question": "waiting",
+    "outcome_unknown": "outcome_unknown",
+    "failed": "failed",
+}
+"""The session list's filters: the fleet status each one asks the store for. Approvals and
+questions are both ``waiting``; the page keeps the sessions whose waits are of that kind."""
+Show = Literal["all", "running", "approval", "question", "outcome_unknown", "failed"]
+
+
+class NotServing(DexError):
+    code = "unavailable"
+    status = 503
+
+
+def _sessions(request: Request) -> Sessions:
+    """The node's sessions, once it serves (a standby's console shows the cluster only)."""
+    node: Node | None = request.app.state.node
+    if node is None or not node.serving:
+        role = node.role if node is not None else "starting"
+        raise NotServing(f"this node does not serve sessions now (it is {role}): try another")
+    sessions: Sessions = request.app.state.sessions
+    return sessions
+
+
+# --- pages -----------------------------------------------------------------------------
+
+
+@router.get("", name="console_inbox")
+async def inbox(request: Request, cursor: Annotated[str | None, Query()] = None) -> Response:
+    """Home: what waits for a person across sessions, the latest to start waiting first."""
+    items, next_cursor = await _sessions(request).inbox(PAGE, cursor)
+    return render(request, "inbox.html", items=items, next_cursor=next_cursor)
+
+
+@router.get("/sessions", name="console_sessions")
+async def session_list(
+    request: Request,
+    show: Annotated[Show, Query()] = "all",
+    cursor: Annotated[str | None, Query(max_length=1000)] = None,
+) -> Response:
+    """The fleet, newest first, one page at a time (the cursor of ``GET /v1/sessions``)."""
+    sessions = _sessions(request)
+    rows, next_cursor = await sessions.list_sessions(Filters(status=SHOW[show]), PAGE, cursor)
+    listed = []
+    for row in rows:
+        waits = await sessions.person_waits(row.id) if row.status == "waiting" else []
+        kinds = sorted({w["kind"] for w in waits})
+        if show in ("approval", "question") and show not in kinds:
+            continue
+        listed.append({**dataclasses.asdict(row), "waits_for": kinds})
+    return render(
+        request,
+        "sessions.html",
+        rows=listed,
+        show=show,
+        filters=list(SHOW),
+        next_cursor=next_cursor,
+    )
+
+
+@router.get("/sessions/{session_id}", name="console_session")
+async def session_page(session_id: str, request: Request) -> Response:
+    """One session: what it waits for, its live model text, and every turn with its
+    Steps, attempts and tool calls, newest turn first."""
+    sessions = _sessions(request)
+    snapshot, turns = await sessions.timeline(session_id)
+    return render(
+        request,
+        "session.html",
+        session=snapshot["session"],
+        waits=await sessions.person_waits(session_id),
+        running=snapshot["running"],
+        waiting=snapshot["waiting"],
+        current=snapshot["current_turn"],
+        turns=[views.plain(turn) for turn in reversed(turns)],
+    )
+
+
+@router.get("/sessions/{session_id}/events", name="console_events")
+async def session_events(
+    session_id: str,
+    request: Request,
+    last_event_id: Annotated[str | None, Header(pattern=r"^[0-9]{1,19}$")] = None,
+) -> StreamingResponse:
+    """The API's event stream of the session, for the page's ``EventSource``."""
+    _sessions(request)
+    return await api.stream_events(session_id, request, last_event_id)
+
+
+@router.get("/cluster", name="console_cluster")
+async def cluster(request: Request) -> Response:
+    """This node (role, epoch), the Workers connected to it with what they serve, and the
+    Steps queued for a Worker, by queue (a tool, or an agent's model)."""
+    node: Node | None = request.app.state.node
+    sessions: Sessions = request.app.state.sessions
+    queued = sorted(sessions.dispatcher.queued().items())
+    return render(
+        request,
+        "cluster.html",
+        role=node.role if node is not None else "starting",
+        epoch=node.epoch if node is not None else 0,
+        workers=sessions.workers_view(),
+        queued=[(*_queue(name), count) for name, count in queued],
+        running=len(sessions.dispatcher.held),
+    )
+
+
+def _queue(name: str) -> tuple[str, str]:
+    """A dispatcher queue as (what runs, for which agent): ``tool:billing/charge`` is the
+    tool ``charge`` of ``billing``, ``model:billing`` its model."""
+    kind, _, rest = name.partition(":")
+    if kind == "tool":
+        agent, _, tool = rest.partition("/")
+        return tool, agent
+    return "(model)", rest
+
+
+# --- actions ---------------------------------------------------------------------------
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The form's fields (urlencoded; a field sent twice keeps its first value)."""
+    fields = parse_qs((await request.body()).decode(errors="replace"), keep_blank_values=True)
+    return {name: values[0] for name, values in fields.items()}
+
+
+def _body(model: type[M], **fields: Any) -> M:
+    """The JSON API's body model from a form's fields: its validation, its 422."""
+    try:
+        return model(**fields)
+    except ValidationError as e:
+        problems = [{**error, "loc": ("form", *error["loc"])} for error in e.errors()]
+        raise RequestValidationError(problems) from None
+
+
+def _by(request: Request) -> str:
+    """Who acts, as the record keeps it: the token's name when auth is on."""
+    name = request.scope.get(TOKEN_KEY)
+    return f"console:{name}" if name else "console"
+
+
+def _back(session_id: str) -> RedirectResponse:
+    return RedirectResponse(f"{PREFIX}/sessions/{quote(session_id, safe='')}", 303)
+
+
+@router.post("/sessions/{session_id}/calls/{call_id}/approve", name="console_approve")
+async def approve(session_id: str, call_id: str, request: Request) -> Response:
+    """Approve the call for the arguments the page showed (their hash): other arguments
+    are a 409."""
+    form = await _form(request)
+    body = _body(api.Approve, by=_by(request), arguments_hash=form.get("arguments_hash") or None)
+    await api.approve(session_id, call_id, body, request)
+    return _back(session_id)
+
+
+@router.post("/sessions/{session_id}/calls/{call_id}/deny", name="console_deny")
+async def deny(session_id: str, call_id: str, request: Request) -> Response:
+    form = await _form(request)
+    body = _body(api.Deny, by=_by(request), reason=form.get("reason", "").strip())
+    await api.deny(session_id, call_id, body, request)
+    return _back(session_id)
+
+
+@router.post("/sessions/{session_id}/calls/{call_id}/answer", name="console_answer")
+async def answer(session_id: str, call_id: str, request: Request) -> Response:
+    form = await _form(request)
+    body = _body(api.Answer, by=_by(request), answer=form.get("answer", "").strip())
+    await api.answer(session_id, call_id, body, request)
+    return _back(session_id)
+
+
+@router.post("/sessions/{session_id}/calls/{call_id}/reconcile", name="console_reconcile")
+async def reconcile(session_id: str, call_id: str, request: Request) -> Response:
+    """Record what really happened to an outcome_unknown call: succeeded (the note is its
+    result) or failed (the note is its error)."""
+    form = await _form(request)
+    status, note = form.get("status"), form.get("note", "").strip() or None
+    body = _body(
+        api.Reconcile,
+        status=status,
+        result=note if status == "succeeded" else None,
+        error=note if status == "failed" else None,
+        by=_by(request),
+    )
+    await api.reconcile(session_id, call_id, body, request)
+    return _back(session_id)
+
+
+@router.post("/sessions/{session_id}/cancel", name="console_cancel")
+async def cancel(session_id: str, request: Request) -> Response:
+    form = await _form(request)
+    reason = form.get("reason", "").strip() or "cancelled from the console"
+    await api.cancel(session_id, _body(api.Cancel, reason=reason), request)
+    return _back(session_id)
+
+
+# --- log-in, static files --------------------------------------------------------------
+
+
+@router.get("/login", name="console_login_form")
+async def login_form(request: Request, next: str = "") -> Response:
+    return render(request, "login.html", status=200, message=None, next=_next(next))
+
+
+@router.post("/login", name="console_login")
+async def login(request: Request) -> Response:
+    """Check the token as every request is checked (it must open the client API), then
+    keep it in an HttpOnly cookie that only console paths read."""
+    tokens: Tokens = request.app.state.tokens
+    form = await _form(request)
+    target = _next(form.get("next", ""))
+    if not tokens.enabled:
+        return RedirectResponse(target, 303)  # auth is off: nothing to log in to
+    offered = form.get("token", "").strip()
+    if not offered:
+        return render(request, "login.html", 400, status=400, message="enter a token", next=target)
+    refused = refusal(tokens.match(offered.encode()), Role.CLIENT)
+    if refused is not None:
+        status, _, message = refused
+        return render(
+            request,
+            "login.html",
+            status,
+            status=status,
+            message="that token is not valid" if status == 401 else message,
+            next=target,
+        )
+    done = RedirectResponse(target, 303)
+    done.set_cookie(
+        COOKIE,
+        quote(offered, safe=""),
+        path=PREFIX,
+        httponly=True,
+        samesite="strict",  # a page of another site cannot act with it
+        secure=request.url.scheme == "https",
+    )
+    return done
+
+
+@router.post("/logout", name="console_logout")
+async def logout() -> Response:
+    done = RedirectResponse(f"{PREFIX}/login", 303)
+    done.delete_cookie(COOKIE, path=PREFIX)
+    return done
+
+
+def _next(target: str) -> str:
+    """Where to go after logging in: a console page, never another site."""
+    if target.startswith(PREFIX) and not target.startswith("//"):
+        return target
+    return PREFIX
+
+
+@router.get("/static/{name}", name="console_static")
+async def static(name: str) -> FileResponse:
+    """The console's own files (its script and style sheet), by name only."""
+    path = STATIC / name
+    if "/" in name or name.startswith(".") or not path.is_file():
+        raise NotFound(f"no console file {name!r}")
+    return FileResponse(path, headers={"cache-control": "max-age=300"})

@@ -1,0 +1,77 @@
+// The session page, live: the API's event stream shows the model's text as it streams,
+// and any other event (a history item, a turn or wait event) renders the page's state
+// again from the server. A lost connection (the server restarted) is opened again, and
+// the page renders again once it answers: events missed meanwhile are in the state.
+(() => {
+  "use strict";
+  const root = document.getElementById("session");
+  if (!root) return;
+  const live = document.getElementById("live");
+  const from = document.getElementById("live-from");
+  const banner = document.getElementById("connection");
+  const REGIONS = ["state", "turns"];
+  let attempt = null; // the model attempt whose text the live box shows
+  let source = null;
+  let refreshing = null;
+  let retry = 250;
+
+  function refreshSoon(delay = 50) {
+    clearTimeout(refreshing);
+    refreshing = setTimeout(refresh, delay);
+  }
+
+  async function refresh() {
+    const typing = document.activeElement;
+    if (typing && typing.form && typing.value && root.contains(typing)) {
+      return refreshSoon(1000); // do not wipe what a person is typing
+    }
+    let page;
+    try {
+      const answer = await fetch(location.href, { cache: "no-store", credentials: "same-origin" });
+      if (!answer.ok) throw new Error(`status ${answer.status}`);
+      page = new DOMParser().parseFromString(await answer.text(), "text/html");
+    } catch (e) {
+      banner.hidden = false;
+      return refreshSoon(Math.min((retry *= 2), 2000));
+    }
+    for (const id of REGIONS) {
+      const fresh = page.getElementById(id);
+      if (fresh) document.getElementById(id).replaceWith(fresh);
+    }
+    banner.hidden = true;
+    retry = 250;
+  }
+
+  function delta(event) {
+    const data = JSON.parse(event.data);
+    if (data.attempt_id !== attempt) {
+      attempt = data.attempt_id;
+      live.textContent = "";
+      from.textContent = `Step ${data.step_id}, attempt ${attempt.split("/").pop()}`;
+    }
+    live.textContent += data.text;
+  }
+
+  function connect() {
+    attempt = null; // a new stream replays what the node still buffers
+    source = new EventSource(root.dataset.events);
+    source.addEventListener("model.delta", delta);
+    for (const type of ["history.item", "turn.started", "turn.completed", "turn.failed",
+                        "turn.cancelled", "wait.started", "message.queued"]) {
+      source.addEventListener(type, () => refreshSoon());
+    }
+    source.onopen = () => {
+      banner.hidden = true;
+      refreshSoon(); // anything that happened while no stream was open
+    };
+    source.onerror = () => {
+      banner.hidden = false;
+      if (source.readyState === EventSource.CLOSED) {
+        // refused (a node still recovering answers 503): the browser gave up, try again
+        setTimeout(connect, Math.min((retry *= 2), 2000));
+      }
+    };
+  }
+
+  connect();
+})();

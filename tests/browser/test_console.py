@@ -1,0 +1,227 @@
+"""The web console in a real browser, against a real server and Worker: a person sees what
+waits, acts, and the tools' own ledger shows what really ran."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from playwright.sync_api import Locator, Page, expect
+
+from dex.testing import ServerProcess, wait_until
+from tests.browser.conftest import screenshot
+from tests.support.rig import Rig
+
+
+def open_session(page: Page, rig: Rig, session_id: str) -> None:
+    page.goto(f"{rig.server.address}/ui/sessions/{session_id}")
+    expect(page.locator("h1")).to_contain_text(session_id)
+
+
+def call_status(page: Page, call_id: str) -> Locator:
+    return page.locator(f"table.calls tr[data-call='{call_id}'] .call-status")
+
+
+def test_approving_in_the_inbox_runs_the_tool_once(rig: Rig, page: Page) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("waiter")
+    turn = rig.call(sid, ("delete_all", {}))
+    wait_until(lambda: rig.client.list_inbox()["items"], 10, what="the approval is in the inbox")
+
+    page.goto(f"{rig.server.address}/ui")
+    row = page.locator("table.inbox tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("delete_all")
+    expect(row).to_contain_text("approval")
+    screenshot(page, "inbox")
+    row.get_by_role("link", name=sid).click()
+
+    wait = page.locator(".wait.approval")
+    expect(wait).to_contain_text("delete_all")
+    screenshot(page, "session-waiting")
+    # the same page, opened before the approval, that does not follow the session (no
+    # script: the console's forms work without one)
+    assert page.context.browser is not None
+    stale = page.context.browser.new_context(java_script_enabled=False).new_page()
+    stale.goto(page.url)
+    assert rig.ledger.entries("delete_all") == []  # nothing runs while it waits
+
+    wait.get_by_role("button", name="Approve").click()
+    expect(page.locator(".waits")).to_have_count(0)  # the approval is recorded
+    (call,) = rig.wait_turn(sid, turn)["tool_calls"]
+    expect(call_status(page, call["id"])).to_have_text("succeeded")
+    expect(page.locator(f"tr[data-call='{call['id']}']")).to_contain_text("approved by console")
+    screenshot(page, "session")
+
+    # the stale page's approval is refused with the API's 409, and runs nothing again
+    stale.locator(".wait.approval").get_by_role("button", name="Approve").click()
+    expect(stale.locator(".error h1")).to_contain_text("409")
+    expect(stale.locator(".error .message")).to_contain_text("not waiting any more")
+    assert len(rig.ledger.entries("delete_all")) == 1
+    stale.context.close()
+
+    page.goto(f"{rig.server.address}/ui/cluster")
+    expect(page.locator("#role")).to_have_text("active")
+    worker = page.locator("table.workers tbody tr")
+    expect(worker).to_have_count(1)
+    expect(worker).to_contain_text("waiter")
+    expect(worker).to_contain_text("delete_all")
+    screenshot(page, "cluster")
+
+
+def test_a_denial_with_a_reason_reaches_the_model_and_nothing_runs(rig: Rig, page: Page) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("waiter")
+    turn = rig.call(sid, ("transfer", {"amount": 500}))
+    open_session(page, rig, sid)
+
+    wait = page.locator(".wait.approval")
+    expect(wait).to_contain_text("transfer")  # the page shows the wait once it starts
+    wait.get_by_placeholder("why not").fill("too much money")
+    wait.get_by_role("button", name="Deny").click()
+    expect(page.locator(".waits")).to_have_count(0)  # the denial is recorded
+    (call,) = rig.wait_turn(sid, turn)["tool_calls"]
+    expect(call_status(page, call["id"])).to_have_text("denied")
+    expect(page.locator(f"tr[data-call='{call['id']}'] .error-text")).to_contain_text(
+        "too much money"
+    )
+    assert rig.ledger.entries("transfer") == []
+
+
+def test_an_answer_resumes_the_tool(rig: Rig, page: Page) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("waiter")
+    turn = rig.call(sid, ("order", {"item": "shirt"}))
+    open_session(page, rig, sid)
+
+    wait = page.locator(".wait.question")
+    expect(wait.locator(".question")).to_have_text("Which size of shirt?")
+    wait.get_by_role("button", name="M", exact=True).click()
+    expect(page.locator(".waits")).to_have_count(0)  # the answer is recorded
+    (call,) = rig.wait_turn(sid, turn)["tool_calls"]
+    expect(call_status(page, call["id"])).to_have_text("succeeded")
+    ordered = rig.ledger.entries("order")
+    assert [(e["item"], e["size"]) for e in ordered] == [("shirt", "M")]
+
+
+def test_an_unknown_outcome_is_found_and_reconciled(rig: Rig, page: Page) -> None:
+    rig.start_server()
+    worker = rig.start_worker()
+    sid = rig.session()
+    turn = rig.call(
+        sid, ("charge", {"amount": 5, "gate": "g"}), ("lookup", {"key": "k", "gate": "h"})
+    )
+    rig.wait_entered("g", 1)
+    rig.wait_entered("h", 1)
+    worker.kill()  # mid-call: a single-attempt write may have run, a read runs again
+
+    def lookup_queued() -> bool:
+        waiting = rig.client.get_agent_snapshot(sid)["waiting"]
+        return any(w["queue"] == "tool:assistant/lookup" for w in waiting)
+
+    wait_until(lookup_queued, 10, what="the read is queued again, with no Worker to take it")
+    page.goto(f"{rig.server.address}/ui/cluster")
+    expect(page.locator("table.workers")).to_have_count(0)
+    queued = page.locator("table.queued tbody tr")
+    expect(queued).to_have_count(1)
+    expect(queued).to_contain_text("lookup")
+    expect(queued).to_contain_text("assistant")
+    screenshot(page, "cluster-queued")
+    rig.open_gate("h")
+    rig.start_worker()
+    call, read = rig.wait_turn(sid, turn)["tool_calls"]
+    assert (call["status"], read["status"]) == ("outcome_unknown", "succeeded")
+
+    page.goto(f"{rig.server.address}/ui/sessions")
+    page.get_by_role("link", name="has outcome_unknown").click()
+    listed = page.locator("table.sessions tbody tr")
+    expect(listed).to_have_count(1)
+    expect(listed).to_contain_text(sid)
+    screenshot(page, "sessions")
+    listed.get_by_role("link", name=sid).click()
+
+    row = page.locator(f"table.calls tr[data-call='{call['id']}']")
+    expect(row.locator(".call-status")).to_have_text("outcome_unknown")
+    expect(row.locator(".key")).to_have_text(call["idempotency_key"])
+    row.locator("select[name=status]").select_option("succeeded")
+    row.get_by_placeholder("what happened").fill("the bank shows the charge")
+    row.get_by_role("button", name="Reconcile").click()
+
+    expect(row.locator(".call-status")).to_have_text("succeeded")
+    expect(row).to_contain_text("reconciled by console")
+    assert rig.client.get_agent_snapshot(sid)["session"]["outcome_unknown"] == 0
+    assert len(rig.ledger.entries("charge")) == 1  # it ran once, and never again
+    page.goto(f"{rig.server.address}/ui/sessions?show=outcome_unknown")
+    expect(page.locator("table.sessions tbody tr")).to_have_count(0)
+
+
+def test_streamed_model_text_arrives_on_the_session_page(rig: Rig, page: Page) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("streamer")  # streams 4 characters every 10 ms
+    open_session(page, rig, sid)
+    page.evaluate(
+        """() => {
+            window.seen = new Set();
+            const live = document.getElementById("live");
+            new MutationObserver(() => window.seen.add(live.textContent.length))
+                .observe(live, {childList: true, characterData: true, subtree: true});
+        }"""
+    )
+    text = "stream me please " * 20
+    turn = rig.client.send_message(sid, text)["turn"]
+
+    expect(page.locator("#live")).to_have_text(f"echo: {text}")
+    assert page.evaluate("window.seen.size") > 5  # it grew piece by piece, as it streamed
+    assert rig.wait_turn(sid, turn)["text"] == f"echo: {text}"
+    expect(page.locator(f"article[data-turn='{turn}'] .text")).to_have_text(f"echo: {text}")
+
+
+def test_the_page_recovers_when_the_server_restarts(rig: Rig, page: Page) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("waiter")
+    turn = rig.call(sid, ("delete_all", {}))
+    open_session(page, rig, sid)
+    expect(page.locator(".wait.approval")).to_be_visible()
+
+    rig.server.kill()
+    expect(page.locator("#connection")).to_be_visible()  # the page says it lost the server
+    rig.server.start()
+    expect(page.locator("#connection")).to_be_hidden()
+    expect(page.locator(".wait.approval")).to_contain_text("delete_all")  # still waiting
+    wait_until(lambda: rig.client.list_workers(), 20, what="the Worker is back")
+
+    page.locator(".wait.approval").get_by_role("button", name="Approve").click()
+    expect(page.locator(".waits")).to_have_count(0)
+    (call,) = rig.wait_turn(sid, turn)["tool_calls"]
+    expect(call_status(page, call["id"])).to_have_text("succeeded")
+    assert len(rig.ledger.entries("delete_all")) == 1
+
+
+def test_with_auth_on_the_console_asks_for_a_client_token(tmp_path: object, page: Page) -> None:
+
+    assert isinstance(tmp_path, Path)
+    server = ServerProcess(
+        tmp_path / "data", env={"DEX_CLIENT_TOKEN": "c-secret", "DEX_WORKER_TOKEN": "w-secret"}
+    )
+    try:
+        server.start()
+        answer = page.goto(f"{server.address}/ui/sessions")
+        assert answer is not None and answer.status == 401
+        form = page.locator(".login form")
+        form.get_by_label("Token").fill("w-secret")  # a worker token may not read sessions
+        form.get_by_role("button", name="Log in").click()
+        expect(page.locator(".login .message")).to_contain_text("needs a client token")
+        page.locator(".login form").get_by_label("Token").fill("c-secret")
+        page.locator(".login form").get_by_role("button", name="Log in").click()
+        expect(page.locator("h1")).to_have_text("Sessions")  # back where it was refused
+        cookie = next(c for c in page.context.cookies() if c["name"] == "dex_console_token")
+        assert cookie["httpOnly"] and cookie["path"] == "/ui"
+        page.get_by_role("button", name="Log out").click()
+        page.goto(f"{server.address}/ui/sessions")
+        expect(page.locator(".login form")).to_be_visible()
+    finally:
+        server.kill()
