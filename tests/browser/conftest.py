@@ -31,7 +31,7 @@ TIMEOUT_MS = 15_000
 """How long any wait on the page may take before the test fails."""
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: run scripts/browser")
