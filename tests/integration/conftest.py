@@ -395,3 +395,17 @@ async def dex_worker(server_address: str, client: dex.Client) -> AsyncIterator[d
 
         await wait_until_async(registered, what="the Worker registered its agent")
         yield worker
+
+
+CLIENT, WORKER, ADMIN = "client-secret", "worker-secret", "admin-secret"
+"""The tokens of ``guarded``: one of each role."""
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[TestClient]:
+    """An app with auth on (one token of each role), on SQLite in ``tmp_path``."""
+    config = ServerConfig(
+        data_dir=tmp_path, client_token=CLIENT, worker_token=WORKER, admin_token=ADMIN
+    )
+    with TestClient(asgi(config)) as client:
+        yield client

@@ -22,9 +22,17 @@ from dex.server.api.tokens import Tokens, digest
 from dex.server.app import asgi
 from dex.server.config import ServerConfig
 from dex.testing import wait_until
-from tests.integration.conftest import AGENT, Api, connect_fake_worker, fastapi_of, run_server
+from tests.integration.conftest import (
+    ADMIN,
+    AGENT,
+    CLIENT,
+    WORKER,
+    Api,
+    connect_fake_worker,
+    fastapi_of,
+    run_server,
+)
 
-CLIENT, WORKER, ADMIN = "client-secret", "worker-secret", "admin-secret"
 ROTATED, SCOPED = "client-rotated", "worker-scoped"
 
 
@@ -50,12 +58,8 @@ def entry(role: str, token: str, name: str, **more: Any) -> str:
 
 
 @pytest.fixture
-def http(tmp_path: Path) -> Iterator[TestClient]:
-    config = ServerConfig(
-        data_dir=tmp_path, client_token=CLIENT, worker_token=WORKER, admin_token=ADMIN
-    )
-    with TestClient(asgi(config)) as client:
-        yield client
+def http(guarded: TestClient) -> TestClient:
+    return guarded
 
 
 # --- every role on every route -------------------------------------------------------------------

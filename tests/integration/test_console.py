@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
 
-from dex.server.app import asgi
-from dex.server.config import ServerConfig
-from tests.integration.conftest import Api
+from tests.integration.conftest import ADMIN, CLIENT, WORKER, Api
 from tests.integration.test_standby import Standby, standby
 
 __all__ = ["standby"]
-
-CLIENT, WORKER, ADMIN = "client-secret", "worker-secret", "admin-secret"
 
 
 def message(page: str) -> str:
@@ -78,15 +72,6 @@ def test_the_session_list_pages_by_the_fleet_cursor_newest_first(api_with_agent:
     assert "Next page" not in second
     failed = api_with_agent.http.get("/ui/sessions?show=failed").text
     assert re.findall(r'data-session="(s\d+)"', failed) == []
-
-
-@pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[TestClient]:
-    config = ServerConfig(
-        data_dir=tmp_path, client_token=CLIENT, worker_token=WORKER, admin_token=ADMIN
-    )
-    with TestClient(asgi(config)) as client:
-        yield client
 
 
 def test_with_auth_on_a_page_without_a_token_is_the_log_in_form(guarded: TestClient) -> None:
