@@ -1,6 +1,7 @@
 """Project-wide pytest options: ``--write-crash-matrix PATH`` writes docs/crash-matrix.md
 from the ``crash`` marks of the collected tests. Fixtures for every test directory: a
-PostgreSQL database (``postgres_url``; skipped when PostgreSQL cannot be reached)."""
+PostgreSQL database (``postgres_url``) and Redis (``redis_url``), each skipped when it
+cannot be reached."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 
 from tests.support.crash_matrix import check_mark, render
 from tests.support.postgres import postgres_database, postgres_url
+from tests.support.redis import redis_url
 
-__all__ = ["postgres_database", "postgres_url"]
+__all__ = ["postgres_database", "postgres_url", "redis_url"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

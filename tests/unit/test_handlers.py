@@ -973,3 +973,35 @@ def test_an_attempt_the_server_lost_retries_at_once_and_a_failing_one_backs_off(
     handlers.assign(state, step.id, "w", T0 + 1)
     handlers.fail_attempt(state, spec, step.id, 2, crash("ValueError: x"), T0 + 1)
     assert step.not_before == T0 + 1 + spec.tools[0].retry.backoff(2)
+
+
+# --- live text: a failed model attempt's partial output is void ---------------------------
+
+
+def test_a_failed_or_cancelled_model_attempt_tells_subscribers_to_discard_its_text() -> None:
+    state, spec = new_state(), make_spec()
+    send(state, spec, "hello")
+    step = model_step(state)
+    first = handlers.assign(state, step.id, "w1", T0)
+
+    retried = handlers.fail_attempt(state, spec, step.id, first.number, crash(), T0 + 1)
+    assert retried.events == [
+        {"type": "model.discard", "step_id": step.id, "attempt_id": f"{SID}/{step.id}/1"}
+    ]
+    assert retried.ready == [step]  # the retry streams after the discard
+    second = handlers.assign(state, step.id, "w2", T0 + 2)
+    cancelled = handlers.cancel_turn(state, spec, T0 + 3, "the user left")
+    discards = [e for e in cancelled.events if e["type"] == "model.discard"]
+    assert discards == [
+        {"type": "model.discard", "step_id": step.id, "attempt_id": f"{SID}/{step.id}/2"}
+    ]
+    assert second.number == 2
+
+
+def test_a_tool_attempt_that_fails_has_no_text_to_discard() -> None:
+    state, spec = new_state(), make_spec()
+    ask_for_tools(state, spec, ("c1", "lookup", {"q": "x"}))
+    step = step_for(state, "c1")
+    attempt = handlers.assign(state, step.id, "w-tool", T0)
+    t = handlers.fail_attempt(state, spec, step.id, attempt.number, crash(), T0 + 1)
+    assert not [e for e in t.events if e["type"] == "model.discard"]

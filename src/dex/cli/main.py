@@ -166,6 +166,14 @@ def server(
         str | None,
         typer.Option(help="A token that opens everything, /metrics too (DEX_ADMIN_TOKEN)."),
     ] = None,
+    streams: Annotated[
+        str | None,
+        typer.Option(
+            help="Where live events wait for subscribers: memory, or redis://HOST:PORT[/DB] "
+            "to survive a restart or a takeover (DEX_STREAMS; needs dex-runtime\\[redis]).  "
+            "\\[default: memory]",
+        ),
+    ] = None,
     tracing: Tracing = None,
     tokens_file: Annotated[
         Path | None,
@@ -209,6 +217,7 @@ def server(
         client_token=client_token,
         worker_token=worker_token,
         admin_token=admin_token,
+        streams=streams,
         tracing=tracing,
         tokens_file=tokens_file,
         rate_limit=rate_limit,

@@ -34,6 +34,7 @@ from dex.server.ha.leadership import Leadership, Solo
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.server.store.base import Store
+from dex.server.streams import open_streams
 
 log = logging.getLogger("dex.server")
 
@@ -58,7 +59,9 @@ def create_app(
             log.error("cannot start: %s", e.message, extra={"action": "node.start_failed"})
             raise
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
-        domain = Sessions(store, dispatcher, tracing=_tracing(config, tracer_provider))
+        streams = open_streams(config.streams)
+        await streams.start()
+        domain = Sessions(store, dispatcher, streams, tracing=_tracing(config, tracer_provider))
 
         lead = leadership or _leadership(config.database_url, store, dispatcher.clock)
         node = Node(store, dispatcher, domain, lead, on_step_down)
@@ -72,6 +75,7 @@ def create_app(
             yield
         finally:
             await node.stop()
+            await streams.close()
             await store.close()
 
     app = FastAPI(

@@ -34,7 +34,7 @@ from dex.server.engine.handlers import Transition
 from dex.server.engine.state import SessionState, Step, ToolCall, attempt_id
 from dex.server.metrics import Metrics
 from dex.server.store.base import Store
-from dex.server.streams import MemoryStreams
+from dex.server.streams import Streams
 from dex.wire import StepStatus
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Committer:
         store: Store,
         dispatcher: Dispatcher,
         actors: Actors,
-        streams: MemoryStreams,
+        streams: Streams,
         metrics: Metrics,
         tracing: Tracing | None = None,
     ) -> None:
@@ -186,9 +186,8 @@ class Committer:
         if self.tracing is not None:
             self.tracing.after_commit(actor.state, t.ended_turn)
         history = actor.history_json
-        start = len(history) - len(t.history)
-        for i in range(start, len(history)):
-            self.streams.publish(sid, "history.item", {"index": i, "item": history[i]})
+        if t.history:
+            self.streams.publish_history(sid, history, len(history) - len(t.history))
         for change in t.events:
             self.streams.publish(sid, change["type"], change)
         for aid in t.cancel:

@@ -53,6 +53,10 @@ class ServerConfig(Settings):
     """Serve HTTPS and WSS with this certificate chain (PEM; ``DEX_TLS_CERT``)."""
     tls_key: Path | None = Field(None, validation_alias="DEX_TLS_KEY")
     """... and this private key (PEM; ``DEX_TLS_KEY``)."""
+    streams: str = Field("memory", validation_alias="DEX_STREAMS")
+    """Where live events wait for subscribers (``DEX_STREAMS``): ``memory``, this node's,
+    or ``redis://HOST:PORT[/DB]``, which survives a restart or a takeover (needs
+    ``dex-runtime[redis]``; docs/streams.md)."""
     tracing: bool = Field(False, validation_alias="DEX_TRACING")
     """OpenTelemetry spans of turns, Steps and attempts (``DEX_TRACING``; needs
     ``dex-runtime[otel]``): see docs/operations.md."""
@@ -63,6 +67,13 @@ class ServerConfig(Settings):
         host, _, port = value.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ValueError(f"expected HOST:PORT, got {value!r}")
+        return value
+
+    @field_validator("streams")
+    @classmethod
+    def _streams(cls, value: str) -> str:
+        if value != "memory" and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"expected memory or redis://HOST:PORT[/DB], got {value!r}")
         return value
 
     @property

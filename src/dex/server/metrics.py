@@ -172,6 +172,18 @@ def node_gauges(node: Node) -> Iterator[Metric]:
         "input's handler) that failed to commit and were tried again.",
         sessions.background_failures,
     )
+    streams = sessions.streams
+    yield gauge("dex_stream_subscribers", "Subscribers of live events now.", streams.subscribers)
+    yield counter(
+        "dex_stream_subscribers_dropped",
+        "Subscribers dropped (stream.dropped) because they fell behind the buffer.",
+        streams.dropped,
+    )
+    yield counter(
+        "dex_stream_events_lost",
+        "Live events dropped before the stream store had them (Redis away, queue full).",
+        getattr(streams, "lost", 0),
+    )
     role = GaugeMetricFamily("dex_node_role", "1 for this node's role.", labels=["role"])
     for name in ROLES:
         role.add_metric([name], 1.0 if node.role == name else 0.0)

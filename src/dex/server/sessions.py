@@ -24,7 +24,7 @@ import functools
 import logging
 import re
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -47,7 +47,7 @@ from dex.server.engine.state import (
 )
 from dex.server.metrics import Metrics
 from dex.server.store.base import SessionRow, Store, Write
-from dex.server.streams import MemoryStreams
+from dex.server.streams import Event, MemoryStreams, Streams
 from dex.wire import (
     ITEMS,
     MAX_JSON_DEPTH,
@@ -78,7 +78,7 @@ class Sessions:
         self,
         store: Store,
         dispatcher: Dispatcher,
-        streams: MemoryStreams | None = None,
+        streams: Streams | None = None,
         *,
         max_cached: int = 10_000,
         max_cached_chars: int = 64 << 20,
@@ -427,6 +427,13 @@ class Sessions:
         return actor.ended.get(number) or records.maybe_turn(
             await self.store.load_turn(actor.state.id, number), actor.state.id
         )
+
+    async def events(self, session_id: str, after: str | None) -> AsyncIterator[Event | None]:
+        """The session's live events after id ``after`` (``Streams.subscribe``), once the
+        stream has every committed history item. ``NotFound`` before anything streams."""
+        actor = await self.actors.get(session_id)
+        await self.streams.catch_up(session_id, actor.history_json)
+        return self.streams.subscribe(session_id, after)
 
     async def snapshot(self, session_id: str) -> dict[str, Any]:
         return (await self.timeline(session_id))[0]

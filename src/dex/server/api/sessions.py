@@ -396,7 +396,7 @@ async def stream_events(
     last_event_id: Annotated[
         str | None,
         Header(
-            pattern=r"^[0-9]{1,19}$",
+            pattern=r"^[0-9]{1,19}(-[0-9]{1,19})?$",
             description="Resume after this event (the `id` of the last one you saw). An id "
             "this node never sent (numbering restarts with the node) replays every buffered "
             "event. Anything but 1-19 ASCII digits is a 422.",
@@ -409,16 +409,21 @@ async def stream_events(
     Live events are this node's: after a restart or takeover the numbering starts again,
     and the durable history (the snapshot) has everything but the lost partial output."""
     sessions = _sessions(request)
-    await sessions.snapshot(session_id)  # 404 for an unknown session, before streaming
-    after = int(last_event_id) if last_event_id is not None else None
+    events = await sessions.events(session_id, last_event_id)  # 404 before streaming
 
     async def body() -> AsyncIterator[bytes]:
-        async for event in sessions.streams.subscribe(session_id, after):
+        async for event in events:
             if event is None:
                 yield b": keep-alive\n\n"
                 continue
             data = orjson.dumps(event.data)
-            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (event.id, event.type.encode(), data)
+            kind = event.type.encode()
+            if event.id:
+                yield b"id: %s\nevent: %s\ndata: %s\n\n" % (event.id.encode(), kind, data)
+            else:  # the stream's own notice (stream.gap, stream.dropped): not resumable
+                yield b"event: %s\ndata: %s\n\n" % (kind, data)
+            if event.type == "stream.dropped":
+                return
 
     return StreamingResponse(
         body(), media_type="text/event-stream", headers={"cache-control": "no-store"}

@@ -188,7 +188,7 @@ def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -
             continue
         if step.current is not None:
             t.cancel.append(attempt_id(state.id, step.id, step.current.number))
-            _end_attempt(step, AttemptOutcome.CANCELLED, now, error)
+            _end_unfinished(state, step, AttemptOutcome.CANCELLED, now, t, error)
         step.status = StepStatus.CANCELLED
         step.ended_at = now
         if step.wait is not None:
@@ -477,7 +477,7 @@ def fail_attempt(
     it now."""
     step = _running(state, step_id, number)
     t = Transition()
-    _end_attempt(step, AttemptOutcome.FAILED, now, error)
+    _end_unfinished(state, step, AttemptOutcome.FAILED, now, t, error)
     these = step.attempts[step.poll_start :]  # a poll's attempts count per poll
     used = len(these)
     first = these[0].started_at
@@ -694,7 +694,7 @@ def _end_turn(
         if step.status in (StepStatus.QUEUED, StepStatus.RUNNING, StepStatus.WAITING):
             if step.current is not None:
                 t.cancel.append(attempt_id(state.id, step.id, step.current.number))
-                _end_attempt(step, AttemptOutcome.CANCELLED, now)
+                _end_unfinished(state, step, AttemptOutcome.CANCELLED, now, t)
             step.status = StepStatus.CANCELLED
             step.ended_at = now
     if status != TurnStatus.COMPLETED:
@@ -837,6 +837,22 @@ def _end_attempt(
     attempt.outcome = outcome
     attempt.ended_at = now
     attempt.error = error
+
+
+def _end_unfinished(
+    state: SessionState,
+    step: Step,
+    outcome: AttemptOutcome,
+    now: float,
+    t: Transition,
+    error: AttemptError | None = None,
+) -> None:
+    """An attempt ends without its result. A model's partial text streamed to subscribers
+    is void: ``model.discard`` tells them to drop it before a retry streams anew."""
+    _end_attempt(step, outcome, now, error)
+    if step.type == StepType.RUN_MODEL:
+        aid = attempt_id(state.id, step.id, step.attempts[-1].number)
+        t.events.append({"type": "model.discard", "step_id": step.id, "attempt_id": aid})
 
 
 def _merge(into: Transition, other: Transition) -> None:
