@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from dex.server import views
-from dex.server.api import models
+from dex.server.api import models, sse
 from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
@@ -384,7 +382,8 @@ async def reconcile(
     response_class=StreamingResponse,
     responses={
         200: {
-            "description": "The event stream, until the client disconnects.",
+            "description": "The event stream, until the client disconnects (or after "
+            "`stream.dropped`).",
             "content": {"text/event-stream": {"itemSchema": models.SSE_EVENT}},
         },
         **errors(404, 422),
@@ -396,30 +395,21 @@ async def stream_events(
     last_event_id: Annotated[
         str | None,
         Header(
-            pattern=r"^[0-9]{1,19}$",
-            description="Resume after this event (the `id` of the last one you saw). An id "
-            "this node never sent (numbering restarts with the node) replays every buffered "
-            "event. Anything but 1-19 ASCII digits is a 422.",
+            pattern=models.EVENT_ID,
+            description="Resume after this event (the `id` of the last one you saw, as it "
+            "came: ids are opaque). An id the stream does not have (the in-memory "
+            "backend numbers anew after a restart) replays every buffered event. "
+            "Anything but digits, or digits-digits (1-19 ASCII digits each), is a 422.",
         ),
     ] = None,
 ) -> StreamingResponse:
     """Server-Sent Events: the session's new history items, turn and wait lifecycle
     events, and live model output (``model.delta``). Resume with ``Last-Event-ID``.
 
-    Live events are this node's: after a restart or takeover the numbering starts again,
-    and the durable history (the snapshot) has everything but the lost partial output."""
+    With the in-memory stream backend, live events are this node's: after a restart or
+    takeover the numbering starts again, and the durable history (the snapshot) has
+    everything but the lost partial output. A subscriber that falls too far behind gets
+    ``stream.dropped`` last, and the response ends."""
     sessions = _sessions(request)
     await sessions.snapshot(session_id)  # 404 for an unknown session, before streaming
-    after = int(last_event_id) if last_event_id is not None else None
-
-    async def body() -> AsyncIterator[bytes]:
-        async for event in sessions.streams.subscribe(session_id, after):
-            if event is None:
-                yield b": keep-alive\n\n"
-                continue
-            data = orjson.dumps(event.data)
-            yield b"id: %d\nevent: %s\ndata: %s\n\n" % (event.id, event.type.encode(), data)
-
-    return StreamingResponse(
-        body(), media_type="text/event-stream", headers={"cache-control": "no-store"}
-    )
+    return sse.response(sessions.streams.subscribe(session_id, sse.resume_after(last_event_id)))
