@@ -140,6 +140,10 @@ def test_an_id_of_either_backend_is_sent_as_it_is(ident: Any) -> None:
     assert encoded.startswith(b"id: %s\n" % str(ident).encode())
 
 
+def test_a_notice_without_an_id_is_sent_without_one() -> None:
+    assert sse.encode(ev("", "stream.gap", {})) == b"event: stream.gap\ndata: {}\n\n"
+
+
 def test_last_event_id_reaches_the_backend_as_it_takes_it() -> None:
     assert sse.resume_after(None) is None
     assert str(sse.resume_after("57")) == "57"  # an int or the string, by the backend

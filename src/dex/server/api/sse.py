@@ -28,12 +28,13 @@ HEADERS = {"cache-control": "no-store", "x-accel-buffering": "no"}
 
 def encode(event: Event) -> bytes:
     """One message. The data is one line of JSON (orjson escapes every newline in it).
-    ``stream.dropped`` carries no id: resuming after it is resuming after the last event
-    this subscriber was sent."""
+    A notice of the stream's own (``stream.dropped``, an event with no id) carries no id:
+    resuming after it is resuming after the last event this subscriber was sent."""
     data = orjson.dumps(event.data)
-    if event.type == DROPPED:
+    ident = str(event.id)  # an int from the in-memory backend until it numbers with str
+    if not ident or event.type == DROPPED:
         return b"event: %s\ndata: %s\n\n" % (event.type.encode(), data)
-    return b"id: %s\nevent: %s\ndata: %s\n\n" % (str(event.id).encode(), event.type.encode(), data)
+    return b"id: %s\nevent: %s\ndata: %s\n\n" % (ident.encode(), event.type.encode(), data)
 
 
 async def body(events: AsyncGenerator[Event | None, None]) -> AsyncIterator[bytes]:
