@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import threading
 from typing import Any
 
 import pytest
 
 import dex
+from dex.testing import wait_until
 from tests.support.rig import Rig
 
 
+def order(event_id: str) -> tuple[int, ...]:
+    """Where an id falls in its stream ("57", or a Redis stream id "1733150000000-3")."""
+    return tuple(int(part) for part in event_id.split("-"))
+
+
 async def collect(
-    client: dex.Client, sid: str, until: str, after: int | None = None
+    client: dex.Client, sid: str, until: str, after: str | None = None
 ) -> list[dict[str, Any]]:
     events = []
     async for event in client.stream_events(sid, last_event_id=after):
@@ -45,7 +54,8 @@ def test_a_client_streams_model_output_and_lifecycle_and_resumes(rig: Rig) -> No
     assert deltas == f"echo: {text}"  # the live output, as the model streamed it
     items = [e["data"]["item"]["type"] for e in live if e["type"] == "history.item"]
     assert items == ["user", "assistant"]
-    assert [e["id"] for e in live] == sorted(e["id"] for e in live)
+    assert all(isinstance(e["id"], str) for e in live)
+    assert [e["id"] for e in live] == sorted((e["id"] for e in live), key=order)
     assert [e["id"] for e in resumed] == [e["id"] for e in live[2:]]  # resume after id
 
 
@@ -58,3 +68,68 @@ def test_streaming_an_unknown_session_is_a_404(rig: Rig) -> None:
                 await collect(client, "nope", "turn.completed")
 
     asyncio.run(scenario())
+
+
+class Follower:
+    """``stream_events`` on its own event loop thread, keeping what it yields."""
+
+    def __init__(self, address: str, sid: str) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._reading = asyncio.run_coroutine_threadsafe(self._read(address, sid), self._loop)
+
+    async def _read(self, address: str, sid: str) -> None:
+        async with dex.Client(address, timeout=30) as client:
+            async for event in client.stream_events(sid):
+                self.events.append(event)
+
+    def saw(self, kind: str, **data: Any) -> bool:
+        if self._reading.done():
+            self._reading.result()  # raises what ended it
+            raise AssertionError("the stream ended")
+        return any(
+            e["type"] == kind and all(e["data"].get(k) == v for k, v in data.items())
+            for e in list(self.events)
+        )
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._reading.cancel)
+        with contextlib.suppress(concurrent.futures.CancelledError):
+            self._reading.result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+def test_a_client_streams_on_through_a_server_restart(rig: Rig) -> None:
+    """The client reconnects by itself: the events of a turn sent after a SIGKILL and
+    restart reach the same ``stream_events`` loop, each once."""
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("streamer")
+    follower = Follower(rig.server.address, sid)
+    try:
+        # a long first turn: more events than the restarted node's, so that resuming
+        # after its last id replays the new node's whole buffer, whenever it reconnects
+        rig.client.send_message(sid, "stream me please " * 5)
+        wait_until(lambda: follower.saw("turn.completed", turn=1), 30, what="turn 1 streamed")
+        before = len(follower.events)
+        rig.restart_server()
+        rig.wait_turn(sid, rig.client.send_message(sid, "after")["turn"])
+        wait_until(lambda: follower.saw("turn.completed", turn=2), 30, what="turn 2 streamed")
+    finally:
+        follower.close()
+    after = follower.events[before:]
+    assert [e["data"]["index"] for e in follower.events if e["type"] == "history.item"] == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    assert "".join(e["data"]["text"] for e in after if e["type"] == "model.delta") == "echo: after"
+    assert [e["type"] for e in after if e["type"].startswith("turn.")] == [
+        "turn.started",
+        "turn.completed",
+    ]

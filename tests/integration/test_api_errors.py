@@ -185,7 +185,20 @@ def test_a_reconcile_result_that_cannot_be_stored_is_422_and_changes_nothing(
 
 
 @pytest.mark.parametrize(
-    "header", [b"9" * 5000, b"\xb2", b"1.5", b"-1", b" 1", b"12345678901234567890"]
+    "header",
+    [
+        b"9" * 5000,
+        b"\xb2",
+        b"1.5",
+        b"-1",
+        b" 1",
+        b"12345678901234567890",
+        b"1-",
+        b"1-2-3",
+        b"1--2",
+        b"a-1",
+        b"1-12345678901234567890",
+    ],
 )
 def test_a_last_event_id_that_is_not_an_event_id_is_422(api_with_agent: Api, header: bytes) -> None:
     api_with_agent.create("s1")

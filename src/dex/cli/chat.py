@@ -184,7 +184,11 @@ class Chat:
             return state
         self.status = "thinking"
         self._refresh()
-        async with contextlib.aclosing(self.client.stream_events(self.session_id)) as events:
+        # Not the client's own reconnect: after a break the snapshot is read again first,
+        # since what happened in the gap (a turn that ended, an item committed by a node
+        # that died) is in no new node's stream.
+        stream = self.client.stream_events(self.session_id, reconnect=False)
+        async with contextlib.aclosing(stream) as events:
             async for event in events:
                 if (state := await self._on(turn, event)) is not None:
                     return state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import ssl as ssl_module
@@ -20,6 +21,7 @@ from tenacity import (
 )
 
 from dex._address import addresses
+from dex.client import sse
 from dex.errors import (
     AuthError,
     Conflict,
@@ -39,6 +41,11 @@ LONG_POLL_SLACK = 2.0
 RETRY_INITIAL = 0.05
 RETRY_MAX = 1.0
 """Backoff between rounds over the addresses: full jitter, up to 0.05 s doubling to 1 s."""
+STREAM_RETRY_MAX = 2.0
+"""The same for opening an event stream again, up to 2 s."""
+SILENCE = 45.0
+"""An event stream quiet this long is dead: the server sends a keep-alive comment after
+15 s without an event."""
 
 Time = float | datetime
 """A moment: Unix seconds, or a timezone-aware datetime."""
@@ -223,44 +230,53 @@ class Client:
         return workers
 
     async def stream_events(
-        self, session_id: str, *, last_event_id: int | None = None
+        self, session_id: str, *, last_event_id: str | None = None, reconnect: bool = True
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The session's events as they happen (Server-Sent Events): ``history.item``,
         ``turn.started`` / ``turn.completed`` / ``turn.failed`` / ``turn.cancelled``,
         ``wait.started``, ``message.queued`` and live ``model.delta`` text. Each is
-        ``{"id", "type", "data"}``; pass the last ``id`` you saw to resume."""
-        http = self._session()
-        headers = {"accept": "text/event-stream", **self._auth}
-        if last_event_id is not None:
-            headers["last-event-id"] = str(last_event_id)
-        url = self.addresses[self._current % len(self.addresses)] + (
-            f"/v1/sessions/{session_id}/events"
-        )
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
-        try:
-            async with http.get(url, headers=headers, timeout=timeout) as response:
-                if response.status >= 400:
-                    payload = await response.read()
-                    raise _error(response.status, orjson.loads(payload) if payload else None)
-                event: dict[str, Any] = {}
-                async for raw in response.content:
-                    line = raw.decode().rstrip("\r\n")
-                    if not line:
-                        if "data" in event:
-                            yield event
-                        event = {}
-                    elif line.startswith(":"):
-                        continue
-                    else:
-                        name, _, value = line.partition(": ")
-                        if name == "id":
-                            event["id"] = int(value)
-                        elif name == "event":
-                            event["type"] = value
-                        elif name == "data":
-                            event["data"] = orjson.loads(value)
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
-            raise Unavailable(f"the event stream of {session_id} broke: {e}", retryable=True) from e
+        ``{"id", "type", "data"}``; ids are opaque strings: pass the last one you saw as
+        ``last_event_id`` to resume after it.
+
+        With ``reconnect`` (the default), a stream that breaks or ends (a node restarting,
+        a standby taking over, a network error, a 5xx) is opened again with the last id
+        seen as ``Last-Event-ID``, over every address, with backoff (and no sooner than the
+        server's ``retry:``), until the client's timeout has passed without one: then
+        ``Unavailable``. A 4xx raises at once (``NotFound`` for an unknown session). A
+        ``stream.dropped`` event says this reader fell too far behind (the stream goes on
+        after the last id seen, as far as the server still has it). Without ``reconnect``,
+        a break raises ``Unavailable`` and the end of the stream ends the iteration.
+
+        The in-memory stream backend numbers events per node: after a restart the new
+        node's numbering starts again, and the snapshot is what has everything."""
+        decoder = sse.Decoder(last_event_id or "")
+        path = f"/v1/sessions/{session_id}/events"
+        while True:
+            try:
+                response, first = await self._open_stream(path, decoder, reconnect)
+            except _NoAnswer as e:
+                raise _broken(session_id, e.last) from None
+            broke: Exception | None = None
+            async with response:
+                try:
+                    chunk = first
+                    while chunk:
+                        for message in decoder.feed(chunk):
+                            yield sse.event(message)
+                        chunk = await response.content.readany()
+                except (
+                    aiohttp.ClientConnectionError,
+                    aiohttp.ClientPayloadError,
+                    TimeoutError,
+                ) as e:
+                    broke = e
+            if not reconnect:
+                if broke is not None:
+                    raise _broken(session_id, broke) from broke
+                return
+            decoder.reset()  # an event the stream did not finish is not dispatched
+            if decoder.retry:
+                await asyncio.sleep(decoder.retry)
 
     # --- waits, cancel, reconcile ---------------------------------------------------------
 
@@ -433,6 +449,70 @@ class Client:
                 self._current += 1
         raise _NoAnswer(last)
 
+    async def _open_stream(
+        self, path: str, decoder: sse.Decoder, retry: bool
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """An event stream that answered (200 and its first bytes) at whichever node
+        serves; with ``retry``, rounds over the addresses with backoff (never sooner than
+        the server's ``retry:``) until the client's timeout. ``_NoAnswer`` if none did."""
+        http = self._session()
+        headers = {"accept": "text/event-stream", **self._auth}
+        if decoder.last_event_id:
+            headers["last-event-id"] = decoder.last_event_id
+        send = functools.partial(self._stream_round, http, path, headers)
+        if not retry:
+            return await send()
+        backoff = wait_random_exponential(multiplier=RETRY_INITIAL, max=STREAM_RETRY_MAX)
+        retrying = AsyncRetrying(
+            stop=stop_before_delay(self.timeout),
+            wait=lambda state: max(decoder.retry or 0.0, backoff(state)),
+            retry=retry_if_exception_type(_NoAnswer),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await send()
+        raise AssertionError("unreachable")  # tenacity returns or raises
+
+    async def _stream_round(
+        self, http: aiohttp.ClientSession, path: str, headers: dict[str, str]
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """One try at each address, as ``_round``: a 5xx or a stream that ends before its
+        first bytes is no answer; a 4xx is raised as it is."""
+        last: Exception | None = None
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout, sock_read=SILENCE)
+        for _ in self.addresses:
+            base = self.addresses[self._current % len(self.addresses)]
+            response: aiohttp.ClientResponse | None = None
+            try:
+                response = await http.get(base + path, headers=headers, timeout=timeout)
+                if response.status == 200:
+                    first = await response.content.readany()
+                    if first:
+                        return response, first
+                    last = Unavailable(f"{base} ended the event stream before it began")
+                else:
+                    payload = await response.read()
+                    if response.status < 500:
+                        raise _error(response.status, orjson.loads(payload) if payload else None)
+                    last = (
+                        _not_serving(base, payload)
+                        if response.status == 503
+                        else ServerError(f"{base} answered {response.status}: {payload[:200]!r}")
+                    )
+            except (
+                TimeoutError,
+                aiohttp.ClientConnectionError,
+                aiohttp.ClientPayloadError,
+                OSError,
+            ) as e:
+                last = e
+            if response is not None:
+                response.close()
+            if not isinstance(last, StorageError):
+                self._current += 1
+        raise _NoAnswer(last)
+
     def _unavailable(self, last: Exception | None) -> DexError:
         if isinstance(last, StorageError):
             return last  # the node serves, but its store cannot commit now (a full disk)
@@ -447,6 +527,10 @@ class _NoAnswer(Exception):
     def __init__(self, last: Exception | None) -> None:
         super().__init__(str(last))
         self.last = last
+
+
+def _broken(session_id: str, last: Exception | None) -> Unavailable:
+    return Unavailable(f"the event stream of {session_id} broke: {last}", retryable=True)
 
 
 def _unix(value: Time | None) -> float | None:

@@ -273,19 +273,30 @@ class Cancelled(BaseModel):
     status: TurnStatus
 
 
+EVENT_ID = r"^[0-9]{1,19}(-[0-9]{1,19})?$"
+"""An event id, as ``Last-Event-ID`` gives it back: opaque to clients, and of the stream
+backend's form (``57`` in memory, a Redis stream id such as ``1733150000000-3``)."""
+
 SSE_EVENT: dict[str, Any] = {
     "type": "object",
     "description": "One Server-Sent Event (keep-alive comments are not events).",
     "properties": {
-        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "For Last-Event-ID."},
+        "id": {
+            "type": "string",
+            "pattern": EVENT_ID,
+            "description": "For Last-Event-ID: opaque, give it back as it came. Absent on "
+            "`stream.dropped`, so that resuming starts after the last event delivered.",
+        },
         "event": {
             "type": "string",
             "description": "history.item, turn.started, turn.completed, turn.failed, "
-            "turn.cancelled, wait.started, message.queued, model.delta",
+            "turn.cancelled, wait.started, message.queued, model.delta; stream.dropped "
+            "(this subscriber fell too far behind: the response ends, resume with "
+            "Last-Event-ID) last",
         },
         "data": {"type": "string", "contentMediaType": "application/json"},
     },
-    "required": ["id", "event", "data"],
+    "required": ["event", "data"],
 }
 
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from dex.server import views
-from dex.server.api import models
+from dex.server.api import models, sse
 from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse
@@ -384,7 +382,8 @@ async def reconcile(
     response_class=StreamingResponse,
     responses={
         200: {
-            "description": "The event stream, until the client disconnects.",
+            "description": "The event stream, until the client disconnects (or after "
+            "`stream.dropped`).",
             "content": {"text/event-stream": {"itemSchema": models.SSE_EVENT}},
         },
         **errors(404, 422),
@@ -396,35 +395,21 @@ async def stream_events(
     last_event_id: Annotated[
         str | None,
         Header(
-            pattern=r"^[0-9]{1,19}(-[0-9]{1,19})?$",
-            description="Resume after this event (the `id` of the last one you saw). An id "
-            "this node never sent (numbering restarts with the node) replays every buffered "
-            "event. Anything but 1-19 ASCII digits is a 422.",
+            pattern=models.EVENT_ID,
+            description="Resume after this event (the `id` of the last one you saw, as it "
+            "came: ids are opaque). Events the stream no longer keeps (or an id it never "
+            "gave) start with a `stream.gap` notice. Anything but digits, or "
+            "digits-digits (1-19 ASCII digits each), is a 422.",
         ),
     ] = None,
 ) -> StreamingResponse:
     """Server-Sent Events: the session's new history items, turn and wait lifecycle
     events, and live model output (``model.delta``). Resume with ``Last-Event-ID``.
 
-    Live events are this node's: after a restart or takeover the numbering starts again,
-    and the durable history (the snapshot) has everything but the lost partial output."""
+    With the in-memory stream backend, live events are this node's: after a restart or
+    takeover a resuming subscriber gets ``stream.gap`` first, and the durable history
+    (the snapshot) has everything but the lost partial output. A subscriber that falls
+    too far behind gets ``stream.dropped`` last, and the response ends."""
     sessions = _sessions(request)
     events = await sessions.events(session_id, last_event_id)  # 404 before streaming
-
-    async def body() -> AsyncIterator[bytes]:
-        async for event in events:
-            if event is None:
-                yield b": keep-alive\n\n"
-                continue
-            data = orjson.dumps(event.data)
-            kind = event.type.encode()
-            if event.id:
-                yield b"id: %s\nevent: %s\ndata: %s\n\n" % (event.id.encode(), kind, data)
-            else:  # the stream's own notice (stream.gap, stream.dropped): not resumable
-                yield b"event: %s\ndata: %s\n\n" % (kind, data)
-            if event.type == "stream.dropped":
-                return
-
-    return StreamingResponse(
-        body(), media_type="text/event-stream", headers={"cache-control": "no-store"}
-    )
+    return sse.response(events)

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from dex.errors import DexError, NotFound
 from dex.server import views
+from dex.server.api import models
 from dex.server.api import sessions as api
 from dex.server.api.auth import TOKEN_KEY, refusal
 from dex.server.api.tokens import Role, Tokens
@@ -124,7 +125,7 @@ async def session_page(session_id: str, request: Request) -> Response:
 async def session_events(
     session_id: str,
     request: Request,
-    last_event_id: Annotated[str | None, Header(pattern=r"^[0-9]{1,19}$")] = None,
+    last_event_id: Annotated[str | None, Header(pattern=models.EVENT_ID)] = None,
 ) -> StreamingResponse:
     """The API's event stream of the session, for the page's ``EventSource``."""
     _sessions(request)
