@@ -6,7 +6,7 @@ items) is printed above it, each exactly once, by its index in the history. So w
 happens to the connection, the chat prints only what Dex committed: after a server
 restart it reads the snapshot, prints the items it had not shown, and streams on. Live
 text is never printed for good: the region shows the current attempt's text (a
-``discard`` event, or the next attempt of the same Step, drops a failed attempt's), and
+``model.discard`` event, or the next attempt of the same Step, drops a failed attempt's), and
 the assistant's item replaces it once committed.
 
 Approvals and questions are asked inline. Ctrl-C during a turn cancels it; at the prompt
@@ -201,8 +201,10 @@ class Chat:
         elif kind == "model.delta":
             if str(data.get("step_id", "")).split(".")[0] == str(turn):
                 self._delta(data)
-        elif kind == "discard":
+        elif kind == "model.discard":
             self._discard(data)
+        elif kind in ("stream.gap", "stream.dropped"):
+            raise Resync()  # the stream lost events: the snapshot has what is durable
         elif data.get("turn") == turn and (
             kind in {f"turn.{s}" for s in ENDED}
             or (kind == "wait.started" and data.get("wait") in PERSON_WAITS)

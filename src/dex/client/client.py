@@ -242,13 +242,14 @@ class Client:
         a standby taking over, a network error, a 5xx) is opened again with the last id
         seen as ``Last-Event-ID``, over every address, with backoff (and no sooner than the
         server's ``retry:``), until the client's timeout has passed without one: then
-        ``Unavailable``. A 4xx raises at once (``NotFound`` for an unknown session). A
-        ``stream.dropped`` event says this reader fell too far behind (the stream goes on
-        after the last id seen, as far as the server still has it). Without ``reconnect``,
-        a break raises ``Unavailable`` and the end of the stream ends the iteration.
+        ``Unavailable``. A 4xx raises at once (``NotFound`` for an unknown session).
+        Without ``reconnect``, a break raises ``Unavailable`` and the end of the stream
+        ends the iteration.
 
-        The in-memory stream backend numbers events per node: after a restart the new
-        node's numbering starts again, and the snapshot is what has everything."""
+        The stream's own notices come as events with the last id seen: ``stream.gap``
+        (events after that id are no longer kept, as after the restart of a node with
+        the in-memory backend: the snapshot has what is durable), ``stream.dropped``
+        (this reader fell too far behind; the stream goes on after the last id seen)."""
         decoder = sse.Decoder(last_event_id or "")
         path = f"/v1/sessions/{session_id}/events"
         while True:
@@ -489,7 +490,8 @@ class Client:
                 if response.status == 200:
                     first = await response.content.readany()
                     if first:
-                        return response, first
+                        opened, response = response, None  # the caller's to close
+                        return opened, first
                     last = Unavailable(f"{base} ended the event stream before it began")
                 else:
                     payload = await response.read()
@@ -507,8 +509,9 @@ class Client:
                 OSError,
             ) as e:
                 last = e
-            if response is not None:
-                response.close()
+            finally:
+                if response is not None:
+                    response.close()
             if not isinstance(last, StorageError):
                 self._current += 1
         raise _NoAnswer(last)

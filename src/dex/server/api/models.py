@@ -285,14 +285,16 @@ SSE_EVENT: dict[str, Any] = {
             "type": "string",
             "pattern": EVENT_ID,
             "description": "For Last-Event-ID: opaque, give it back as it came. Absent on "
-            "`stream.dropped`, so that resuming starts after the last event delivered.",
+            "the stream's notices (`stream.gap`, `stream.dropped`), so that resuming "
+            "starts after the last event delivered.",
         },
         "event": {
             "type": "string",
             "description": "history.item, turn.started, turn.completed, turn.failed, "
-            "turn.cancelled, wait.started, message.queued, model.delta; stream.dropped "
-            "(this subscriber fell too far behind: the response ends, resume with "
-            "Last-Event-ID) last",
+            "turn.cancelled, wait.started, message.queued, model.delta, model.discard; "
+            "the stream's own notices, with no id: stream.gap (events after the "
+            "Last-Event-ID are no longer kept) first, stream.dropped (this subscriber "
+            "fell too far behind: the response ends, resume with Last-Event-ID) last",
         },
         "data": {"type": "string", "contentMediaType": "application/json"},
     },
