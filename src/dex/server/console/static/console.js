@@ -52,12 +52,25 @@
     live.textContent += data.text;
   }
 
+  function discard(event) {
+    // the attempt failed or was cancelled: its partial text is void, a retry streams anew
+    const data = JSON.parse(event.data);
+    if (data.attempt_id !== attempt) return;
+    attempt = null;
+    live.textContent = "";
+    from.textContent = `Step ${data.step_id}: attempt ${data.attempt_id.split("/").pop()} discarded`;
+  }
+
   function connect() {
     attempt = null; // a new stream replays what the node still buffers
     source = new EventSource(root.dataset.events);
     source.addEventListener("model.delta", delta);
+    source.addEventListener("model.discard", discard);
+    // events were lost (stream.gap), or this page fell behind and the server let it go
+    // (stream.dropped; the browser opens the stream again by itself): the state has them
     for (const type of ["history.item", "turn.started", "turn.completed", "turn.failed",
-                        "turn.cancelled", "wait.started", "message.queued"]) {
+                        "turn.cancelled", "wait.started", "message.queued", "stream.gap",
+                        "stream.dropped"]) {
       source.addEventListener(type, () => refreshSoon());
     }
     source.onopen = () => {
