@@ -41,6 +41,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import sqlite3
 import statistics
@@ -69,6 +70,7 @@ TARGET_READY_S = 2.0
 TARGET_RECOVERED_S = 5.0
 TARGET_CREATIONS_PER_S = 10_000.0
 BULK_CHUNK = 50_000
+NUMBER = r"\d[\d,]*"
 TABLES = {
     "sessions": "id",
     "history": "session_id",
@@ -393,7 +395,7 @@ class Run:
         half = len(picks) // 2
         for label, chunk in (("read half", picks[:half]), ("read all", picks[half:])):
             await gather_limited(64, [client.get_agent_snapshot(s) for s in chunk])
-            size.rss_touched_kib.append((f"{label} ({len(chunk)} more)", rss_kib(self.server)))
+            size.rss_touched_kib.append((f"{label} ({len(chunk):,} more)", rss_kib(self.server)))
         turns = rng.sample(self.ids, min(len(self.ids), self.args.touch_turns))
 
         async def turn(session: str) -> None:
@@ -403,7 +405,7 @@ class Run:
             assert result["status"] == "completed", result
 
         await gather_limited(64, [turn(s) for s in turns])
-        size.rss_touched_kib.append((f"turns in {len(turns)}", rss_kib(self.server)))
+        size.rss_touched_kib.append((f"turns in {len(turns):,}", rss_kib(self.server)))
 
     async def pages(self, client: dex.Client, size: Size) -> None:
         # newest first: the copies share the template's creation time, so among them the
@@ -591,7 +593,8 @@ def report(sizes: list[Size], args: argparse.Namespace) -> str:
             " MiB",
         ),
     ]
-    for i, (label, _) in enumerate(base.rss_touched_kib):
+    for i in range(len(base.rss_touched_kib)):
+        label = _merged([s.rss_touched_kib[i][0] for s in sizes])
         rows.append(
             row(
                 f"  after {label}",
@@ -678,6 +681,17 @@ def report(sizes: list[Size], args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
+def _merged(labels: list[str]) -> str:
+    """One row's name for the labels of each size, which differ in their counts only
+    (``read half (3,499 more)``, ``read half (20,000 more)``): each count becomes the
+    sizes' counts in turn (``read half (3,499 / 20,000 more)``)."""
+    if len(set(labels)) == 1:
+        return labels[0]
+    counts = [re.findall(NUMBER, label) for label in labels]
+    at = iter(zip(*counts, strict=True))
+    return re.sub(NUMBER, lambda _: " / ".join(next(at)), labels[0])
+
+
 def _verdict(what: str, ok: bool, value: str) -> str:
     return f"  {what}: {value}  {'MET' if ok else 'MISSED'}"
 
@@ -687,7 +701,7 @@ def _verdict(what: str, ok: bool, value: str) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.scale", description=__doc__.split("\n")[0]
+        prog="python -m bench.scale", description=" ".join(__doc__.split("\n\n")[0].split())
     )
     parser.add_argument("--sessions", type=int, default=1_000_000)
     parser.add_argument("--baseline", type=int, default=10_000, help="0: no baseline run")
