@@ -21,8 +21,10 @@
   }
 
   function typing() {
-    const field = document.activeElement;
-    return Boolean(field && field.form && field.value && root.contains(field));
+    // a field a person filled and has not sent yet, focused or not (a click on its
+    // button moves the focus before the form is sent)
+    const fields = root.querySelectorAll("input:not([type=hidden]), textarea");
+    return [...fields].some((field) => field.value && field.value !== field.defaultValue);
   }
 
   async function refresh() {
