@@ -163,3 +163,20 @@ async def test_with_redis_away_publishing_neither_fails_nor_grows_without_bound(
     assert notice.type == "stream.gap" and "Redis is away" in notice.data["reason"]
     await listening.aclose()
     await streams.close()
+
+
+async def test_publishing_goes_on_when_redis_forgets_the_script(
+    redis_url: str, prefix: str
+) -> None:
+    streams = await node(redis_url, prefix)
+    listening = streams.subscribe("s")
+    streams.publish("s", "turn.started", {})
+    await take(listening, 1)
+    client = aioredis.Redis.from_url(redis_url)
+    await client.script_flush()  # as a Redis restart without persistence does
+    await client.aclose()
+    streams.publish("s", "turn.completed", {})
+    [completed] = await take(listening, 1)
+    assert completed.type == "turn.completed" and streams.publish_failures == 0
+    await listening.aclose()
+    await streams.close()

@@ -22,6 +22,7 @@ expire when a session is quiet for longer than the age bound.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import deque
@@ -31,7 +32,7 @@ from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from dex.server.streams.memory import Event, Key, Rings, gap, parse_id
 
@@ -132,7 +133,7 @@ class RedisStreams:
         self.publish_failures = 0
         """Batches Redis refused or did not answer, tried again."""
         self._redis = aioredis.Redis.from_url(url)
-        self._script = self._redis.register_script(PUBLISH)
+        self._sha = hashlib.sha1(PUBLISH.encode()).hexdigest()
         self._pending: deque[_Pending] = deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -219,19 +220,21 @@ class RedisStreams:
         """Append ``batch`` to the streams, in order, and hand each appended event to this
         node's subscribers. Returns the history items that fill holes found on the way:
         they go first in the next batch."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for p in batch:
-                index = "" if p.index is None else str(p.index)
-                args: list[str | bytes | int] = [
+        calls = [
+            (
+                self._keys(p.session_id),
+                [
                     p.type,
                     orjson.dumps(p.payload()),
-                    index,
+                    "" if p.index is None else str(p.index),
                     self.maxlen,
                     self._age_ms,
                     "",
-                ]
-                await self._script(keys=self._keys(p.session_id), args=args, client=pipe)
-            results = await pipe.execute()
+                ],
+            )
+            for p in batch
+        ]
+        results = await self._publish(calls)
         holes: list[_Pending] = []
         for p, result in zip(batch, results, strict=True):
             if isinstance(result, list):  # a history item that is in already, or a hole
@@ -247,6 +250,22 @@ class RedisStreams:
             self.rings.append(p.session_id, event, (0, 0))
         return holes
 
+    async def _publish(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """The publishing script once per call, in one pipeline: by its hash (EVALSHA, no
+        SCRIPT EXISTS before each batch as redis-py's scripts do), loaded again if Redis
+        lost it (a restart)."""
+        for loaded in (False, True):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for keys, args in calls:
+                    pipe.evalsha(self._sha, len(keys), *keys, *args)
+                try:
+                    return await pipe.execute()
+                except NoScriptError:
+                    if loaded:
+                        raise
+            self._sha = await self._redis.script_load(PUBLISH)
+        raise AssertionError("unreachable")
+
     @property
     def _age_ms(self) -> int:
         return int(self.max_age * 1000)
@@ -258,8 +277,8 @@ class RedisStreams:
         if not history:
             return
         keys = self._keys(session_id)
-        result = await self._script(
-            keys=keys, args=["", b"", len(history) - 1, 0, self._age_ms, "check"]
+        [result] = await self._publish(
+            [(keys, ["", b"", len(history) - 1, 0, self._age_ms, "check"])]
         )
         last = int(result[0])
         missing = [
