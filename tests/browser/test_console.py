@@ -225,3 +225,48 @@ def test_with_auth_on_the_console_asks_for_a_client_token(tmp_path: object, page
         expect(page.locator(".login form")).to_be_visible()
     finally:
         server.kill()
+
+
+SLOW_REFRESHES = """() => {
+    // every refresh of the page answers late, as on a slow network; window.__processed
+    // counts the answers the page has acted on (a task after the answer's microtasks)
+    const fetch = window.fetch;
+    window.__fetches = 0;
+    window.__processed = 0;
+    window.fetch = async (...args) => {
+        window.__fetches++;
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        const answer = await fetch(...args);
+        const text = answer.text.bind(answer);
+        answer.text = async () => {
+            const body = await text();
+            setTimeout(() => window.__processed++, 0);
+            return body;
+        };
+        return answer;
+    };
+}"""
+
+
+def test_a_refresh_that_answers_while_a_person_types_keeps_what_they_typed(
+    rig: Rig, page: Page
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("waiter")
+    rig.call(sid, ("transfer", {"amount": 500}))
+    open_session(page, rig, sid)
+    wait = page.locator(".wait.approval")
+    expect(wait).to_contain_text("transfer")
+    page.evaluate(SLOW_REFRESHES)
+
+    rig.client.send_message(sid, "more")  # message.queued: the page refreshes
+    page.wait_for_function("window.__fetches > 0")
+    reason = wait.get_by_placeholder("why not")
+    reason.fill("too much money")
+    reason.blur()  # typed, then looked elsewhere: still not sent
+    page.wait_for_function("window.__processed > 0")
+
+    expect(reason).to_have_value("too much money")
+    wait.get_by_role("button", name="Deny").click()
+    expect(page.locator(".waits")).to_have_count(0)

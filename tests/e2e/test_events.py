@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import socket
 import threading
+import urllib.request
 from typing import Any
 
 import pytest
@@ -94,8 +96,16 @@ class Follower:
             for e in list(self.events)
         )
 
+    @staticmethod
+    async def _cancel_the_rest() -> None:
+        """Cancel the reader and wait until it has closed its client (its sockets)."""
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._reading.cancel)
+        asyncio.run_coroutine_threadsafe(self._cancel_the_rest(), self._loop).result(10)
         with contextlib.suppress(concurrent.futures.CancelledError):
             self._reading.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -134,3 +144,54 @@ def test_a_client_streams_on_through_a_server_restart(rig: Rig) -> None:
         "turn.started",
         "turn.completed",
     ]
+
+
+def test_a_stalled_subscriber_slows_no_one_and_is_dropped_with_a_notice(rig: Rig) -> None:
+    """A subscriber that stops reading holds only its own socket's buffers: the turn and
+    a reading subscriber go on at full speed, and when the stalled one reads again it finds
+    ``stream.dropped`` after what its socket held, and the response closed."""
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session("flood")  # 12,000 deltas of 500 characters, as fast as it can
+    size = 6_000_000  # more than the sockets between the server and the stalled one hold
+    host, port = rig.server.address.removeprefix("http://").split(":")
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect((host, int(port)))
+    stalled.sendall(f"GET /v1/sessions/{sid}/events HTTP/1.1\r\nHost: dex\r\n\r\n".encode())
+    try:
+        wait_until(lambda: metric(rig, "dex_stream_subscribers") == 1, 10, what="subscribed")
+
+        async def read_the_turn() -> list[dict[str, Any]]:
+            async with dex.Client(rig.server.address) as client:
+                reading = asyncio.create_task(collect(client, sid, "turn.completed"))
+                await asyncio.to_thread(
+                    wait_until, lambda: metric(rig, "dex_stream_subscribers") == 2, 10
+                )
+                await client.send_message(sid, str(size))
+                return await asyncio.wait_for(reading, 60)
+
+        events = asyncio.run(read_the_turn())
+        streamed = "".join(e["data"]["text"] for e in events if e["type"] == "model.delta")
+        assert streamed == "y" * size  # the reader missed nothing
+        assert not [e for e in events if e["type"].startswith("stream.")]
+
+        stalled.settimeout(30)
+        received = bytearray()
+        while chunk := stalled.recv(1 << 20):  # reads again, until the server closes
+            received += chunk
+    finally:
+        stalled.close()
+    assert received.startswith(b"HTTP/1.1 200")
+    tail = bytes(received[-2000:])
+    assert b"event: stream.dropped\n" in tail  # the last thing it was sent
+    assert received.count(b"event: model.delta") < size // 500  # what fit, then the notice
+    assert metric(rig, "dex_stream_subscribers_dropped_total") == 1
+
+
+def metric(rig: Rig, name: str) -> float:
+    with urllib.request.urlopen(rig.server.address + "/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")

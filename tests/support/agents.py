@@ -139,6 +139,20 @@ assistant = dex.Agent(
     model_retry=_FAST,
 )
 
+
+def flood_script(history: list[Item]) -> ModelResponse:
+    """Answers with as many characters as the user's message says."""
+    user = history[-1]
+    assert isinstance(user, UserItem)
+    return say("y" * int(user.text))
+
+
+flood = dex.Agent(
+    name="flood",
+    model=Scripted(flood_script, chunk_chars=500, delay_per_chunk=0.0001),  # MB/s of deltas
+    model_retry=_FAST,
+)
+
 streamer = dex.Agent(
     name="streamer",
     model=Scripted(script, chunk_chars=4, delay_per_chunk=0.01),

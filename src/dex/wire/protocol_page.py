@@ -53,7 +53,9 @@ RULES = """\
 2. **Heartbeats.** Send `hb` with every attempt you hold at least four times per
    `welcome.heartbeat_timeout`. The reply's `status` says per attempt `ok` (go on) or
    `stop` (the server failed or cancelled it: stop its code, drop its result).
-   `delta` (streamed model text) also counts as a heartbeat.
+   `delta` (streamed model text) also counts as a heartbeat. Join the text of one
+   attempt that waits to be sent into one `delta`: the server joins consecutive deltas
+   of one attempt in a frame too, and sends subscribers one event for each.
 3. **Start acknowledgement.** A `step` with `needs_start_ack: true`
    (a `CallSingleAttemptTool`: a write that must never run twice) may start its tool
    body only after an `hb` naming it (with a `seq` of yours) was answered `ok` with the

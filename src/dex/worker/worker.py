@@ -111,6 +111,15 @@ class _Link:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def put(self, message: dict[str, Any]) -> None:
+        last = self.pending[-1] if self.pending else None
+        if (
+            message["t"] == "delta"
+            and last is not None
+            and last["t"] == "delta"
+            and last["attempt_id"] == message["attempt_id"]
+        ):  # text that waits for the link joins the text before it: one event, not many
+            last["text"] += message["text"]
+            return
         self.pending.append(message)
         self.ready.set()
 

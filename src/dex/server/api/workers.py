@@ -87,6 +87,21 @@ def _parse(raw: bytes | str | None) -> list[WorkerMessage]:
         raise BadFrame(f"{where}: {first['msg']}" if where else first["msg"]) from None
 
 
+def _joined(messages: list[WorkerMessage]) -> list[WorkerMessage]:
+    """Consecutive deltas of one attempt in a frame as one: subscribers get one event for
+    a burst of text, not one per token (a burst of thousands would outrun any buffer)."""
+    if sum(isinstance(m, Delta) for m in messages) < 2:
+        return messages
+    joined: list[WorkerMessage] = []
+    for m in messages:
+        last = joined[-1] if joined else None
+        if isinstance(m, Delta) and isinstance(last, Delta) and last.attempt_id == m.attempt_id:
+            joined[-1] = Delta(t="delta", attempt_id=m.attempt_id, text=last.text + m.text)
+        else:
+            joined.append(m)
+    return joined
+
+
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
     # a WebSocket close reason is at most 123 bytes
     await ws.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
@@ -178,8 +193,12 @@ async def worker_channel(ws: WebSocket) -> None:
     try:
         rest = messages[1:]
         while True:
-            for message in rest:
+            for message in _joined(rest):
                 _handle(node, sessions, worker, outbox, message)
+            # let the rest of the node run before the next frame: receive() returns at once
+            # while frames are queued, and a Worker that streams thousands of deltas a
+            # second would starve every subscriber (then dropped) and every other Worker
+            await asyncio.sleep(0)
             frame = await ws.receive()
             if frame["type"] == "websocket.disconnect":
                 break

@@ -58,7 +58,9 @@ class NotServing(DexError):
 
 
 def _sessions(request: Request) -> Sessions:
-    """The node's sessions, once it serves (a standby's console shows the cluster only)."""
+    """The node's sessions, once it serves (a standby's console shows the cluster only).
+    Every session page and every action asks first: console paths are not under ``/v1``,
+    so the API's standby gate does not refuse them."""
     node: Node | None = request.app.state.node
     if node is None or not node.serving:
         role = node.role if node is not None else "starting"
@@ -192,6 +194,7 @@ def _back(session_id: str) -> RedirectResponse:
 async def approve(session_id: str, call_id: str, request: Request) -> Response:
     """Approve the call for the arguments the page showed (their hash): other arguments
     are a 409."""
+    _sessions(request)
     form = await _form(request)
     body = _body(api.Approve, by=_by(request), arguments_hash=form.get("arguments_hash") or None)
     await api.approve(session_id, call_id, body, request)
@@ -200,6 +203,7 @@ async def approve(session_id: str, call_id: str, request: Request) -> Response:
 
 @router.post("/sessions/{session_id}/calls/{call_id}/deny", name="console_deny")
 async def deny(session_id: str, call_id: str, request: Request) -> Response:
+    _sessions(request)
     form = await _form(request)
     body = _body(api.Deny, by=_by(request), reason=form.get("reason", "").strip())
     await api.deny(session_id, call_id, body, request)
@@ -208,6 +212,7 @@ async def deny(session_id: str, call_id: str, request: Request) -> Response:
 
 @router.post("/sessions/{session_id}/calls/{call_id}/answer", name="console_answer")
 async def answer(session_id: str, call_id: str, request: Request) -> Response:
+    _sessions(request)
     form = await _form(request)
     body = _body(api.Answer, by=_by(request), answer=form.get("answer", "").strip())
     await api.answer(session_id, call_id, body, request)
@@ -218,6 +223,7 @@ async def answer(session_id: str, call_id: str, request: Request) -> Response:
 async def reconcile(session_id: str, call_id: str, request: Request) -> Response:
     """Record what really happened to an outcome_unknown call: succeeded (the note is its
     result) or failed (the note is its error)."""
+    _sessions(request)
     form = await _form(request)
     status, note = form.get("status"), form.get("note", "").strip() or None
     body = _body(
@@ -233,6 +239,7 @@ async def reconcile(session_id: str, call_id: str, request: Request) -> Response
 
 @router.post("/sessions/{session_id}/cancel", name="console_cancel")
 async def cancel(session_id: str, request: Request) -> Response:
+    _sessions(request)
     form = await _form(request)
     reason = form.get("reason", "").strip() or "cancelled from the console"
     await api.cancel(session_id, _body(api.Cancel, reason=reason), request)

@@ -20,11 +20,15 @@
     refreshing = setTimeout(refresh, delay);
   }
 
+  function typing() {
+    // a field a person filled and has not sent yet, focused or not (a click on its
+    // button moves the focus before the form is sent)
+    const fields = root.querySelectorAll("input:not([type=hidden]), textarea");
+    return [...fields].some((field) => field.value && field.value !== field.defaultValue);
+  }
+
   async function refresh() {
-    const typing = document.activeElement;
-    if (typing && typing.form && typing.value && root.contains(typing)) {
-      return refreshSoon(1000); // do not wipe what a person is typing
-    }
+    if (typing()) return refreshSoon(1000); // do not wipe what a person is typing
     let page;
     try {
       const answer = await fetch(location.href, { cache: "no-store", credentials: "same-origin" });
@@ -34,12 +38,13 @@
       banner.hidden = false;
       return refreshSoon(Math.min((retry *= 2), 2000));
     }
+    banner.hidden = true;
+    retry = 250;
+    if (typing()) return refreshSoon(1000); // they started typing while it loaded
     for (const id of REGIONS) {
       const fresh = page.getElementById(id);
       if (fresh) document.getElementById(id).replaceWith(fresh);
     }
-    banner.hidden = true;
-    retry = 250;
   }
 
   function delta(event) {
