@@ -76,6 +76,10 @@ class BadFrame(Exception):
     """A frame that does not fit the protocol."""
 
 
+HOLD_AT_MOST = 0.001
+"""Seconds one Worker's channel may run frames before it lets the rest of the node run."""
+
+
 def _parse(raw: bytes | str | None) -> list[WorkerMessage]:
     if raw is None:
         raise BadFrame("an empty frame")
@@ -192,13 +196,17 @@ async def worker_channel(ws: WebSocket) -> None:
     )
     try:
         rest = messages[1:]
+        clock = asyncio.get_running_loop().time
+        held_since = clock()
         while True:
             for message in _joined(rest):
                 _handle(node, sessions, worker, outbox, message)
-            # let the rest of the node run before the next frame: receive() returns at once
-            # while frames are queued, and a Worker that streams thousands of deltas a
-            # second would starve every subscriber (then dropped) and every other Worker
-            await asyncio.sleep(0)
+            # receive() returns at once while frames are queued: a Worker that streams
+            # thousands of deltas a second would hold the loop, starving every subscriber
+            # (then dropped) and every other Worker. Let the rest run every millisecond.
+            if clock() - held_since > HOLD_AT_MOST:
+                await asyncio.sleep(0)
+                held_since = clock()
             frame = await ws.receive()
             if frame["type"] == "websocket.disconnect":
                 break
