@@ -32,6 +32,8 @@ def test_every_page_renders_with_auth_off(api_with_agent: Api) -> None:
     listed = http.get("/ui/sessions").text
     assert 'href="/ui/sessions/s1"' in listed
     assert "Log out" not in listed  # no log-in with auth off
+    login = http.get("/ui/login?next=/ui/cluster", follow_redirects=False)
+    assert (login.status_code, login.headers["location"]) == (303, "/ui/cluster")
 
 
 @pytest.mark.parametrize(

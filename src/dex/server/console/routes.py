@@ -251,6 +251,9 @@ async def cancel(session_id: str, request: Request) -> Response:
 
 @router.get("/login", name="console_login_form")
 async def login_form(request: Request, next: str = "") -> Response:
+    tokens: Tokens = request.app.state.tokens
+    if not tokens.enabled:
+        return RedirectResponse(_next(next), 303)  # auth is off: nothing to log in to
     return render(request, "login.html", status=200, message=None, next=_next(next))
 
 
