@@ -15,6 +15,7 @@ from starlette.websockets import WebSocketDisconnect
 from dex.errors import StorageError
 from dex.server.app import _wrap, create_app
 from dex.server.config import ServerConfig
+from dex.server.streams import MemoryStreams
 from dex.testing import wait_until
 from tests.integration.conftest import AGENT, Api, connect_fake_worker
 
@@ -131,6 +132,46 @@ def test_without_a_sure_lease_no_heartbeat_is_answered(standby: Standby) -> None
         reply = worker.expect("hb")
         assert reply == {"t": "hb", "status": {aid: "ok"}, "seq": 2}  # seq 1 got no answer
         assert not [m for m in worker.inbox if m.get("t") == "hb"]
+
+
+def test_without_a_sure_lease_no_model_text_is_published(standby: Standby) -> None:
+    """A node that may have been replaced publishes none of its Workers' text: its
+    successor has discarded that attempt already, and subscribers must not see it."""
+    standby.grant()
+    api = standby.api
+    api.register(AGENT)
+    api.create("s1")
+    api.send("s1", "hello")  # a RunModel Step
+    streams = api.sessions.streams
+    assert isinstance(streams, MemoryStreams)
+
+    def texts() -> list[str]:
+        ring = streams.rings._rings.get("s1")
+        return [e.data["text"] for e in ring.events if e.type == "model.delta"] if ring else []
+
+    listening = streams.subscribe("s1")  # a subscriber: the ring keeps deltas
+
+    async def subscribed() -> None:
+        await anext(listening)
+
+    standby.call(subscribed)
+    with connect_fake_worker(api) as worker:
+        aid = worker.step(session_id="s1")["attempt_id"]
+        standby.lease.sure = False
+        worker.send(
+            {"t": "delta", "attempt_id": aid, "text": "unsure"},
+            {"t": "back", "attempt_id": "no/such/1"},  # its ack: the delta was handled
+        )
+        assert worker.ack("no/such/1")["ok"] is False
+        assert texts() == []
+        standby.lease.sure = True
+        worker.send(
+            {"t": "delta", "attempt_id": aid, "text": "sure"},
+            {"t": "back", "attempt_id": "no/such/2"},
+        )
+        assert worker.ack("no/such/2")["ok"] is False
+        assert texts() == ["sure"]
+    standby.call(listening.aclose)
 
 
 def test_a_node_that_lost_the_lead_steps_down_at_once(standby: Standby) -> None:

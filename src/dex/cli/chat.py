@@ -59,6 +59,8 @@ class Chat:
     partial: dict[str, str] = field(default_factory=dict)
     """Live text by step id: the attempt that streams it, and its text so far."""
     attempt_of: dict[str, str] = field(default_factory=dict)
+    discarded: set[str] = field(default_factory=set)
+    """Attempts whose text a ``model.discard`` voided: a late delta of theirs is dropped."""
     running: dict[str, str] = field(default_factory=dict)
     """Tool calls of the latest model answer without a result yet: model call id -> text."""
     status: str = "thinking"
@@ -125,8 +127,8 @@ class Chat:
 
     def _delta(self, data: dict[str, Any]) -> None:
         step, attempt = data.get("step_id"), data.get("attempt_id")
-        if step is None:
-            return
+        if step is None or attempt in self.discarded:
+            return  # late text of a void attempt (a node that lost its lead sent it)
         if self.attempt_of.get(step) != attempt:  # a new attempt: the last one's text is void
             self.attempt_of[step] = str(attempt)
             self.partial[step] = ""
@@ -135,6 +137,8 @@ class Chat:
 
     def _discard(self, data: dict[str, Any]) -> None:
         attempt = data.get("attempt_id")
+        if attempt is not None:
+            self.discarded.add(attempt)
         for step, of in list(self.attempt_of.items()):
             if attempt is None or of == attempt:
                 self.partial.pop(step, None)

@@ -266,6 +266,8 @@ def _handle(
         if held is None:
             dispatcher.refuse(worker, message.attempt_id, "delta")
             return
+        if not node.lease_valid():
+            return  # a node that may be replaced publishes no text: its successor discards it
         dispatcher.heartbeat(worker, message.attempt_id)
         held.output += len(message.text)
         sessions.streams.publish(

@@ -11,6 +11,7 @@
   const banner = document.getElementById("connection");
   const REGIONS = ["state", "turns"];
   let attempt = null; // the model attempt whose text the live box shows
+  const discarded = new Set(); // attempts whose text is void: their late deltas are too
   let source = null;
   let refreshing = null;
   let retry = 250;
@@ -49,6 +50,7 @@
 
   function delta(event) {
     const data = JSON.parse(event.data);
+    if (discarded.has(data.attempt_id)) return; // late text of a void attempt
     if (data.attempt_id !== attempt) {
       attempt = data.attempt_id;
       live.textContent = "";
@@ -60,6 +62,7 @@
   function discard(event) {
     // the attempt failed or was cancelled: its partial text is void, a retry streams anew
     const data = JSON.parse(event.data);
+    discarded.add(data.attempt_id);
     if (data.attempt_id !== attempt) return;
     attempt = null;
     live.textContent = "";
