@@ -180,3 +180,16 @@ async def test_publishing_goes_on_when_redis_forgets_the_script(
     assert completed.type == "turn.completed" and streams.publish_failures == 0
     await listening.aclose()
     await streams.close()
+
+
+async def test_an_id_redis_never_gave_is_a_gap_then_the_latest_events(
+    redis_url: str, prefix: str
+) -> None:
+    streams = await node(redis_url, prefix)
+    streams.publish("s", "turn.started", {})
+    await take(streams.subscribe("s"), 1)
+    # a browser tab's last id from the in-memory backend (microseconds: far in the future
+    # as a Redis id), kept across a restart onto Redis
+    gap, started = await take(streams.subscribe("s", "1796195166824471"), 2)
+    assert gap.type == "stream.gap" and started.type == "turn.started"
+    await streams.close()

@@ -87,3 +87,11 @@ async def test_events_older_than_the_age_bound_are_forgotten() -> None:
     assert [e.data["index"] for e in streams.rings._rings["s"].events] == [2]
     gap, item = await take(streams.subscribe("s", first.id), 2)
     assert gap.type == "stream.gap" and item.data == {"index": 2}
+
+
+async def test_an_id_this_node_never_gave_is_a_gap_then_everything_buffered() -> None:
+    streams = MemoryStreams()
+    streams.publish("s", "turn.started", {})
+    for unknown in ("99999999999999999", "1796195166824-3"):  # ahead of it; Redis's form
+        gap, started = await take(streams.subscribe("s", unknown), 2)
+        assert gap.type == "stream.gap" and started.type == "turn.started"

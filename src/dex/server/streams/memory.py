@@ -258,8 +258,8 @@ class MemoryStreams:
         None when nothing happened for a while, so the caller can send a keep-alive."""
         ring = self.rings.watch(session_id, (self._last, 0))
         key = parse_id(after)
-        if after is not None and key is None:
-            key = (0, 0)  # not an id this backend gives: everything buffered, after a gap
+        if after is not None and (key is None or key > (self._last, 0)):
+            key = (0, 0)  # not an id this node gave: everything buffered, after a gap
         try:
             async for event in self.rings.follow(ring, key):
                 yield event

@@ -299,21 +299,26 @@ class RedisStreams:
         ring = self.rings.watch(session_id, (0, 0))  # from now on, appends are kept here
         stream = self._keys(session_id)[0]
         key = parse_id(after)
-        last: Key | None = key
+        last: Key | None = None
         try:
             if after is not None and key is None:
                 yield gap(f"{after!r} is not an id of this stream")
             try:
+                if key is not None:
+                    first = _events(await self._redis.xrange(stream, count=1))
+                    newest = _events(await self._redis.xrevrange(stream, count=1))
+                    if not first or first[0].key > key:
+                        yield gap("Redis no longer has the events after this id")
+                    elif key > newest[0].key:  # another backend's id, or another Redis's
+                        yield gap(f"{after!r} is not an id of this stream")
+                        key = None
                 if key is None:
                     rows = _events(await self._redis.xrevrange(stream, count=self.replay))
                     for row in reversed(rows):
                         last = row.key
                         yield row
                 else:
-                    first = _events(await self._redis.xrange(stream, count=1))
-                    if not first or first[0].key > key:
-                        yield gap("Redis no longer has the events after this id")
-                    at = key
+                    last = at = key
                     while rows := _events(
                         await self._redis.xrange(stream, min=f"({at[0]}-{at[1]}", count=PAGE)
                     ):
