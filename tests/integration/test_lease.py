@@ -18,7 +18,7 @@ import pytest
 
 from dex.errors import Fenced
 from dex.server.engine.state import SessionState
-from dex.server.ha.lease import Lease
+from dex.server.ha.lease import Lease, LeaseSettings
 from dex.server.records import write
 from dex.server.store.postgres import LEADER_KEY, PostgresStore
 from dex.testing.wait import wait_until_async
@@ -94,6 +94,21 @@ def idle(session_id: str) -> SessionState:
     return SessionState(id=session_id, agent="helper", created_at=1.0)
 
 
+FAST = LeaseSettings(ping_interval=0.1, ping_timeout=0.5, session_timeout=1.5, margin=0.5)
+"""A lease that runs out after 1 s without a ping (``valid_for``), and whose session
+PostgreSQL ends after 1.5 s of silence."""
+
+
+def spin(seconds: float) -> None:
+    """Keep the calling thread computing for ``seconds``: called on the event loop, it runs
+    nothing else meanwhile (a node recovering on a starved machine), yet Python hands the
+    GIL to other threads every few milliseconds."""
+    end = time.monotonic() + seconds
+    total = 0
+    while time.monotonic() < end:
+        total += sum(range(1000))
+
+
 async def test_of_two_contenders_exactly_one_wins(url: str, leases: list[Lease]) -> None:
     a, b = Lease(url, "a"), Lease(url, "b")
     leases += [a, b]
@@ -167,6 +182,30 @@ async def test_valid_until_is_kept_fresh_by_pings_and_shorter_than_a_takeover(
         lambda: asyncio.sleep(0, lease.valid_until > first + 0.4), 5, what="pings refresh it"
     )
     assert lease.valid()
+
+
+async def test_a_holder_whose_event_loop_is_busy_keeps_the_lease(
+    url: str, leases: list[Lease]
+) -> None:
+    """Slow is not dead: the lock connection's pings do not wait for the event loop."""
+    lease = Lease(url, "busy", settings=FAST)
+    leases.append(lease)
+    assert await lease.acquire() == 1
+    pid = lease.backend_pid
+
+    spin(2.5 * FAST.valid_for)  # longer than valid_for, and than the session timeout
+
+    assert lease.valid(), "the lease ran out while the event loop was busy"
+    after = time.monotonic()
+    # the loop runs again (its watchdog too), and pings sent since keep the lease fresh
+    await wait_until_async(
+        lambda: asyncio.sleep(0, lease.valid_until > after + FAST.valid_for),
+        5,
+        what="a ping sent after the busy stretch",
+    )
+    assert lease.valid() and not lease.lost.is_set()
+    assert lock_holders(url) == [pid]  # the same session held the lock all along
+    assert lease_row(url) == (1, "busy")
 
 
 async def test_a_store_with_a_stale_epoch_is_fenced_and_writes_nothing(
