@@ -10,17 +10,20 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
 from dex.errors import Fenced
 from dex.server.engine.state import SessionState
-from dex.server.ha.lease import Lease
+from dex.server.ha.lease import Lease, LeaseSettings
 from dex.server.records import write
 from dex.server.store.postgres import LEADER_KEY, PostgresStore
+from dex.testing.proxy import TcpProxy
 from dex.testing.wait import wait_until_async
 
 
@@ -90,8 +93,28 @@ def session_ids(url: str) -> set[str]:
         return {str(r[0]) for r in conn.execute("SELECT id FROM sessions").fetchall()}
 
 
+def lease_threads(holder: str) -> list[threading.Thread]:
+    """The threads that own a lease's lock connection (each closes it before it ends)."""
+    return [t for t in threading.enumerate() if t.name == f"dex-lease {holder}"]
+
+
 def idle(session_id: str) -> SessionState:
     return SessionState(id=session_id, agent="helper", created_at=1.0)
+
+
+FAST = LeaseSettings(ping_interval=0.1, ping_timeout=0.5, session_timeout=1.5, margin=0.5)
+"""A lease that runs out after 1 s without a ping (``valid_for``), and whose session
+PostgreSQL ends after 1.5 s of silence."""
+
+
+def spin(seconds: float) -> None:
+    """Keep the calling thread computing for ``seconds``: called on the event loop, it runs
+    nothing else meanwhile (a node recovering on a starved machine), yet Python hands the
+    GIL to other threads every few milliseconds."""
+    end = time.monotonic() + seconds
+    total = 0
+    while time.monotonic() < end:
+        total += sum(range(1000))
 
 
 async def test_of_two_contenders_exactly_one_wins(url: str, leases: list[Lease]) -> None:
@@ -116,6 +139,12 @@ async def test_of_two_contenders_exactly_one_wins(url: str, leases: list[Lease])
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert lock_holders(url) == [winner.backend_pid]
+    # the loser's lock thread stops trying and closes its connection
+    loser = tasks[waiting]
+    await wait_until_async(
+        lambda: asyncio.sleep(0, not lease_threads(loser.holder)), 5, what="the thread ends"
+    )
+    assert lease_threads(winner.holder)  # the winner's pings on
 
 
 async def test_killing_the_holders_session_lets_the_other_win_with_a_higher_epoch(
@@ -167,6 +196,61 @@ async def test_valid_until_is_kept_fresh_by_pings_and_shorter_than_a_takeover(
         lambda: asyncio.sleep(0, lease.valid_until > first + 0.4), 5, what="pings refresh it"
     )
     assert lease.valid()
+
+
+async def test_a_holder_whose_event_loop_is_busy_keeps_the_lease(
+    url: str, leases: list[Lease]
+) -> None:
+    """Slow is not dead: the lock connection's pings do not wait for the event loop."""
+    lease = Lease(url, "busy", settings=FAST)
+    leases.append(lease)
+    assert await lease.acquire() == 1
+    pid = lease.backend_pid
+
+    spin(2.5 * FAST.valid_for)  # longer than valid_for, and than the session timeout
+
+    assert lease.valid(), "the lease ran out while the event loop was busy"
+    after = time.monotonic()
+    # the loop runs again (its watchdog too), and pings sent since keep the lease fresh
+    await wait_until_async(
+        lambda: asyncio.sleep(0, lease.valid_until > after + FAST.valid_for),
+        5,
+        what="a ping sent after the busy stretch",
+    )
+    assert lease.valid() and not lease.lost.is_set()
+    assert lock_holders(url) == [pid]  # the same session held the lock all along
+    assert lease_row(url) == (1, "busy")
+
+
+async def test_a_holder_cut_off_from_the_database_loses_the_lease_before_a_standby_wins(
+    url: str, leases: list[Lease]
+) -> None:
+    """A silent database (a partition: nothing passes, nothing is closed): the ping hangs
+    in the driver, the watchdog loses the lease within ``valid_for``, before PostgreSQL
+    ends the silent session and a standby can win; and ``release()`` does not hang."""
+    db = urlsplit(url)
+    assert db.hostname is not None and db.port is not None
+    with TcpProxy(db.hostname, db.port).in_thread() as proxy:
+        holder = Lease(url.replace(f":{db.port}/", f":{proxy.port}/"), "cut", settings=FAST)
+        standby = Lease(url, "standby", settings=FAST)
+        leases += [holder, standby]
+        assert await holder.acquire() == 1
+        contender = asyncio.create_task(standby.acquire())
+
+        proxy.cut()
+        cut = time.monotonic()
+        await asyncio.wait_for(holder.lost.wait(), 5)
+        lost_after = time.monotonic() - cut
+
+        assert not holder.valid()
+        assert lost_after < FAST.valid_for + 0.3, lost_after  # the watchdog looks every 0.1 s
+        assert not contender.done()  # the standby cannot win before the session ends
+        assert await asyncio.wait_for(contender, 5) == 2
+        assert FAST.valid_for < time.monotonic() - cut
+
+        released = time.monotonic()
+        await holder.release()  # its lock thread is still stuck in the ping
+        assert time.monotonic() - released < FAST.ping_timeout + 0.5
 
 
 async def test_a_store_with_a_stale_epoch_is_fenced_and_writes_nothing(
@@ -303,5 +387,9 @@ async def test_the_lease_corrects_the_nodes_clock_to_the_databases(url: str) -> 
     try:
         await lease.acquire()
         assert abs(clock.offset) < 1.0  # the database runs on this host: near 0
+        clock.offset = 1e6
+        await wait_until_async(
+            lambda: asyncio.sleep(0, abs(clock.offset) < 1.0), 5, what="a ping corrects it"
+        )
     finally:
         await lease.release()

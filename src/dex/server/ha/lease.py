@@ -1,7 +1,8 @@
 """Leadership: a session advisory lock on a dedicated connection, and an epoch row.
 
 The active node holds ``pg_try_advisory_lock(LEADER_KEY)`` on a connection of its own,
-pings it about every 500 ms, and asks PostgreSQL to end the session when it goes quiet
+pings it about every 500 ms from a thread of its own (so a busy event loop delays no
+ping: slow is not dead), and asks PostgreSQL to end the session when it goes quiet
 (``idle_session_timeout``, keepalives and ``tcp_user_timeout`` set per session): a killed
 holder frees the lock at once, a hung or cut-off one within ``session_timeout``. On
 winning, a node bumps ``dex_lease.epoch`` in the transaction that holds the fence lock
@@ -22,7 +23,9 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +37,7 @@ from dex.server.store.postgres import FENCE_KEY, LEADER_KEY
 
 log = logging.getLogger("dex.ha")
 
-Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+Conn = psycopg.Connection[tuple[Any, ...]]
 
 BUMP = (
     "UPDATE dex_lease SET epoch = epoch + 1, holder = %s, acquired_at = now() "
@@ -47,7 +50,9 @@ class LeaseSettings:
     ping_interval: float = 0.5
     """Seconds between two pings of the lock connection."""
     ping_timeout: float = 1.0
-    """A ping that takes longer loses the lease."""
+    """A ping that comes back later loses the lease (one that never comes back loses it
+    when ``valid_until`` passes); also how long ``release()`` waits for the lock
+    connection to close."""
     retry_interval: float = 0.25
     """How often a standby tries to take the lock."""
     session_timeout: float = 3.0
@@ -74,7 +79,10 @@ class LeaseSettings:
 
 class Lease:
     """The PostgreSQL ``Leadership`` (``dex.server.ha.leadership``): ``await acquire()``
-    (the new epoch), ``lost`` (an event), ``valid()``, ``await release()``."""
+    (the new epoch), ``lost`` (an event), ``valid()``, ``await release()``.
+
+    The lock connection belongs to a thread (``_LockThread``); everything else here runs
+    on the event loop, which hears from the thread through ``call_soon_threadsafe``."""
 
     def __init__(
         self,
@@ -91,55 +99,45 @@ class Lease:
         self.epoch: int | None = None
         self.lost = asyncio.Event()
         """Set when the lock connection dies or a ping fails: stop at once."""
-        self.valid_until = 0.0
-        """``time.monotonic()`` before which the lease is surely held."""
-        self._conn: Conn | None = None
-        self._pinger: asyncio.Task[None] | None = None
+        self._lock: _LockThread | None = None
         self._watchdog: asyncio.Task[None] | None = None
+
+    @property
+    def valid_until(self) -> float:
+        """``time.monotonic()`` before which the lease is surely held: the send time of
+        the last ping that came back in time, plus ``valid_for``; 0 once lost or
+        released."""
+        lock = self._lock
+        if lock is None or self.lost.is_set():
+            return 0.0
+        return lock.valid_until
 
     def valid(self) -> bool:
         """Whether the lock is surely still held now (``Leadership.valid``)."""
-        return not self.lost.is_set() and time.monotonic() < self.valid_until
+        return time.monotonic() < self.valid_until
 
     @property
     def backend_pid(self) -> int | None:
         """The PostgreSQL backend that holds the lock (for operators and tests)."""
-        return self._conn.info.backend_pid if self._conn is not None else None
+        return self._lock.backend_pid if self._lock is not None else None
 
     async def acquire(self) -> int:
         """Wait until this node holds the lock, bump the epoch, start pinging. Returns the
         new epoch."""
-        if self._pinger is not None:
+        if self._lock is not None:
             raise RuntimeError("the lease is held already")
-        conn: Conn | None = None
+        lock = _LockThread(self, asyncio.get_running_loop())
+        lock.start()
         try:
-            while True:
-                try:
-                    if conn is None or conn.closed:
-                        conn = await self._connect()
-                    cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_KEY,))
-                    row = await cur.fetchone()
-                    if row is not None and row[0]:
-                        sent = time.monotonic()
-                        epoch = await self._bump(conn)
-                        await self._read_clock(conn)  # right before recovery arms timers
-                        break
-                except psycopg.Error as e:
-                    log.warning(
-                        "lease: cannot reach PostgreSQL: %s", e, extra={"action": "lease.retry"}
-                    )
-                    if conn is not None:
-                        await conn.close()  # frees the lock, if this session had it
-                    conn = None
-                await asyncio.sleep(self.settings.retry_interval)
+            epoch, reading = await lock.won
         except BaseException:  # cancelled, or no lease row: hold nothing
-            if conn is not None:
-                await conn.close()
+            lock.stop(unlock=False)  # closing its connection frees the lock if it won
             raise
-        self._conn, self.epoch = conn, epoch
+        self._lock, self.epoch = lock, epoch
         self.lost.clear()
-        self.valid_until = sent + self.settings.valid_for
-        self._pinger = asyncio.create_task(self._ping(conn), name="dex-lease-ping")
+        if lock.failure is not None:  # its first ping failed before this ran
+            self.lose(lock.failure)
+        self._observe(reading)  # right before recovery arms timers
         self._watchdog = asyncio.create_task(self._watch(), name="dex-lease-watchdog")
         log.info(
             "lease acquired",
@@ -148,28 +146,205 @@ class Lease:
         return epoch
 
     async def release(self) -> None:
-        """Free the lock at once (a planned step-down); the next node wins without waiting."""
+        """Free the lock at once (a planned step-down); the next node wins without waiting.
+        Waits for the lock connection to close for up to ``ping_timeout``, no longer: a
+        thread stuck in the driver (a silent database) is left behind, and PostgreSQL
+        frees the lock within ``session_timeout``."""
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
             watchdog.cancel()
-        self.valid_until = 0.0
-        pinger, self._pinger = self._pinger, None
-        if pinger is not None:
-            pinger.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pinger
-        conn, self._conn = self._conn, None
-        if conn is None:
+        lock, self._lock = self._lock, None  # valid() is False from here on
+        if lock is None:
             return  # never held (a standby stopping), or released already
-        with contextlib.suppress(psycopg.Error):
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (LEADER_KEY,))
-        await conn.close()  # ending the session frees the lock in any case
+        lock.stop(unlock=True)
+        try:
+            async with asyncio.timeout(self.settings.ping_timeout):
+                await lock.ended
+        except TimeoutError:
+            log.warning(
+                "lease released, but its connection did not close within %gs: PostgreSQL "
+                "frees the lock when it ends that session",
+                self.settings.ping_timeout,
+                extra={"action": "lease.release_slow", "epoch": self.epoch},
+            )
+            return
         log.info("lease released", extra={"action": "lease.released", "epoch": self.epoch})
 
-    async def _connect(self) -> Conn:
+    async def _watch(self) -> None:
+        """Lose the lease as soon as ``valid_until`` passes without a ping coming back. A
+        ping to a database that went silent (a partition) may take far longer than its
+        timeout to give up (the driver blocks the lock thread until the socket fails);
+        the node must not wait for it."""
+        while not self.lost.is_set():
+            await asyncio.sleep(0.1)
+            if time.monotonic() > self.valid_until:
+                self.lose(f"no ping came back within {self.settings.valid_for:g}s")
+
+    def _observe(self, reading: _Reading | None) -> None:
+        """A reading of the database's clock, taken by the lock thread (on the loop)."""
+        if self.clock is not None and reading is not None:
+            self.clock.observe(*reading)
+
+    def _failed(self, lock: _LockThread, reason: str) -> None:
+        """The lock thread's report of a failed ping (on the loop). A thread the lease
+        already let go of (released, or its acquire cancelled) reports no loss."""
+        if not lock.dropped:
+            self.lose(reason)
+
+    def lose(self, reason: str) -> None:
+        """Take the lease as lost (a ping failed, or the store was fenced or lost a
+        commit): ``valid()`` turns False and ``lost`` is set at once. The lock connection
+        is left to ``release()`` or the process's exit."""
+        if not self.lost.is_set():
+            self.lost.set()
+            log.error(
+                "lease lost: %s",
+                reason,
+                extra={"action": "lease.lost", "epoch": self.epoch, "holder": self.holder},
+            )
+
+
+_Reading = tuple[float, float, float]
+"""The database's clock, and this host's ``time.time()`` before and after reading it
+(``Clock.observe``'s arguments)."""
+
+
+class _LockThread:
+    """The lock connection (a sync psycopg connection) and the thread that owns it: it
+    takes the leader lock, bumps the epoch, then pings every ``ping_interval`` until it
+    is stopped or a ping fails. Only this thread touches the connection. Python hands the
+    GIL to a waiting thread every few milliseconds, so a ping comes back in time while the
+    event loop is busy for seconds; and a ping stuck in the driver blocks this thread
+    only, never the loop (the lease's watchdog notices that ``valid_until`` passed)."""
+
+    def __init__(self, lease: Lease, loop: asyncio.AbstractEventLoop) -> None:
+        self.url, self.holder, self.settings = lease.url, lease.holder, lease.settings
+        self.lease = lease
+        self.loop = loop
+        self.won: asyncio.Future[tuple[int, _Reading | None]] = loop.create_future()
+        """The new epoch and a first clock reading, once this thread holds the lock."""
+        self.ended: asyncio.Future[None] = loop.create_future()
+        """Done when the thread has closed its connection and exits."""
+        self.valid_until = 0.0
+        """Written by this thread only: see ``Lease.valid_until``."""
+        self.backend_pid: int | None = None
+        """The session that holds the lock; set by this thread once it won."""
+        self.failure: str | None = None
+        """Why a ping failed (set by this thread before it reports it)."""
+        self.dropped = False
+        """Loop side: the lease let go of this thread (``stop``)."""
+        self._stop = threading.Event()
+        self._unlock = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"dex-lease {self.holder}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, unlock: bool) -> None:
+        """From the loop: stop trying or pinging, and close the connection (after
+        ``pg_advisory_unlock`` if ``unlock``). Returns at once."""
+        self.dropped = True
+        self._unlock = unlock
+        self._stop.set()
+
+    def _run(self) -> None:
+        conn: Conn | None = None
+        try:
+            conn = self._take()
+            if conn is not None:
+                self._ping(conn)
+        except Exception as e:  # no lease row, or a bug: the loop hears of it either way
+            if self.backend_pid is None:  # not won yet: acquire raises it
+                self._to_loop(_reject, self.won, e)
+            else:
+                log.exception(
+                    "the lease's lock thread failed",
+                    extra={"action": "lease.thread_failed", "holder": self.holder},
+                )
+                self._fail(f"the lock thread failed: {e!r}")
+        finally:
+            if conn is not None:
+                self._close(conn)
+            self._to_loop(_resolve, self.ended, None)
+
+    def _take(self) -> Conn | None:
+        """Try the lock every ``retry_interval`` until it is won (then bump the epoch and
+        return the connection) or ``stop`` is called (None)."""
+        s = self.settings
+        conn: Conn | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    if conn is None or conn.closed:
+                        conn = self._connect()
+                    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_KEY,)).fetchone()
+                    if row is not None and row[0] and not self._stop.is_set():
+                        sent = time.monotonic()
+                        epoch = self._bump(conn)
+                        reading = _read_clock(conn)
+                        self.valid_until = sent + s.valid_for
+                        self.backend_pid = conn.info.backend_pid
+                        self._to_loop(_resolve, self.won, (epoch, reading))
+                        return conn
+                except psycopg.Error as e:
+                    log.warning(
+                        "lease: cannot reach PostgreSQL: %s",
+                        e,
+                        extra={"action": "lease.retry", "holder": self.holder},
+                    )
+                    if conn is not None:
+                        conn.close()  # frees the lock, if this session had it
+                    conn = None
+                self._stop.wait(s.retry_interval)
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
+        if conn is not None:
+            conn.close()  # stopped: frees the lock, if this session took it meanwhile
+        return None
+
+    def _ping(self, conn: Conn) -> None:
+        """Ping until stopped; a ping that fails or comes back after ``ping_timeout`` ends
+        the lease (and this thread)."""
+        s = self.settings
+        while not self._stop.wait(s.ping_interval):
+            sent = time.monotonic()
+            try:
+                reading = _read_clock(conn)  # the ping reads the database's clock
+            except psycopg.Error as e:
+                self._fail(f"the lock connection failed a ping: {e!r}")
+                return
+            took = time.monotonic() - sent
+            if took > s.ping_timeout:
+                self._fail(f"a ping took {took:.2f}s, more than {s.ping_timeout:g}s")
+                return
+            self.valid_until = sent + s.valid_for
+            self._to_loop(self.lease._observe, reading)
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        self.valid_until = 0.0  # valid() is False at once, before the loop hears of it
+        self._to_loop(self.lease._failed, self, reason)
+
+    def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
+        try:
+            self.loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: nobody holds this lease any more
+            self._stop.set()
+
+    def _close(self, conn: Conn) -> None:
+        if self._unlock:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", (LEADER_KEY,))
+        conn.close()  # ending the session frees the lock in any case
+
+    def _connect(self) -> Conn:
         s = self.settings
         timeout_ms = int(s.session_timeout * 1000)
-        conn = await psycopg.AsyncConnection.connect(
+        conn = psycopg.Connection.connect(
             self.url,
             autocommit=True,
             application_name=f"dex-lease {self.holder}",
@@ -191,62 +366,31 @@ class Lease:
             ("tcp_keepalives_count", max(1, int(s.session_timeout) - 1)),
             ("client_connection_check_interval", 1000),
         ):
-            await conn.execute("SELECT set_config(%s, %s, false)", (setting, str(value)))
+            conn.execute("SELECT set_config(%s, %s, false)", (setting, str(value)))
         return conn
 
-    async def _bump(self, conn: Conn) -> int:
-        async with conn.transaction():
+    def _bump(self, conn: Conn) -> int:
+        with conn.transaction():
             # Waits for write batches in flight (they hold it shared), then fences them.
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (FENCE_KEY,))
-            cur = await conn.execute(BUMP, (self.holder,))
-            row = await cur.fetchone()
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (FENCE_KEY,))
+            row = conn.execute(BUMP, (self.holder,)).fetchone()
         if row is None:
             raise StorageError("no lease row: open the PostgreSQL store first (migrations)")
         return int(row[0])
 
-    async def _read_clock(self, conn: Conn) -> None:
-        """One round trip: the database's clock, to correct the node's (``clock``)."""
-        sent = time.time()
-        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
-        row = await cur.fetchone()
-        if self.clock is not None and row is not None:
-            self.clock.observe(float(row[0]), sent, time.time())
 
-    async def _ping(self, conn: Conn) -> None:
-        s = self.settings
-        while True:
-            await asyncio.sleep(s.ping_interval)
-            sent = time.monotonic()
-            try:
-                async with asyncio.timeout(s.ping_timeout):
-                    await self._read_clock(conn)  # the ping reads the database's clock
-            except (psycopg.Error, TimeoutError) as e:
-                self.lose(f"the lock connection failed a ping: {e!r}")
-                with contextlib.suppress(psycopg.Error, TimeoutError):
-                    async with asyncio.timeout(s.ping_timeout):
-                        await conn.close()
-                return
-            self.valid_until = sent + s.valid_for
+def _read_clock(conn: Conn) -> _Reading | None:
+    """One round trip: the database's clock, to correct the node's (``Lease.clock``)."""
+    sent = time.time()
+    row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    return None if row is None else (float(row[0]), sent, time.time())
 
-    async def _watch(self) -> None:
-        """Lose the lease as soon as ``valid_until`` passes without a ping coming back. A
-        ping to a database that went silent (a partition) may take far longer than its
-        timeout to give up (the driver's cancel request hangs too); the node must not wait
-        for it."""
-        while not self.lost.is_set():
-            await asyncio.sleep(0.1)
-            if time.monotonic() > self.valid_until:
-                self.lose(f"no ping came back within {self.settings.valid_for:g}s")
 
-    def lose(self, reason: str) -> None:
-        """Take the lease as lost (a ping failed, or the store was fenced or lost a
-        commit): ``valid()`` turns False and ``lost`` is set at once. The lock connection
-        is left to the process's exit."""
-        self.valid_until = 0.0
-        if not self.lost.is_set():
-            self.lost.set()
-            log.error(
-                "lease lost: %s",
-                reason,
-                extra={"action": "lease.lost", "epoch": self.epoch, "holder": self.holder},
-            )
+def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():  # an acquire cancelled meanwhile, or a release that gave up
+        future.set_result(result)
+
+
+def _reject(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
