@@ -36,7 +36,7 @@ import dex
 from dex.testing import ServerProcess, WorkerProcess, wait_until_async
 
 from . import growth_agents
-from .turns import cpu_seconds, metrics, render_table
+from .turns import cpu_seconds, metrics, render_table, tailed_and_stopped
 
 AGENT = growth_agents.growth.name
 TARGET_RATIO = 1.3
@@ -207,7 +207,7 @@ def report(history: tuple[Cost, Cost], steps: tuple[Cost, Cost]) -> str:
 async def bench(args: argparse.Namespace, tmp: Path, agents_file: str) -> str:
     server = ServerProcess(tmp / "data")
     worker = WorkerProcess(agents_file, server.address, tmp / "worker.log", capacity=16)
-    try:
+    with tailed_and_stopped(server, worker):
         await asyncio.to_thread(server.start)
         worker.start()
         async with aiohttp.ClientSession() as http, dex.Client(server.address) as client:
@@ -227,15 +227,6 @@ async def bench(args: argparse.Namespace, tmp: Path, agents_file: str) -> str:
             small, large = args.steps
             print(f"{small} against {large} Steps per turn ...", flush=True)
             steps = await step_costs(run, small, large, args.turns)
-    except BaseException:
-        for proc, name in ((server, "server"), (worker, "worker")):
-            if proc.proc is not None:
-                print(f"--- {name} log (tail) ---\n{proc.output()[-2000:]}", file=sys.stderr)
-        raise
-    finally:
-        for proc in (worker, server):
-            if proc.alive:
-                proc.terminate()
     return report(history, steps)
 
 

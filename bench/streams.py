@@ -38,7 +38,15 @@ import dex
 from dex.testing import ServerProcess, WorkerProcess, wait_until_async
 
 from . import streams_agents
-from .turns import _stop, memory_kib, metrics, ms, percentile, render_table
+from .turns import (
+    cpu_seconds,
+    memory_kib,
+    metrics,
+    ms,
+    percentile,
+    render_table,
+    tailed_and_stopped,
+)
 
 AGENT = streams_agents.ticker.name
 INTERVAL_MS = 5
@@ -100,12 +108,6 @@ async def follow(client: dex.Client, sid: str, latencies: list[float]) -> int:
     raise RuntimeError("the stream ended before the turn completed")
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def latency(
     client: dex.Client,
     http: aiohttp.ClientSession,
@@ -119,10 +121,10 @@ async def latency(
     readers = [asyncio.create_task(follow(client, sid, seconds)) for _ in range(subscribers)]
     await subscribed(http, server.address, subscribers)
     bare = await bare_round_trips(http, server.address, 200)
-    cpu = _cpu_seconds(server.pid)
+    cpu = cpu_seconds(server.pid)
     await client.send_message(sid, f"{deltas} {INTERVAL_MS}")
     counts = await asyncio.wait_for(asyncio.gather(*readers), 120)
-    cpu = _cpu_seconds(server.pid) - cpu
+    cpu = cpu_seconds(server.pid) - cpu
     if counts != [deltas] * subscribers:
         raise RuntimeError(f"subscribers read {sorted(set(counts))} deltas, not {deltas}")
     await wait_until_async(
@@ -167,7 +169,7 @@ async def run_backend(
     server = ServerProcess(tmp / f"data-{backend}", env={"DEX_STREAMS": url})
     worker = WorkerProcess(agents_file, server.address, tmp / f"worker-{backend}.log")
     connections = max(args.idle, *args.subscribers) + 16
-    try:
+    with tailed_and_stopped(server, worker):
         await asyncio.to_thread(server.start)
         worker.start()
         async with (
@@ -189,14 +191,6 @@ async def run_backend(
             print(f"{backend}: {args.idle} idle subscribers ...", flush=True)
             held = await idle(client, http, server, backend, args.idle)
         return phases, held
-    except BaseException:
-        for proc, name in ((server, "server"), (worker, "worker")):
-            if proc.proc is not None:
-                print(f"--- {name} log (tail) ---\n{proc.output()[-2000:]}", file=sys.stderr)
-        raise
-    finally:
-        _stop(worker)
-        _stop(server)
 
 
 def report(latencies: list[Latency], idles: list[Idle]) -> str:

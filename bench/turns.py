@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -597,7 +598,7 @@ async def bench(
         agents_file, server.address, tmp / "worker.log", capacity=WORKER_CAPACITY
     )
     phases: list[Phase] = []
-    try:
+    with tailed_and_stopped(server, worker):
         print("starting the Dex Server and a Worker ...", flush=True)
         await asyncio.to_thread(server.start)
         worker.start()
@@ -633,6 +634,17 @@ async def bench(
                 phases.append(phase)
         peak = memory_kib(server.pid, "VmHWM")
         worker_peak = memory_kib(worker.pid, "VmHWM")
+    text = report(phases, floor, commit, peak, worker_peak, args)
+    if profile is not None:
+        text += "\n" + profile_report(profile[1], phases)
+    return text
+
+
+@contextlib.contextmanager
+def tailed_and_stopped(server: ServerProcess, worker: WorkerProcess) -> Iterator[None]:
+    """Print the tail of each process's log if the body fails; stop both at the end."""
+    try:
+        yield
     except BaseException:
         for proc, name in ((server, "server"), (worker, "worker")):
             if proc.proc is not None:
@@ -641,10 +653,6 @@ async def bench(
     finally:
         _stop(worker)
         _stop(server)
-    text = report(phases, floor, commit, peak, worker_peak, args)
-    if profile is not None:
-        text += "\n" + profile_report(profile[1], phases)
-    return text
 
 
 def _stop(proc: WorkerProcess | ServerProcess) -> None:

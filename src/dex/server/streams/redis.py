@@ -305,8 +305,10 @@ class RedisStreams:
                 yield gap(f"{after!r} is not an id of this stream")
             try:
                 if key is not None:
-                    first = _events(await self._redis.xrange(stream, count=1))
-                    newest = _events(await self._redis.xrevrange(stream, count=1))
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        pipe.xrange(stream, count=1)
+                        pipe.xrevrange(stream, count=1)
+                        first, newest = (_events(rows) for rows in await pipe.execute())
                     if not first or first[0].key > key:
                         yield gap("Redis no longer has the events after this id")
                     elif key > newest[0].key:  # another backend's id, or another Redis's
