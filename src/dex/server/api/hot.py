@@ -1,4 +1,5 @@
-"""The message send and the session creation, served without the framework.
+"""The message send, the session creation and the Worker channel, served without the
+framework.
 
 ``POST /v1/sessions/{id}/messages`` is the one request of every turn and
 ``POST /v1/sessions`` the one of every conversation, and FastAPI's routing, dependency
@@ -11,7 +12,8 @@ on to the FastAPI app unchanged (its body replayed), so every refusal (a bad bod
 standby, an unknown session, a body of no declared length) is answered by the same code
 the OpenAPI document describes. The routes stay declared in FastAPI too, with the same
 parsing and rendering (``send`` and ``create`` in ``sessions.py``): one behaviour, two
-ways in.
+ways in. The Worker channel's upgrade goes straight to its raw endpoint
+(``workers.serve``) on a serving node; on any other the app's gate refuses it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from dex.errors import DexError
+from dex.server.api import workers
 from dex.server.api.sessions import CreateSession, SendMessage, create, send
 from dex.wire import error_body
 
@@ -42,7 +45,12 @@ class HotRoutes:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send_: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and _plain_json(scope):
+        if scope["type"] == "websocket" and scope["path"] == workers.PATH:
+            node = self.app.state.node
+            if node is not None and node.serving:  # else the app's gate refuses it
+                await workers.serve(self.app, scope, receive, send_)
+                return
+        elif scope["type"] == "http" and scope["method"] == "POST" and _plain_json(scope):
             path: str = scope["path"]
             if path == "/v1/sessions":
                 await self._serve(

@@ -1,6 +1,12 @@
 """The Worker channel: one WebSocket per Worker connection, speaking the typed protocol of
 ``dex.wire.protocol`` (its docstring and ``docs/worker-protocol.md`` state the rules).
 
+A raw ASGI endpoint (``Channel``): one in-order loop per connection reads the server's
+ASGI messages itself, without Starlette's ``WebSocket`` wrapper or FastAPI's routing on
+every frame (``bench/README.md`` has what that bought). The route is declared in FastAPI
+too, so the app alone (tests, tracing) serves it the same way; ``HotRoutes`` sends the
+upgrade straight here on a serving node.
+
 Every frame is validated whole before any of it acts: a frame that does not fit the
 protocol closes the connection with code 4400 and the problem as its reason, and
 changes nothing. A message about an attempt this connection does not hold is refused
@@ -16,8 +22,10 @@ import logging
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, FastAPI, Request
 from pydantic import ValidationError
+from starlette.routing import WebSocketRoute
+from starlette.types import Receive, Scope, Send
 
 from dex.errors import DexError
 from dex.server.api import models
@@ -46,10 +54,52 @@ log = logging.getLogger("dex.workers")
 router = APIRouter()
 
 
+PATH = "/v1/workers/connect"
+
+
+class Socket:
+    """The ASGI messages of one accepted WebSocket as frames in and out."""
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive = receive
+        self._send = send
+        self.closed = False
+
+    async def receive(self) -> bytes | str | None:
+        """The next frame's data; None once the Worker is gone."""
+        if self.closed:
+            return None
+        message = await self._receive()
+        if message["type"] != "websocket.receive":  # websocket.disconnect
+            self.closed = True
+            return None
+        data: bytes | str | None = message.get("bytes") or message.get("text")
+        return b"" if data is None else data
+
+    async def send(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            await self._send({"type": "websocket.send", "bytes": frame})
+        except (OSError, RuntimeError):  # the connection is gone (uvicorn: ClientDisconnected)
+            self.closed = True
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        # a WebSocket close reason is at most 123 bytes
+        reason = reason.encode()[:120].decode(errors="ignore")
+        try:
+            await self._send({"type": "websocket.close", "code": code, "reason": reason})
+        except (OSError, RuntimeError):
+            pass
+
+
 class Outbox:
     """Collects messages and sends them as one frame per event-loop turn."""
 
-    def __init__(self, ws: WebSocket, dispatcher: Dispatcher) -> None:
+    def __init__(self, ws: Socket, dispatcher: Dispatcher) -> None:
         self.ws = ws
         self.dispatcher = dispatcher
         self.pending: list[dict[str, Any]] = []
@@ -69,7 +119,7 @@ class Outbox:
             if batch:
                 frame = orjson.dumps(batch)
                 self.dispatcher.bytes_sent += len(frame)
-                await self.ws.send_bytes(frame)
+                await self.ws.send(frame)
 
 
 class BadFrame(Exception):
@@ -80,8 +130,8 @@ HOLD_AT_MOST = 0.001
 """Seconds one Worker's channel may run frames before it lets the rest of the node run."""
 
 
-def _parse(raw: bytes | str | None) -> list[WorkerMessage]:
-    if raw is None:
+def _parse(raw: bytes | str) -> list[WorkerMessage]:
+    if not raw:
         raise BadFrame("an empty frame")
     try:
         return WORKER_FRAME.validate_json(raw)
@@ -106,32 +156,37 @@ def _joined(messages: list[WorkerMessage]) -> list[WorkerMessage]:
     return joined
 
 
-async def _close(ws: WebSocket, code: int, reason: str) -> None:
-    # a WebSocket close reason is at most 123 bytes
-    await ws.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
+class Channel:
+    """The raw ASGI endpoint of ``/v1/workers/connect`` inside the FastAPI app (which puts
+    itself in ``scope``)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await serve(scope["app"], scope, receive, send)
 
 
-@router.websocket("/v1/workers/connect")
-async def worker_channel(ws: WebSocket) -> None:
-    app = ws.app
+router.routes.append(WebSocketRoute(PATH, Channel(), name="worker_channel"))
+
+
+async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> None:
+    """One Worker connection, from the upgrade to the disconnect."""
+    if (await receive())["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    ws = Socket(receive, send)
     sessions: Sessions = app.state.sessions
-    await ws.accept()
-    try:
-        frame = await ws.receive()
-    except (WebSocketDisconnect, RuntimeError):
-        frame = {"type": "websocket.disconnect"}
-    if frame["type"] == "websocket.disconnect":
+    frame = await ws.receive()
+    if frame is None:
         log.info("a Worker left before its hello", extra={"action": "worker.left_before_hello"})
         return
     try:
-        messages = _parse(frame.get("bytes") or frame.get("text"))
+        messages = _parse(frame)
         if not messages or not isinstance(messages[0], Hello):
             raise BadFrame("the first message must be a hello")
     except BadFrame as e:
-        await _close(ws, CLOSE_BAD_FRAME, f"bad hello: {e}")
+        await ws.close(CLOSE_BAD_FRAME, f"bad hello: {e}")
         return
     hello = messages[0]
-    allowed: frozenset[str] | None = ws.scope.get(AGENTS_KEY)  # the worker token's scope
+    allowed: frozenset[str] | None = scope.get(AGENTS_KEY)  # the worker token's scope
     outside = sorted(a.name for a in hello.agents if allowed is not None and a.name not in allowed)
     if outside:
         log.warning(
@@ -139,11 +194,11 @@ async def worker_channel(ws: WebSocket) -> None:
             ", ".join(outside),
             extra={"action": "worker.forbidden", "worker_id": hello.worker_id},
         )
-        await _close(ws, CLOSE_FORBIDDEN, f"this worker token may not serve {', '.join(outside)}")
+        await ws.close(CLOSE_FORBIDDEN, f"this worker token may not serve {', '.join(outside)}")
         return
     node: Node | None = app.state.node
     if node is None or node.role != "active":
-        await _close(ws, CLOSE_NOT_READY, f"not ready: {node.role if node else 'starting'}")
+        await ws.close(CLOSE_NOT_READY, f"not ready: {node.role if node else 'starting'}")
         return
     dispatcher = sessions.dispatcher
     await sessions.register_agents(hello.agents)
@@ -163,12 +218,12 @@ async def worker_channel(ws: WebSocket) -> None:
     try:
         stop, unreceived = dispatcher.connect(worker, hello.attempts, hello.resume)
     except WorkerIdInUse:
-        await _close(ws, CLOSE_ID_IN_USE, f"worker id {hello.worker_id!r} is connected already")
+        await ws.close(CLOSE_ID_IN_USE, f"worker id {hello.worker_id!r} is connected already")
         return
 
     def close(code: int, reason: str) -> None:
         outbox.closed = True
-        dispatcher.spawn(_close(ws, code, reason))
+        dispatcher.spawn(ws.close(code, reason))
 
     worker.close = close
     for held in unreceived:
@@ -208,10 +263,10 @@ async def worker_channel(ws: WebSocket) -> None:
                 await asyncio.sleep(0)
                 held_since = clock()
             frame = await ws.receive()
-            if frame["type"] == "websocket.disconnect":
+            if frame is None:
                 break
             try:
-                rest = _parse(frame.get("bytes") or frame.get("text"))
+                rest = _parse(frame)
                 if any(isinstance(m, Hello) for m in rest):
                     raise BadFrame("hello is the first message only")
             except BadFrame as e:
@@ -220,10 +275,8 @@ async def worker_channel(ws: WebSocket) -> None:
                     e,
                     extra={"action": "worker.bad_frame", "worker_id": worker.id},
                 )
-                await _close(ws, CLOSE_BAD_FRAME, f"bad frame: {e}")
+                await ws.close(CLOSE_BAD_FRAME, f"bad frame: {e}")
                 break
-    except (WebSocketDisconnect, RuntimeError):
-        pass
     finally:
         outbox.closed = True
         dispatcher.disconnect(worker)
