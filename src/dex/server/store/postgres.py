@@ -21,6 +21,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from dex import _failpoints as failpoints
 from dex.errors import CommitUnknown, Conflict, Fenced, StorageError
 from dex.server.store.base import migrations
 from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
@@ -194,6 +195,7 @@ class PostgresStore(SqlStore):
                 await cur.execute("BEGIN")
                 if epoch is not None:
                     await cur.execute("SELECT dex_fence(%s)", (epoch,))
+                    failpoints.hit("store.in_fenced_batch")  # the fence is sent, COMMIT not
                 for statements, _ in batch:
                     await _execute(cur, statements)
                 await cur.execute("COMMIT")
