@@ -8,7 +8,9 @@ holder frees the lock at once, a hung or cut-off one within ``session_timeout``.
 winning, a node bumps ``dex_lease.epoch`` in the transaction that holds the fence lock
 (``pg_advisory_xact_lock(FENCE_KEY)``) exclusively; the store of a node checks that epoch
 on every write batch (``PostgresStore.fence_epoch``), so an old leader that still runs
-can commit nothing after the takeover.
+can commit nothing after the takeover. A batch that holds the fence lock longer than
+``fence_wait`` (its node stopped in the middle of it) has its session ended, so no old
+leader can hold a takeover off.
 
 ``valid_until`` is a monotonic deadline, refreshed by each successful ping, shorter than
 the time a standby needs to win: what a node answers from memory (a heartbeat reply, a

@@ -134,8 +134,11 @@ class PostgresStore(SqlStore):
         conn = await connect(self.url)
         try:
             await conn.execute("SET synchronous_commit TO on")  # never lower it
-            # A node paused in the middle of a batch must not hold the fence lock (and with
-            # it a takeover) for long: PostgreSQL ends a transaction left idle this long.
+            # A transaction left idle this long is ended by PostgreSQL, and its fence lock
+            # with it. That covers the one-by-one retry (a Sync after every statement), not
+            # a pipelined batch: with no Sync sent yet, PostgreSQL counts its session as
+            # active however long the node is stopped. A new leader ends those itself
+            # (``LeaseSettings.fence_wait``).
             await conn.execute("SET idle_in_transaction_session_timeout TO '3s'")
         except psycopg.Error as e:
             await conn.close()
