@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -506,6 +507,53 @@ async def test_a_running_old_leader_whose_batch_outlasts_fence_wait_is_ended_and
     await new.write(write(session=idle("after"), create=True))
     assert session_ids(url) == {"after"}
     assert ended_sessions(caplog) == 1  # and the operator can read which, and why
+
+
+async def test_a_role_that_may_not_end_the_batch_waits_for_it_and_says_so_once(
+    url: str, leases: list[Lease], stores: list[PostgresStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new leader's role may not end the old leader's session (a superuser's, here):
+    the bump keeps waiting, as it did before ``fence_wait``, logs why once, and goes on as
+    soon as the batch ends some other way (an operator ends it)."""
+    role = "dex_fence_" + secrets.token_hex(4)
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        admin.execute(f"GRANT SELECT, UPDATE ON dex_lease TO {role}")
+    old_lease = Lease(url, "old")
+    new_lease = Lease(url.replace("//postgres@", f"//{role}@"), "new")
+    leases.append(old_lease)
+    try:
+        old = await open_store(url, stores, await old_lease.acquire())
+        slow = old._commit_write([("SELECT pg_sleep(60)", [()])])
+        await wait_until_async(
+            lambda: asyncio.sleep(0, lock_holders(url, FENCE_KEY)), 5, what="the batch runs"
+        )
+        [in_batch] = lock_holders(url, FENCE_KEY)
+        contender = asyncio.create_task(new_lease.acquire())
+        terminate(url, old_lease.backend_pid)
+
+        def refused() -> int:
+            return sum(getattr(r, "action", None) == "lease.fence_held" for r in caplog.records)
+
+        await wait_until_async(lambda: asyncio.sleep(0, refused()), 10, what="it says why")
+        assert "pg_signal_backend" in caplog.text
+        assert not contender.done()  # still waiting for the batch
+        assert lock_holders(url, FENCE_KEY) == [in_batch]
+        wait = new_lease.settings.fence_wait
+        with pytest.raises(TimeoutError):  # a few more rounds: still waiting, said once
+            await asyncio.wait_for(asyncio.shield(contender), 2 * wait + 0.5)
+
+        terminate(url, in_batch)  # an operator ends the batch's session
+        assert await asyncio.wait_for(contender, 5) == 2
+        assert refused() == 1 and ended_sessions(caplog) == 0
+        with pytest.raises(CommitUnknown):
+            await asyncio.wait_for(slow, 5)
+    finally:
+        await new_lease.release()
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
 
 
 async def test_a_fenced_write_loses_the_lease_at_once(
