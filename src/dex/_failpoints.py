@@ -29,7 +29,7 @@ import signal
 import time
 from pathlib import Path
 
-ARM = 0
+ARM = -1
 """The ``nth`` of ``NAME=action@arm``: act on the first hit once ``NAME.arm`` exists."""
 
 _ARMED: dict[str, tuple[str, int]] = {}

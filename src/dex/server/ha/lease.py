@@ -46,7 +46,7 @@ BUMP = (
     "WHERE id = 1 RETURNING epoch"
 )
 END_FENCE_HOLDERS = (
-    "SELECT l.pid, a.application_name, a.client_addr::text, pg_terminate_backend(l.pid) "
+    "SELECT l.pid, a.application_name, host(a.client_addr), pg_terminate_backend(l.pid) "
     "FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
     "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
     "WHERE l.locktype = 'advisory' AND d.datname = current_database() "
