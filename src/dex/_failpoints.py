@@ -7,9 +7,12 @@ Armed only through the environment, read once at import:
 
 ``crash`` SIGKILLs the process on the spot. ``pause`` blocks the process (its
 whole event loop: no heartbeat leaves it) until the file ``NAME.release`` appears
-in the directory, or the test kills it. Every hit first writes ``NAME.hit``, so a
-test waits on a file instead of guessing with a sleep. ``NAME=crash@3`` acts on
-the third hit only.
+in the directory, or the test kills it. ``stop`` SIGSTOPs the process on the spot,
+every thread of it (a hung VM, a long GC pause): it runs on when the test sends
+SIGCONT. Every hit first writes ``NAME.hit``, so a test waits on a file instead of
+guessing with a sleep. ``NAME=crash@3`` acts on the third hit only; ``NAME=stop@arm``
+on the first hit once the file ``NAME.arm`` exists (for a point that is hit an
+unknown number of times before the moment the test means).
 
 ``error`` is for the points a caller asks with ``failing(NAME)`` instead of
 ``hit``: ``failing`` is true while the file ``NAME.fail`` exists in the directory
@@ -26,6 +29,9 @@ import signal
 import time
 from pathlib import Path
 
+ARM = -1
+"""The ``nth`` of ``NAME=action@arm``: act on the first hit once ``NAME.arm`` exists."""
+
 _ARMED: dict[str, tuple[str, int]] = {}
 _COUNTS: dict[str, int] = {}
 _DIR = Path(os.environ.get("DEX_FAILPOINT_DIR", "."))
@@ -38,9 +44,11 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
             continue
         name, _, action = part.strip().partition("=")
         action, _, nth = action.partition("@")
-        if action not in ("crash", "pause", "error"):
-            raise ValueError(f"failpoint {name}: unknown action {action!r} (crash, pause or error)")
-        armed[name] = (action, int(nth or 1))
+        if action not in ("crash", "pause", "stop", "error"):
+            raise ValueError(
+                f"failpoint {name}: unknown action {action!r} (crash, pause, stop or error)"
+            )
+        armed[name] = (action, ARM if nth == "arm" else int(nth or 1))
     return armed
 
 
@@ -53,13 +61,18 @@ def hit(name: str) -> None:
     armed = _ARMED.get(name)
     if armed is None or armed[0] == "error":
         return
-    count = _COUNTS[name] = _COUNTS.get(name, 0) + 1
     action, nth = armed
-    if count != nth:
+    if nth == ARM and not (_DIR / f"{name}.arm").exists():
+        return
+    count = _COUNTS[name] = _COUNTS.get(name, 0) + 1
+    if count != max(nth, 1):
         return
     (_DIR / f"{name}.hit").write_text(str(os.getpid()))
     if action == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once a SIGCONT resumed the process
+        return
     release = _DIR / f"{name}.release"
     while not release.exists():
         time.sleep(0.005)

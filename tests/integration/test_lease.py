@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
-from dex.errors import Fenced
+from dex.errors import CommitUnknown, Fenced, StorageError
 from dex.server.engine.state import SessionState
 from dex.server.ha.lease import Lease, LeaseSettings
 from dex.server.records import write
-from dex.server.store.postgres import LEADER_KEY, PostgresStore
+from dex.server.store.postgres import FENCE_KEY, LEADER_KEY, PostgresStore
+from dex.server.store.sql import statements
 from dex.testing.proxy import TcpProxy
 from dex.testing.wait import wait_until_async
 
@@ -74,18 +77,29 @@ def lease_row(url: str) -> tuple[int, str]:
     return int(row[0]), str(row[1])
 
 
-def lock_holders(url: str) -> list[int]:
-    """Backends holding the leader lock of this database (a bigint key: classid high, objid
-    low 32 bits; other databases on the server, other tests' or benchmarks', have their
-    own lock under the same key)."""
+def lock_holders(url: str, key: int = LEADER_KEY) -> list[int]:
+    """Backends holding the leader lock (or another advisory ``key``) of this database (a
+    bigint key: classid high, objid low 32 bits; other databases on the server, other
+    tests' or benchmarks', have their own lock under the same key)."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
             "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
             "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database() "
             "AND l.classid::bigint = %s AND l.objid::bigint = %s",
-            (LEADER_KEY >> 32, LEADER_KEY & 0xFFFFFFFF),
+            (key >> 32, key & 0xFFFFFFFF),
         ).fetchall()
     return [int(r[0]) for r in rows]
+
+
+def ended_sessions(caplog: pytest.LogCaptureFixture) -> int:
+    """How many sessions a bump ended because they held the fence lock (from the log)."""
+    return sum(getattr(r, "action", None) == "lease.fence_holder_ended" for r in caplog.records)
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP): state ``T`` in ``/proc/PID/stat``."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def session_ids(url: str) -> set[str]:
@@ -278,7 +292,7 @@ async def test_a_store_with_a_stale_epoch_is_fenced_and_writes_nothing(
 
 
 async def test_sixteen_writers_across_a_takeover_never_commit_with_the_old_epoch(
-    url: str, leases: list[Lease], stores: list[PostgresStore]
+    url: str, leases: list[Lease], stores: list[PostgresStore], caplog: pytest.LogCaptureFixture
 ) -> None:
     old_lease, new_lease = Lease(url, "old"), Lease(url, "new")
     leases += [old_lease, new_lease]
@@ -311,6 +325,7 @@ async def test_sixteen_writers_across_a_takeover_never_commit_with_the_old_epoch
     assert session_ids(url) == at_takeover  # nothing committed after the takeover
     assert set(acknowledged) == at_takeover  # and every acknowledged write is there
     assert len(at_takeover) >= 200
+    assert ended_sessions(caplog) == 0  # batches that end by themselves are waited for
 
 
 HOLDER = """
@@ -356,6 +371,189 @@ async def test_a_paused_holder_loses_the_lock_after_its_session_timeout_and_noti
         if holder.returncode is None:
             holder.kill()
         await holder.wait()
+
+
+LEADER = """
+import asyncio, sys
+from dex.server.engine.state import SessionState
+from dex.server.ha.lease import Lease
+from dex.server.records import write
+from dex.server.store.postgres import PostgresStore
+
+def idle(session_id):
+    return SessionState(id=session_id, agent="helper", created_at=1.0)
+
+async def main() -> None:
+    lease, store = Lease(sys.argv[1], "old"), PostgresStore(sys.argv[1])
+    await store.open()
+    store.fence_epoch = await lease.acquire()
+    store.on_fatal = lambda e: lease.lose(e.message)  # as the server wires them
+    await store.write(write(session=idle("before"), create=True))
+    print("epoch", store.fence_epoch, flush=True)
+    try:
+        await store.write(write(session=idle("paused"), create=True))  # stopped in it
+        print("committed", flush=True)
+    except Exception as e:
+        print("refused", type(e).__name__, flush=True)
+    await asyncio.wait_for(lease.lost.wait(), 10)
+    print("lost", flush=True)
+    await store.close()
+    await lease.release()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_leader_stopped_in_the_middle_of_a_batch_holds_no_takeover_off(
+    url: str,
+    leases: list[Lease],
+    stores: list[PostgresStore],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A leader SIGSTOPped inside a write batch, after its fence check took the fence lock
+    shared (a hung VM): the standby wins the leader lock once the stopped leader's lease
+    session times out, and its epoch bump ends the batch's session instead of waiting for
+    it. The batch rolls back: it was never acknowledged. Resumed, the old leader hears of
+    it as a commit it cannot vouch for and loses its lease."""
+    leader = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        LEADER,
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        env={
+            **os.environ,
+            "DEX_FAILPOINTS": "store.in_fenced_batch=stop@2",  # the batch of "paused"
+            "DEX_FAILPOINT_DIR": str(tmp_path),
+        },
+    )
+    assert leader.stdout is not None
+    try:
+        assert await asyncio.wait_for(leader.stdout.readline(), 20) == b"epoch 1\n"
+        await wait_until_async(
+            lambda: asyncio.sleep(0, stopped(leader.pid) and lock_holders(url, FENCE_KEY)),
+            10,
+            what="the leader stopped, holding the fence lock in a batch",
+        )
+        [in_batch] = lock_holders(url, FENCE_KEY)
+        standby = Lease(url, "standby")
+        leases.append(standby)
+        settings = standby.settings
+
+        began = time.monotonic()
+        assert await asyncio.wait_for(standby.acquire(), 20) == 2
+        took = time.monotonic() - began
+
+        # The stopped leader's lease session ends after session_timeout; then the bump
+        # waits fence_wait for the batch, ends its session, and goes on.
+        assert took < settings.session_timeout + settings.fence_wait + 1.5, took
+        assert in_batch not in lock_holders(url, FENCE_KEY)
+        assert ended_sessions(caplog) == 1
+        assert lease_row(url) == (2, "standby")
+        new = await open_store(url, stores, 2)
+        await new.write(write(session=idle("after"), create=True))
+
+        os.kill(leader.pid, signal.SIGCONT)
+        rest = await asyncio.wait_for(leader.stdout.read(), 20)
+        assert rest == b"refused CommitUnknown\nlost\n"
+        assert await asyncio.wait_for(leader.wait(), 10) == 0
+        assert session_ids(url) == {"before", "after"}  # the stopped batch never committed
+    finally:
+        if leader.returncode is None:
+            leader.kill()
+            await leader.wait()
+
+
+async def test_a_running_old_leader_whose_batch_outlasts_fence_wait_is_ended_and_steps_down(
+    url: str, leases: list[Lease], stores: list[PostgresStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Slow, not stopped: the old leader lost its lease session (an operator ended it) while
+    one of its batches runs a statement that takes a minute. The bump gives the batch
+    ``fence_wait``, then ends its session: the batch rolls back, and the old node hears of
+    it as a commit it cannot vouch for, loses the lease at once and is fenced after."""
+    old_lease, new_lease = Lease(url, "old"), Lease(url, "new")
+    leases += [old_lease, new_lease]
+    old = await open_store(url, stores, await old_lease.acquire())
+    fatal: list[StorageError] = []
+
+    def on_fatal(e: StorageError) -> None:  # as the server wires it, and counted
+        fatal.append(e)
+        old_lease.lose(e.message)
+
+    old.on_fatal = on_fatal
+    slow = old._commit_write(
+        [*statements(write(session=idle("slow"), create=True)), ("SELECT pg_sleep(60)", [()])]
+    )
+    await wait_until_async(
+        lambda: asyncio.sleep(0, lock_holders(url, FENCE_KEY)), 5, what="the batch runs"
+    )
+    contender = asyncio.create_task(new_lease.acquire())
+
+    began = time.monotonic()
+    terminate(url, old_lease.backend_pid)
+    assert await asyncio.wait_for(contender, 10) == 2
+    took = time.monotonic() - began
+
+    fence_wait = new_lease.settings.fence_wait
+    assert fence_wait <= took < fence_wait + 1.5, took  # it waited for the batch, then ended it
+    with pytest.raises(CommitUnknown):
+        await asyncio.wait_for(slow, 5)
+    assert [type(e) for e in fatal] == [CommitUnknown]
+    assert old_lease.lost.is_set() and not old_lease.valid()
+    with pytest.raises(Fenced):  # its next batch reconnects and is refused
+        await old.write(write(session=idle("late"), create=True))
+    new = await open_store(url, stores, 2)
+    await new.write(write(session=idle("after"), create=True))
+    assert session_ids(url) == {"after"}
+    assert ended_sessions(caplog) == 1  # and the operator can read which, and why
+
+
+async def test_a_role_that_may_not_end_the_batch_waits_for_it_and_says_so_once(
+    url: str, leases: list[Lease], stores: list[PostgresStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The new leader's role may not end the old leader's session (a superuser's, here):
+    the bump keeps waiting, as it did before ``fence_wait``, logs why once, and goes on as
+    soon as the batch ends some other way (an operator ends it)."""
+    role = "dex_fence_" + secrets.token_hex(4)
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+        admin.execute(f"GRANT SELECT, UPDATE ON dex_lease TO {role}")
+    old_lease = Lease(url, "old")
+    new_lease = Lease(url.replace("//postgres@", f"//{role}@"), "new")
+    leases.append(old_lease)
+    try:
+        old = await open_store(url, stores, await old_lease.acquire())
+        slow = old._commit_write([("SELECT pg_sleep(60)", [()])])
+        await wait_until_async(
+            lambda: asyncio.sleep(0, lock_holders(url, FENCE_KEY)), 5, what="the batch runs"
+        )
+        [in_batch] = lock_holders(url, FENCE_KEY)
+        contender = asyncio.create_task(new_lease.acquire())
+        terminate(url, old_lease.backend_pid)
+
+        def refused() -> int:
+            return sum(getattr(r, "action", None) == "lease.fence_held" for r in caplog.records)
+
+        await wait_until_async(lambda: asyncio.sleep(0, refused()), 10, what="it says why")
+        assert "pg_signal_backend" in caplog.text
+        assert not contender.done()  # still waiting for the batch
+        assert lock_holders(url, FENCE_KEY) == [in_batch]
+        wait = new_lease.settings.fence_wait
+        with pytest.raises(TimeoutError):  # a few more rounds: still waiting, said once
+            await asyncio.wait_for(asyncio.shield(contender), 2 * wait + 0.5)
+
+        terminate(url, in_batch)  # an operator ends the batch's session
+        assert await asyncio.wait_for(contender, 5) == 2
+        assert refused() == 1 and ended_sessions(caplog) == 0
+        with pytest.raises(CommitUnknown):
+            await asyncio.wait_for(slow, 5)
+    finally:
+        await new_lease.release()
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
 
 
 async def test_a_fenced_write_loses_the_lease_at_once(

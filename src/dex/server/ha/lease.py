@@ -8,7 +8,9 @@ holder frees the lock at once, a hung or cut-off one within ``session_timeout``.
 winning, a node bumps ``dex_lease.epoch`` in the transaction that holds the fence lock
 (``pg_advisory_xact_lock(FENCE_KEY)``) exclusively; the store of a node checks that epoch
 on every write batch (``PostgresStore.fence_epoch``), so an old leader that still runs
-can commit nothing after the takeover.
+can commit nothing after the takeover. A batch that holds the fence lock longer than
+``fence_wait`` (its node stopped in the middle of it) has its session ended, so no old
+leader can hold a takeover off.
 
 ``valid_until`` is a monotonic deadline, refreshed by each successful ping, shorter than
 the time a standby needs to win: what a node answers from memory (a heartbeat reply, a
@@ -43,6 +45,16 @@ BUMP = (
     "UPDATE dex_lease SET epoch = epoch + 1, holder = %s, acquired_at = now() "
     "WHERE id = 1 RETURNING epoch"
 )
+END_FENCE_HOLDERS = (
+    "SELECT l.pid, a.application_name, host(a.client_addr), pg_terminate_backend(l.pid) "
+    "FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+    "LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' AND d.datname = current_database() "
+    "AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.objsubid = 1 "
+    "AND l.mode = 'ShareLock' AND l.granted AND l.pid <> pg_backend_pid()"
+)
+"""End the sessions whose write batches hold the fence lock (of this database: another
+database on the server has its own lock under the same key)."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +73,20 @@ class LeaseSettings:
     margin: float = 1.0
     """Of ``session_timeout``, what ``valid_until`` leaves unused (for slow pings and
     clock rates)."""
+    fence_wait: float = 1.0
+    """How long a new leader's epoch bump waits for the write batches in flight (they hold
+    the fence lock shared) before it ends their sessions. A batch takes milliseconds; one
+    that still holds the lock after this long belongs to a previous leader that is stopped
+    (a hung VM), cut off mid-batch, or lost the lease anyway, and PostgreSQL would wait
+    for it without end (see ``_LockThread._bump``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.margin < self.session_timeout:
             raise ValueError("LeaseSettings: margin must be between 0 and session_timeout")
         if self.ping_interval + self.ping_timeout >= self.valid_for:
             raise ValueError("LeaseSettings: a ping must come back within valid_for")
+        if self.fence_wait < 0.001:
+            raise ValueError("LeaseSettings: fence_wait must be at least 1 ms")
 
     @property
     def valid_for(self) -> float:
@@ -283,6 +303,8 @@ class _LockThread:
                     if row is not None and row[0] and not self._stop.is_set():
                         sent = time.monotonic()
                         epoch = self._bump(conn)
+                        if epoch is None:  # stopped while batches held the fence
+                            break
                         reading = _read_clock(conn)
                         self.valid_until = sent + s.valid_for
                         self.backend_pid = conn.info.backend_pid
@@ -369,14 +391,68 @@ class _LockThread:
             conn.execute("SELECT set_config(%s, %s, false)", (setting, str(value)))
         return conn
 
-    def _bump(self, conn: Conn) -> int:
-        with conn.transaction():
-            # Waits for write batches in flight (they hold it shared), then fences them.
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (FENCE_KEY,))
-            row = conn.execute(BUMP, (self.holder,)).fetchone()
-        if row is None:
-            raise StorageError("no lease row: open the PostgreSQL store first (migrations)")
-        return int(row[0])
+    def _bump(self, conn: Conn) -> int | None:
+        """Bump the epoch in a transaction that holds the fence lock exclusively: taking it
+        waits for the write batches in flight (each holds it shared until it ends), and
+        from then on every batch of an older epoch is refused. Returns the new epoch, or
+        None if ``stop`` was called meanwhile.
+
+        A batch whose node stopped in the middle of it (SIGSTOP, a hung VM, a partition)
+        holds the shared lock for as long as its session lives, and nothing ends that
+        session soon: its pipeline sent no Sync, so PostgreSQL counts it as active, not
+        idle in a transaction (``idle_in_transaction_session_timeout`` never fires), and
+        the client's kernel still answers keepalives. So the bump waits at most
+        ``fence_wait`` (``lock_timeout``), then ends the sessions that hold the lock
+        shared (``pg_terminate_backend``) and asks again. That is safe: this node holds
+        the leader lock, so they are writes of a node that lost it; a batch that had not
+        committed rolls back, and it was never acknowledged (its node hears of a lost
+        connection: ``CommitUnknown``, and steps down); a batch already committing
+        finishes before its locks are released, so before the bump."""
+        wait = f"{max(1, int(self.settings.fence_wait * 1000))}ms"
+        warned = False
+        while not self._stop.is_set():
+            try:
+                with conn.transaction():
+                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (wait,))
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (FENCE_KEY,))
+                    row = conn.execute(BUMP, (self.holder,)).fetchone()
+            except psycopg.errors.LockNotAvailable:
+                warned = self._end_fence_holders(conn, warned)
+                continue
+            if row is None:
+                raise StorageError("no lease row: open the PostgreSQL store first (migrations)")
+            return int(row[0])
+        return None
+
+    def _end_fence_holders(self, conn: Conn, warned: bool) -> bool:
+        """End the sessions that held the fence lock shared for ``fence_wait``. Without the
+        right to (a role that is neither theirs nor in ``pg_signal_backend``) the bump
+        keeps waiting, as it did before, and says why once. Returns whether it said so."""
+        try:
+            rows = conn.execute(END_FENCE_HOLDERS, (FENCE_KEY >> 32, FENCE_KEY & 0xFFFFFFFF))
+            ended = rows.fetchall()
+        except psycopg.errors.InsufficientPrivilege as e:
+            if not warned:
+                log.error(
+                    "lease: write batches of a previous leader hold the fence lock for more "
+                    "than %gs, and this role may not end their sessions (%s): the takeover "
+                    "waits for them; grant it pg_signal_backend",
+                    self.settings.fence_wait,
+                    e,
+                    extra={"action": "lease.fence_held", "holder": self.holder},
+                )
+            return True
+        for pid, application, address, _ in ended:
+            log.warning(
+                "lease: ended session %s (%s at %s): its write batch held the fence lock for "
+                "more than %gs; it rolls back unacknowledged",
+                pid,
+                application,
+                address or "a local socket",
+                self.settings.fence_wait,
+                extra={"action": "lease.fence_holder_ended", "holder": self.holder, "pid": pid},
+            )
+        return warned
 
 
 def _read_clock(conn: Conn) -> _Reading | None:

@@ -21,6 +21,7 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from dex import _failpoints as failpoints
 from dex.errors import CommitUnknown, Conflict, Fenced, StorageError
 from dex.server.store.base import migrations
 from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
@@ -133,8 +134,11 @@ class PostgresStore(SqlStore):
         conn = await connect(self.url)
         try:
             await conn.execute("SET synchronous_commit TO on")  # never lower it
-            # A node paused in the middle of a batch must not hold the fence lock (and with
-            # it a takeover) for long: PostgreSQL ends a transaction left idle this long.
+            # A transaction left idle this long is ended by PostgreSQL, and its fence lock
+            # with it. That covers the one-by-one retry (a Sync after every statement), not
+            # a pipelined batch: with no Sync sent yet, PostgreSQL counts its session as
+            # active however long the node is stopped. A new leader ends those itself
+            # (``LeaseSettings.fence_wait``).
             await conn.execute("SET idle_in_transaction_session_timeout TO '3s'")
         except psycopg.Error as e:
             await conn.close()
@@ -194,6 +198,7 @@ class PostgresStore(SqlStore):
                 await cur.execute("BEGIN")
                 if epoch is not None:
                     await cur.execute("SELECT dex_fence(%s)", (epoch,))
+                    failpoints.hit("store.in_fenced_batch")  # the fence is sent, COMMIT not
                 for statements, _ in batch:
                     await _execute(cur, statements)
                 await cur.execute("COMMIT")
