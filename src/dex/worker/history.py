@@ -30,7 +30,9 @@ class HistoryCache:
             kept = self._views.get(session_id)
             if kept is None or len(kept) < base:
                 return None
-            items = kept[:base] + ITEMS.validate_json(bytes(raw))
+            # the common case keeps the whole view: one copy, not a slice and a copy
+            head = kept if len(kept) == base else kept[:base]
+            items = head + ITEMS.validate_json(bytes(raw))
         else:
             items = ITEMS.validate_json(bytes(raw))
         self._views[session_id] = items

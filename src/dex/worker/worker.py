@@ -28,6 +28,7 @@ import aiohttp
 import msgspec
 import orjson
 from pydantic import Field
+from pydantic_core import to_jsonable_python
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 from dex import _failpoints as failpoints
@@ -617,7 +618,7 @@ class Worker:
             failpoints.hit("worker.poll_running")
             value = await tool.call_poll(ctx, h.task_handle)
             if value is PENDING:
-                return ToolOutcome(status="pending").model_dump(mode="json")
+                return dict(_PENDING)
         elif h.step_type == StepType.CHECK_TOOL_CALL:
             verdict = await tool.call_check(ctx, arguments)
             outcome = ToolOutcome(
@@ -627,7 +628,7 @@ class Worker:
         else:
             failpoints.hit("worker.tool_running")
             value = await tool.invoke(ctx, arguments)
-        return ToolOutcome(status="succeeded", result=value).model_dump(mode="json")
+        return succeeded(value)
 
     async def _start_acknowledged(self, attempt: _Attempt) -> bool:
         """Ask the node whether to start (a heartbeat with a ``seq`` of ours) until it
@@ -647,6 +648,18 @@ class Worker:
 
     async def _beat(self, attempt_id: str) -> None:
         self._send({"t": "hb", "attempts": [attempt_id]})
+
+
+_SUCCEEDED = ToolOutcome(status="succeeded").model_dump(mode="json")
+_PENDING = ToolOutcome(status="pending").model_dump(mode="json")
+
+
+def succeeded(value: Any) -> dict[str, Any]:
+    """``ToolOutcome(status="succeeded", result=value).model_dump(mode="json")``, without
+    building and dumping a model: the outcome of nearly every tool call, and a tenth of
+    the cost. ``value`` goes through the same serializer that dump uses for ``Any``
+    (a value it cannot serialize raises the same error, and the attempt fails)."""
+    return {**_SUCCEEDED, "result": to_jsonable_python(value, by_alias=False, inf_nan_mode="null")}
 
 
 class _Unreachable(Exception):
