@@ -10,12 +10,13 @@ PROGRAM = """
 import sys
 import dex
 from dex.models import Scripted, say
-from dex.wire import Handout, StepType
+from dex.wire import StepType
+from dex.wire.server_frames import Step
 
 agent = dex.Agent(name="a", model=Scripted(lambda history: say("hi")))
 worker = dex.Worker([agent], "http://127.0.0.1:1")
-handout = Handout(attempt_id="s/1.1/1", session_id="s", step_id="1.1",
-                  step_type=StepType.RUN_MODEL, attempt=1, agent="a")
+handout = Step(attempt_id="s/1.1/1", session_id="s", step_id="1.1",
+               step_type=StepType.RUN_MODEL, attempt=1, agent="a")
 from dex.worker.worker import _Attempt
 with worker._span(_Attempt(handout, traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"), agent):
     pass

@@ -9,7 +9,8 @@ from typing import Any
 
 import dex
 from dex.models import Scripted, say
-from dex.wire import Handout, StepType
+from dex.wire import StepType
+from dex.wire.server_frames import HeartbeatReply, Step
 from dex.worker.worker import _Attempt, _Link
 
 
@@ -21,8 +22,8 @@ async def book(ctx: dex.ToolContext) -> str:
 AGENT = dex.Agent(name="a", model=Scripted(lambda history: say("x")), tools=[book])
 
 
-def handout() -> Handout:
-    return Handout(
+def handout() -> Step:
+    return Step(
         attempt_id="s/1.2/1",
         session_id="s",
         step_id="1.2",
@@ -49,15 +50,15 @@ async def test_only_a_timely_answer_with_the_asks_seq_starts_the_tool() -> None:
     first_seq = sent[-1]["seq"]
     link = _Link(ws=None, heartbeat_interval=1.0)  # type: ignore[arg-type]
     aid = attempt.handout.attempt_id
-    worker._on_message(link, {"t": "hb", "status": {aid: "ok"}})  # a periodic beat's reply
-    worker._on_message(link, {"t": "hb", "status": {aid: "ok"}, "seq": first_seq + 99})
+    worker._on_message(link, HeartbeatReply(status={aid: "ok"}))  # a periodic beat's reply
+    worker._on_message(link, HeartbeatReply(status={aid: "ok"}, seq=first_seq + 99))
     assert not attempt.started.done()
     attempt.start_sent = time.monotonic() - 1.0  # the answer comes back too late
-    worker._on_message(link, {"t": "hb", "status": {aid: "ok"}, "seq": first_seq})
+    worker._on_message(link, HeartbeatReply(status={aid: "ok"}, seq=first_seq))
     assert not attempt.started.done()
     while sent[-1]["seq"] == first_seq:  # no timely answer: it asks again
         await asyncio.sleep(0.01)
-    worker._on_message(link, {"t": "hb", "status": {aid: "ok"}, "seq": sent[-1]["seq"]})
+    worker._on_message(link, HeartbeatReply(status={aid: "ok"}, seq=sent[-1]["seq"]))
     assert await asking is True
 
 
@@ -70,5 +71,5 @@ async def test_a_stop_refuses_the_start() -> None:
     asking = asyncio.create_task(worker._start_acknowledged(attempt))
     await asyncio.sleep(0)
     link = _Link(ws=None, heartbeat_interval=1.0)  # type: ignore[arg-type]
-    worker._on_message(link, {"t": "hb", "status": {attempt.handout.attempt_id: "stop"}})
+    worker._on_message(link, HeartbeatReply(status={attempt.handout.attempt_id: "stop"}))
     assert await asking is False

@@ -10,7 +10,8 @@ the same bound (the Worker's ``hello`` tells it), so it knows what the Worker ha
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+
+import msgspec
 
 from dex.wire import ITEMS, Item
 
@@ -20,17 +21,20 @@ class HistoryCache:
         self.sessions = sessions
         self._views: OrderedDict[str, list[Item]] = OrderedDict()
 
-    def view(self, session_id: str, base: int, raw: list[Any]) -> list[Item] | None:
+    def view(self, session_id: str, base: int, raw: bytes | msgspec.Raw) -> list[Item] | None:
         """The model's view for this hand-out: the first ``base`` items of the view last
-        handed out, then ``raw`` (JSON, validated here). None if this Worker does not hold
-        those ``base`` items (it dropped the session, or reconnected)."""
+        handed out, then the items of ``raw`` (the JSON the step carries, validated here:
+        only the new items are). None if this Worker does not hold those ``base`` items
+        (it dropped the session, or reconnected)."""
         if base:
             kept = self._views.get(session_id)
             if kept is None or len(kept) < base:
                 return None
-            items = kept[:base] + ITEMS.validate_python(raw)
+            # the common case keeps the whole view: one copy, not a slice and a copy
+            head = kept if len(kept) == base else kept[:base]
+            items = head + ITEMS.validate_json(bytes(raw))
         else:
-            items = ITEMS.validate_python(raw)
+            items = ITEMS.validate_json(bytes(raw))
         self._views[session_id] = items
         self._views.move_to_end(session_id)
         while len(self._views) > self.sessions:

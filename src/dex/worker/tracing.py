@@ -20,7 +20,8 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 import dex
 from dex.errors import ToolError
 from dex.tools import Interrupt
-from dex.wire import Handout, StepType
+from dex.wire import StepType
+from dex.wire.server_frames import Step
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -32,7 +33,7 @@ class AttemptTracing:
         self.worker_id = worker_id
 
     @contextmanager
-    def span(self, h: Handout, traceparent: str | None, model: dict[str, Any]) -> Iterator[None]:
+    def span(self, h: Step, traceparent: str | None, model: dict[str, Any]) -> Iterator[None]:
         """The span of one attempt, named for what runs: ``dex.model AGENT``, ``dex.compact
         AGENT`` or ``dex.tool TOOL``. A ``ToolError`` sets its status to error; a pause
         (``ctx.ask``, ``ctx.sleep``) or a cancellation does not."""
