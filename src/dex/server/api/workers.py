@@ -275,6 +275,10 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
                     e,
                     extra={"action": "worker.bad_frame", "worker_id": worker.id},
                 )
+                # forgotten before the close is sent: a Worker that sees it and connects
+                # again at once is not refused as still connected
+                outbox.closed = True
+                dispatcher.disconnect(worker)
                 await ws.close(CLOSE_BAD_FRAME, f"bad frame: {e}")
                 break
     finally:
