@@ -7,14 +7,13 @@ import concurrent.futures
 import contextlib
 import socket
 import threading
-import urllib.request
 from typing import Any
 
 import pytest
 
 import dex
 from dex.testing import wait_until
-from tests.support.rig import Rig
+from tests.support.rig import Rig, metric
 
 
 def order(event_id: str) -> tuple[int, ...]:
@@ -187,11 +186,3 @@ def test_a_stalled_subscriber_slows_no_one_and_is_dropped_with_a_notice(rig: Rig
     assert b"event: stream.dropped\n" in tail  # the last thing it was sent
     assert received.count(b"event: model.delta") < size // 500  # what fit, then the notice
     assert metric(rig, "dex_stream_subscribers_dropped_total") == 1
-
-
-def metric(rig: Rig, name: str) -> float:
-    with urllib.request.urlopen(rig.server.address + "/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"no {name} in /metrics")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import urllib.error
 import urllib.request
+from typing import Any
 
 from dex.testing import wait_until
-from tests.support.rig import Rig, attempts, results
+from tests.support.rig import Rig, attempts, metric, results
 
 
 def readyz(rig: Rig) -> tuple[int, dict[str, str]]:
@@ -67,3 +69,39 @@ def test_an_attempt_still_running_at_the_drain_timeout_fails_and_runs_again(rig:
     assert "drain timeout (0.5s) passed" in failed["error"]["message"]
     assert failed["error"]["attempt_progress"] == "NOT_COMPLETED"
     assert results(t)[0]["status"] == "succeeded"
+
+
+def test_a_request_waiting_for_a_turn_is_answered_when_the_node_stops(rig: Rig) -> None:
+    """Its client moves on to the node that serves next at once, instead of holding a
+    long poll to a node that hands nothing out any more until the poll times out."""
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session()
+    turn = rig.call(sid, ("lookup", {"key": "k", "gate": "g"}))
+    rig.wait_entered("g", 1)
+    answer: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        url = f"{rig.server.address}/v1/sessions/{sid}/turns/{turn}?wait_seconds=60"
+        try:
+            with urllib.request.urlopen(url, timeout=90) as r:
+                answer.update(status=r.status, body=json.loads(r.read()))
+        except Exception as e:  # reported by the assertion below
+            answer.update(error=repr(e))
+
+    poller = threading.Thread(target=long_poll, daemon=True)
+    poller.start()
+    wait_until(lambda: metric(rig, "dex_turn_waits") == 1, 10, what="the long poll held")
+
+    assert rig.server.proc is not None
+    rig.server.proc.send_signal(signal.SIGTERM)
+    rig.open_gate("g")  # the attempt finishes within the drain; nothing new is handed out
+    poller.join(30)
+    # answered by the node as it stopped, not dropped by its exit (uvicorn gives open
+    # requests 5 s, less than the 60 s the poll asked for)
+    assert answer.get("status") == 200, answer
+    assert answer["body"]["status"] == "running"
+    assert rig.server.proc.wait(30) == 0
+
+    rig.start_server()  # the turn goes on where it was
+    assert rig.wait_turn(sid, turn)["status"] == "completed"

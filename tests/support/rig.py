@@ -4,6 +4,7 @@ ledger, gates and failpoints."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,15 @@ def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
         yield r
     finally:
         r.close()
+
+
+def metric(rig: Rig, name: str) -> float:
+    """One unlabelled figure of the active node's ``/metrics``."""
+    with urllib.request.urlopen(rig.server.address + "/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
 
 
 def results(turn: dict[str, Any]) -> list[dict[str, Any]]:

@@ -100,6 +100,13 @@ class Actor:
             if not waiter.done():
                 waiter.set_result(turn)
 
+    def wake_all(self) -> None:
+        """Who waits for any turn hears now, with no turn: the node stops serving."""
+        waiters, self.turn_waiters = self.turn_waiters, {}
+        for waiter in (w for ws in waiters.values() for w in ws):
+            if not waiter.done():
+                waiter.set_result(None)
+
     @property
     def idle(self) -> bool:
         """Nothing holds it, waits on it or is recorded for it: it may be forgotten."""
@@ -150,6 +157,10 @@ class Actors:
 
     def __len__(self) -> int:
         return len(self._actors)
+
+    def actors(self) -> list[Actor]:
+        """The actors in memory, in no useful order, without touching their recency."""
+        return list(self._actors.values())
 
     def __iter__(self) -> Iterator[str]:
         """The ids of the sessions in memory, least recently used first."""

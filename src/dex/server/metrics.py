@@ -129,6 +129,7 @@ def node_gauges(node: Node) -> Iterator[Metric]:
     dispatcher, store, sessions = node.dispatcher, node.store, node.sessions
     yield gauge("dex_workers_connected", "Worker connections.", len(dispatcher.workers))
     yield gauge("dex_attempts_running", "Attempts Workers hold now.", len(dispatcher.held))
+    yield gauge("dex_turn_waits", "Requests waiting for a turn to end now.", sessions.turn_waits)
     depth = GaugeMetricFamily(
         "dex_queue_depth", "Steps waiting for a Worker, by queue.", labels=["queue"]
     )

@@ -101,6 +101,10 @@ class Sessions:
         self.corrupt: set[str] = set()
         """Sessions whose stored records could not be read at start: they were not
         recovered (each answers ``corrupt_record``), every other one was."""
+        self.waits_ended = False
+        self.turn_waits = 0
+        """Requests waiting for a turn to end now (long polls held)."""
+        """The node stopped serving: a request that waits for a turn answers at once."""
         self.background_failures = 0
         """Background writes (a timer firing, a handler, an expired attempt) that failed
         and were tried again."""
@@ -144,6 +148,14 @@ class Sessions:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def end_waits(self) -> None:
+        """The node stops serving: every request that waits for a turn answers now, with
+        the turn as it stands, and so does each one after, so that its client asks the
+        node that serves next instead of holding a long poll to this one."""
+        self.waits_ended = True
+        for actor in self.actors.actors():
+            actor.wake_all()
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -381,22 +393,24 @@ class Sessions:
         if number < 1 or number > actor.state.messages_received:
             raise NotFound(f"session {session_id} has no turn {number}")
         found = await self._turn_now(actor, number)
-        if found[0] is not None or timeout <= 0:
+        if found[0] is not None or timeout <= 0 or self.waits_ended:
             return found
         loop = asyncio.get_running_loop()
         woken: asyncio.Future[Turn | None] = loop.create_future()
         waiters = actor.turn_waiters.setdefault(number, [])
         waiters.append(woken)
         timer = loop.call_later(timeout, _give_up, woken)
+        self.turn_waits += 1
         try:
             # it may have moved on while storage was read: look once more, now that
             # ``woken`` is registered to hear of it
             found = await self._turn_now(actor, number)
-            if found[0] is not None:
+            if found[0] is not None or self.waits_ended:
                 return found
             await woken  # the turn ended, waits for a person, or the time is up
             return await self._turn_now(actor, number)
         finally:
+            self.turn_waits -= 1
             timer.cancel()
             if woken in waiters:
                 waiters.remove(woken)

@@ -152,6 +152,7 @@ class Node:
                 f"the node stopped: its drain timeout ({timeout:g}s) passed"
             )
         self.role = "stopped"
+        self.sessions.end_waits()
         self.dispatcher.close_all(CLOSE_NOT_READY, "the node is stopping")
         await self.leadership.release()
         log.info("drained", extra={"action": "node.drained", "failed_attempts": failed})
