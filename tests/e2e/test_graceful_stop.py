@@ -105,3 +105,32 @@ def test_a_request_waiting_for_a_turn_is_answered_when_the_node_stops(rig: Rig) 
 
     rig.start_server()  # the turn goes on where it was
     assert rig.wait_turn(sid, turn)["status"] == "completed"
+
+
+def test_a_live_event_stream_ends_when_the_node_stops(rig: Rig) -> None:
+    """Its subscriber reconnects (with ``Last-Event-ID``) to the node that serves next at
+    once, and the stopping node exits without waiting out uvicorn's shutdown for it."""
+    rig.start_server()
+    rig.start_worker()
+    sid = rig.session()
+    ended: dict[str, Any] = {}
+
+    def follow() -> None:
+        url = f"{rig.server.address}/v1/sessions/{sid}/events"
+        try:
+            with urllib.request.urlopen(url, timeout=90) as r:
+                ended.update(status=r.status, body=r.read())  # to the end of the response
+        except Exception as e:  # reported by the assertion below
+            ended.update(error=repr(e))
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    wait_until(lambda: metric(rig, "dex_stream_subscribers") == 1, 10, what="subscribed")
+
+    assert rig.server.proc is not None
+    rig.server.proc.send_signal(signal.SIGTERM)
+    follower.join(30)
+    # ended by the node as it stopped, not cut by its exit
+    assert ended.get("status") == 200, ended
+    assert rig.server.proc.wait(30) == 0
+    assert "drained" in rig.server.output()

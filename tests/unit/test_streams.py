@@ -3,7 +3,10 @@ subscriber which falls behind instead of waiting for it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+
+import pytest
 
 from dex.server.streams import Event, MemoryStreams
 
@@ -95,3 +98,19 @@ async def test_an_id_this_node_never_gave_is_a_gap_then_everything_buffered() ->
     for unknown in ("99999999999999999", "1796195166824-3"):  # ahead of it; Redis's form
         gap, started = await take(streams.subscribe("s", unknown), 2)
         assert gap.type == "stream.gap" and started.type == "turn.started"
+
+
+async def test_ending_the_subscriptions_ends_each_one_after_what_it_was_sent() -> None:
+    streams = MemoryStreams()
+    streams.publish("s", "history.item", {"index": 0})
+    live = streams.subscribe("s")
+    assert [e.data["index"] for e in await take(live, 1)] == [0]
+    waiting = asyncio.ensure_future(anext(live))  # nothing new: it waits for an event
+    await asyncio.sleep(0)
+    assert not waiting.done()
+
+    streams.end_subscriptions()  # the node stops serving
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(waiting, 5)
+    later = [e async for e in streams.subscribe("s")]  # one that starts after: ends at once
+    assert later == [] and streams.subscribers == 0

@@ -152,10 +152,12 @@ class Sessions:
     def end_waits(self) -> None:
         """The node stops serving: every request that waits for a turn answers now, with
         the turn as it stands, and so does each one after, so that its client asks the
-        node that serves next instead of holding a long poll to this one."""
+        node that serves next instead of holding a long poll to this one; every live event
+        stream ends, so that its subscriber resumes there."""
         self.waits_ended = True
         for actor in self.actors.actors():
             actor.wake_all()
+        self.streams.end_subscriptions()
 
     async def stop(self) -> None:
         for task in list(self._tasks):

@@ -27,6 +27,11 @@ class Streams(Protocol):
 
     async def close(self) -> None: ...
 
+    def end_subscriptions(self) -> None:
+        """The node stops serving: every subscription ends now, and each later one at
+        once, so that its client resumes on the node that serves next."""
+        ...
+
     def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:
         """Send an event to the session's subscribers; never waits."""
         ...

@@ -102,6 +102,8 @@ class Rings:
         self.subscribers = 0
         self.dropped = 0
         """Subscribers dropped because they fell behind the buffer."""
+        self.ended = False
+        """The node stopped serving: every subscription ends."""
         self._rings: OrderedDict[str, _Ring] = OrderedDict()
 
     def __contains__(self, session_id: str) -> bool:
@@ -170,7 +172,7 @@ class Rings:
             yield gap("events after this id are no longer buffered on this node")
         elif after is not None:
             last = after
-        while True:
+        while not self.ended:
             if last < ring.evicted:
                 self.dropped += 1
                 yield dropped(f"this subscriber fell more than {self.keep} events behind")
@@ -191,6 +193,12 @@ class Rings:
                 await asyncio.wait_for(waiter.wait(), KEEP_ALIVE)
             except TimeoutError:
                 yield None
+
+    def end(self) -> None:
+        """End every subscription (each ``follow`` returns), now and from now on."""
+        self.ended = True
+        for ring in self._rings.values():
+            ring.changed.set()
 
     def watch(self, session_id: str, complete_after: Key) -> _Ring:
         """Count a subscriber in: the ring keeps what is appended from now on."""
@@ -234,6 +242,9 @@ class MemoryStreams:
 
     async def close(self) -> None:
         pass
+
+    def end_subscriptions(self) -> None:
+        self.rings.end()
 
     def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:
         if type_ == "model.delta" and session_id not in self.rings:

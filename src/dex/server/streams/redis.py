@@ -171,6 +171,9 @@ class RedisStreams:
             await asyncio.gather(self._task, return_exceptions=True)
         await self._redis.aclose()
 
+    def end_subscriptions(self) -> None:
+        self.rings.end()
+
     # --- publishing ---------------------------------------------------------------------
 
     def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:
