@@ -528,8 +528,8 @@ def report(
         server_ms = par.cpu["server"] / par.turns * 1000 if par.turns else float("inf")
         ok = server_ms <= TARGET_SERVER_CPU_MS and not par.failed
         out.append(
-            f"  server CPU per turn at {TARGET_CONCURRENCY} sessions <= {TARGET_SERVER_CPU_MS:g} ms: "
-            f"{server_ms:.2f} ms  {'MET' if ok else 'MISSED'}"
+            f"  server CPU per turn at {TARGET_CONCURRENCY} sessions "
+            f"<= {TARGET_SERVER_CPU_MS:g} ms: {server_ms:.2f} ms  {'MET' if ok else 'MISSED'}"
         )
     return "\n".join(out)
 
