@@ -102,9 +102,9 @@ class Sessions:
         """Sessions whose stored records could not be read at start: they were not
         recovered (each answers ``corrupt_record``), every other one was."""
         self.waits_ended = False
+        """The node stopped serving: a request that waits for a turn answers at once."""
         self.turn_waits = 0
         """Requests waiting for a turn to end now (long polls held)."""
-        """The node stopped serving: a request that waits for a turn answers at once."""
         self.background_failures = 0
         """Background writes (a timer firing, a handler, an expired attempt) that failed
         and were tried again."""
