@@ -71,6 +71,23 @@ def test_an_attempt_still_running_at_the_drain_timeout_fails_and_runs_again(rig:
     assert results(t)[0]["status"] == "succeeded"
 
 
+def read_in_background(url: str) -> tuple[threading.Thread, dict[str, Any]]:
+    """GET ``url`` to the end of its response in a thread: the dict gets its ``status`` and
+    ``body``, or the ``error`` that cut it."""
+    got: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            with urllib.request.urlopen(url, timeout=90) as r:
+                got.update(status=r.status, body=r.read())
+        except Exception as e:  # reported by the caller's assertions
+            got.update(error=repr(e))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, got
+
+
 def test_a_request_waiting_for_a_turn_is_answered_when_the_node_stops(rig: Rig) -> None:
     """Its client moves on to the node that serves next at once, instead of holding a
     long poll to a node that hands nothing out any more until the poll times out."""
@@ -79,18 +96,8 @@ def test_a_request_waiting_for_a_turn_is_answered_when_the_node_stops(rig: Rig) 
     sid = rig.session()
     turn = rig.call(sid, ("lookup", {"key": "k", "gate": "g"}))
     rig.wait_entered("g", 1)
-    answer: dict[str, Any] = {}
-
-    def long_poll() -> None:
-        url = f"{rig.server.address}/v1/sessions/{sid}/turns/{turn}?wait_seconds=60"
-        try:
-            with urllib.request.urlopen(url, timeout=90) as r:
-                answer.update(status=r.status, body=json.loads(r.read()))
-        except Exception as e:  # reported by the assertion below
-            answer.update(error=repr(e))
-
-    poller = threading.Thread(target=long_poll, daemon=True)
-    poller.start()
+    url = f"{rig.server.address}/v1/sessions/{sid}/turns/{turn}?wait_seconds=60"
+    poller, answer = read_in_background(url)
     wait_until(lambda: metric(rig, "dex_turn_waits") == 1, 10, what="the long poll held")
 
     assert rig.server.proc is not None
@@ -100,7 +107,7 @@ def test_a_request_waiting_for_a_turn_is_answered_when_the_node_stops(rig: Rig) 
     # answered by the node as it stopped, not dropped by its exit (uvicorn gives open
     # requests 5 s, less than the 60 s the poll asked for)
     assert answer.get("status") == 200, answer
-    assert answer["body"]["status"] == "running"
+    assert json.loads(answer["body"])["status"] == "running"
     assert rig.server.proc.wait(30) == 0
 
     rig.start_server()  # the turn goes on where it was
@@ -113,18 +120,7 @@ def test_a_live_event_stream_ends_when_the_node_stops(rig: Rig) -> None:
     rig.start_server()
     rig.start_worker()
     sid = rig.session()
-    ended: dict[str, Any] = {}
-
-    def follow() -> None:
-        url = f"{rig.server.address}/v1/sessions/{sid}/events"
-        try:
-            with urllib.request.urlopen(url, timeout=90) as r:
-                ended.update(status=r.status, body=r.read())  # to the end of the response
-        except Exception as e:  # reported by the assertion below
-            ended.update(error=repr(e))
-
-    follower = threading.Thread(target=follow, daemon=True)
-    follower.start()
+    follower, ended = read_in_background(f"{rig.server.address}/v1/sessions/{sid}/events")
     wait_until(lambda: metric(rig, "dex_stream_subscribers") == 1, 10, what="subscribed")
 
     assert rig.server.proc is not None
