@@ -26,7 +26,8 @@ For each size (the baseline, then ``--sessions``) it runs in a fresh temporary d
 6. ``GET /v1/sessions`` pages (``--page`` sessions each) at the first page, the middle
    and the end: wall time and server CPU per page.
 7. Session creation through the HTTP API by ``--clients`` concurrent clients
-   (``dex.Client``) for ``--create-seconds``: creations per second, and CPU per creation
+   (``bench.creator``: one keep-alive connection each, lighter than ``dex.Client``) for
+   ``--create-seconds``: creations per second, and CPU per creation
    of the server and of this client process. The machine's cores are shared by both, so
    the server's CPU per creation is the figure that carries to another machine.
 
@@ -60,6 +61,7 @@ import dex
 from dex.server.fleet import encode_cursor
 from dex.testing import ServerProcess, WorkerProcess, wait_until, wait_until_async
 
+from . import creator
 from .turns import cpu_seconds, machine_busy_seconds, memory_kib, render_table
 
 AGENTS = str(Path(__file__).with_name("scale_agents.py"))
@@ -434,25 +436,9 @@ class Run:
         for name in positions:
             size.pages[name] = (statistics.median(walls[name]), cpu[name] / len(walls[name]))
 
-    async def create(self, client: dex.Client, size: Size) -> None:
-        clients = self.args.clients
-        until = 0.0
-        errors = 0
-
-        async def lane(count: bool) -> int:
-            nonlocal errors
-            made = 0
-            while time.monotonic() < until:
-                try:
-                    await client.create_session(AGENT)
-                except dex.DexError:
-                    errors += count
-                    continue
-                made += 1
-            return made
-
-        until = time.monotonic() + 1.0  # warm-up
-        await asyncio.gather(*(lane(False) for _ in range(clients)))
+    async def create(self, size: Size) -> None:
+        address, clients = self.server.address, self.args.clients
+        await creator.create(address, AGENT, clients=clients, seconds=1.0)  # warm-up
         profiler = (
             Profiler(self.server, self.args.profile / f"server-{self.size}-create.txt")
             if self.args.profile is not None
@@ -460,14 +446,15 @@ class Run:
         )
         cpu0 = self.cpu()
         t0 = time.monotonic()
-        until = t0 + self.args.create_seconds
-        made = await asyncio.gather(*(lane(True) for _ in range(clients)))
+        tally = await creator.create(
+            address, AGENT, clients=clients, seconds=self.args.create_seconds
+        )
         size.create_seconds = time.monotonic() - t0
         cpu1 = self.cpu()
         if profiler is not None:
             profiler.finish()
-        size.created = sum(made)
-        size.create_errors = errors
+        size.created = tally.created
+        size.create_errors = tally.failed
         size.create_cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
 
     def cpu(self) -> dict[str, float]:
@@ -514,7 +501,7 @@ class Run:
             print(f"[{n:,} sessions] list pages ...", flush=True)
             await self.pages(client, size)
             print(f"[{n:,} sessions] creating sessions ...", flush=True)
-            await self.create(client, size)
+            await self.create(size)
         return size
 
     def stop(self) -> None:

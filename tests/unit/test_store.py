@@ -490,6 +490,61 @@ async def test_sqlite_a_failing_write_inside_one_group_commit_fails_alone(
     assert taken is not None and taken[0].agent == "helper"
 
 
+async def in_one_batch(store: SqliteStore, writes: list[Write]) -> list[Any]:
+    """Commit ``writes`` in one group commit: the writer is held until all have queued."""
+    started, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        started.set()
+        release.wait(30)
+
+    held = asyncio.ensure_future(store._call(hold))
+    assert await asyncio.to_thread(started.wait, 30)
+    commits = store.commits
+
+    async def let_go() -> None:  # runs after every write has queued
+        release.set()
+
+    results = await asyncio.gather(
+        *(store.write(w) for w in writes), let_go(), return_exceptions=True
+    )
+    await held
+    assert store.commits - commits == 2  # the held batch, then every write at once
+    return results[: len(writes)]
+
+
+async def test_sqlite_a_batch_of_500_creations_commits_all(sqlite_store: SqliteStore) -> None:
+    # 500 rows of 9 columns: more than one multi-row INSERT under 999 parameters
+    writes = [
+        write(session=idle(f"s{i}"), create=True, history=[user(i), user(i + 1)])
+        for i in range(500)
+    ]
+
+    assert await in_one_batch(sqlite_store, writes) == [None] * 500
+
+    assert len(await rows(sqlite_store, limit=1000)) == 500
+    for i in (0, 110, 111, 499):
+        loaded = await load(sqlite_store, f"s{i}")
+        assert loaded is not None and loaded[1] == [user(i), user(i + 1)]
+
+
+async def test_sqlite_the_same_id_twice_in_one_batch_fails_the_second_only(
+    sqlite_store: SqliteStore,
+) -> None:
+    first = SessionState(id="twin", agent="first", created_at=T0)
+    second = SessionState(id="twin", agent="second", created_at=T0)
+    writes = [write(session=idle(f"s{i}"), create=True) for i in range(5)]
+    writes[1:1] = [write(session=first, create=True), write(session=second, create=True)]
+
+    results = await in_one_batch(sqlite_store, writes)
+
+    assert isinstance(results[2], Conflict)
+    assert [r for i, r in enumerate(results) if i != 2] == [None] * 6
+    twin = await load(sqlite_store, "twin")
+    assert twin is not None and twin[0].agent == "first"
+    assert len(await rows(sqlite_store)) == 6
+
+
 async def test_sqlite_a_store_that_failed_to_open_refuses_calls(tmp_path: Path) -> None:
     path = tmp_path / "dex.sqlite3"
     path.mkdir()  # a directory where the database file should be
