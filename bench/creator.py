@@ -62,6 +62,15 @@ async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, await reader.readexactly(length)
 
 
+def _has_id(body: bytes) -> bool:
+    """Whether the answer is a JSON object with a string ``id``: a session."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(answer, dict) and isinstance(answer.get("id"), str)
+
+
 async def create(
     address: str,
     agent: str,
@@ -95,7 +104,7 @@ async def create(
                 except (asyncio.IncompleteReadError, ConnectionError, ValueError):
                     tally.failed += 1
                     return
-                if status == 201 and isinstance(orjson.loads(body).get("id"), str):
+                if status == 201 and _has_id(body):
                     tally.created += 1
                 else:
                     tally.failed += 1

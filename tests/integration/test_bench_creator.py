@@ -24,3 +24,10 @@ async def test_an_error_answer_counts_as_a_failure(
     tally = await creator.create(server_address, "no-such-agent", clients=2, seconds=30, limit=6)
     assert (tally.created, tally.failed) == (0, 6)
     assert (await client.list_sessions())["sessions"] == []
+
+
+def test_only_a_json_object_with_a_string_id_is_a_creation() -> None:
+    assert creator._has_id(b'{"id": "s1", "agent": "a"}')
+    assert not creator._has_id(b'{"id": 7}')
+    assert not creator._has_id(b'["s1"]')
+    assert not creator._has_id(b"<html>")

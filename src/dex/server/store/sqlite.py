@@ -4,11 +4,10 @@ One thread owns the connection. Callers on the event loop queue operations (writ
 as their statements; reads, as functions); the thread takes everything queued and
 commits it as one transaction. The writes of a batch run statement by statement across
 writes (one ``executemany`` for every write's session update, one for every history
-item, ...), so a batch costs a few calls however many writes it holds; plain inserts
-of new rows go as multi-row ``INSERT ... VALUES (...), (...)``, up to 999 parameters a
-statement. A batch that fails runs again with a savepoint per operation, so that only
-the bad ones fail. A commit is durable before any caller hears back, so batching buys
-speed without trading durability.
+item, ...), so a batch costs a few calls however many writes it holds; a batch that
+fails runs again with a savepoint per operation, so that only the bad ones fail. A
+commit is durable before any caller hears back, so batching buys speed without
+trading durability.
 """
 
 from __future__ import annotations
@@ -16,11 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import functools
 import logging
 import os
 import queue
-import re
 import sqlite3
 import threading
 import time
@@ -402,34 +399,8 @@ def _run_grouped(conn: sqlite3.Connection, batch: list[Pending]) -> list[Any]:
 
 def _flush(conn: sqlite3.Connection, grouped: dict[str, list[tuple[Any, ...]]]) -> None:
     for sql, rows in grouped.items():
-        head = _multi_row_head(sql)
-        if head is None or len(rows) == 1:
-            conn.executemany(sql, rows)
-            continue
-        width = len(rows[0])
-        per_statement = max(1, _MAX_PARAMETERS // width)
-        row = "(" + ", ".join("?" * width) + ")"
-        for start in range(0, len(rows), per_statement):
-            chunk = rows[start : start + per_statement]
-            values = ", ".join([row] * len(chunk))
-            conn.execute(head + values, [value for r in chunk for value in r])
+        conn.executemany(sql, rows)
     grouped.clear()
-
-
-_MAX_PARAMETERS = 999
-"""SQLite's bound-parameter limit before 3.32 (``SQLITE_MAX_VARIABLE_NUMBER``): safe on
-every build."""
-
-_PLAIN_INSERT = re.compile(r"(INSERT INTO \w+ \([^)]*\) VALUES )\((?:\?, )*\?\)")
-
-
-@functools.cache
-def _multi_row_head(sql: str) -> str | None:
-    """``INSERT INTO t (...) VALUES `` for a plain insert of one row, to which a batch
-    appends one ``(?, ...)`` per row: one statement for many rows costs far less than
-    ``executemany``. None for anything else (an upsert, an update), run as it is."""
-    match = _PLAIN_INSERT.fullmatch(sql)
-    return match.group(1) if match else None
 
 
 def _version(conn: sqlite3.Connection) -> int:
