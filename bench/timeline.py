@@ -6,9 +6,9 @@ One session at a time sends a message and waits for its turn (model -> read tool
 model, ``bench/timeline_agents.py``), as ``bench.turns`` does at one session, with the
 server, the Worker and this client in three processes. Each turn is cut at moments
 stamped with one clock (``time.time()``, the same machine): the client's send and
-receipt, the server's stamps in the turn's record (an attempt's ``started_at`` when the
-hand-out is decided, its ``ended_at`` when the Worker's result is handled, before its
-commit), and the Worker's entry into and exit from the model and the tool (the agent
+receipt, the server's stamps in the turn's record (the turn's ``started_at``; each
+attempt's ``ended_at``, when the Worker's result is handled, before its commit), and
+the Worker's entry into and exit from the model and the tool (the agent
 notes them). The hops, per turn:
 
     client send -> server took the message   HTTP request in
@@ -38,7 +38,7 @@ from typing import Any
 import dex
 from dex.testing import ServerProcess, WorkerProcess, wait_until_async
 
-from .turns import commit_baseline, tailed_and_stopped
+from .turns import commit_baseline, percentile, tailed_and_stopped
 
 AGENTS_FILE = str(Path(__file__).with_name("timeline_agents.py").resolve())
 
@@ -117,26 +117,22 @@ async def run(turns: int, warmup: int, tmp: Path) -> list[dict[str, float]]:
 
 
 def report(moments: list[dict[str, float]], commit: list[float]) -> str:
-    def pct(values: list[float], q: float) -> float:
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
     lines = [
         f"Dex turn timeline: {len(moments)} sequential turns (model -> read tool -> model), "
         "server, Worker and client in 3 processes, durable defaults",
         "",
         f"{'hop':<66} {'p50 ms':>7} {'p90 ms':>7} {'share':>6}",
     ]
-    total = statistics.median([m["received"] - m["send"] for m in moments])
+    total_ms = statistics.median([m["received"] - m["send"] for m in moments]) * 1000
     medians = []
     for name, start, end in HOPS:
         gaps = [(m[end] - m[start]) * 1000 for m in moments]
         med = statistics.median(gaps)
         medians.append(med)
-        lines.append(f"{name:<66} {med:7.3f} {pct(gaps, 0.9):7.3f} {med / total / 10:5.0f}%")
+        lines.append(f"{name:<66} {med:7.3f} {percentile(gaps, 90):7.3f} {med / total_ms:6.0%}")
     lines.append("")
     lines.append(
-        f"turn, client send to answer: p50 {total * 1000:.3f} ms (the hops' medians sum to "
+        f"turn, client send to answer: p50 {total_ms:.3f} ms (the hops' medians sum to "
         f"{sum(medians):.3f} ms)"
     )
     back = sum(medians[i] for i in (3, 6, 9))

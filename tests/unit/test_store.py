@@ -453,43 +453,6 @@ async def test_sqlite_commits_are_durable_wal_with_synchronous_full(
         other.close()
 
 
-async def test_sqlite_a_failing_write_inside_one_group_commit_fails_alone(
-    sqlite_store: SqliteStore,
-) -> None:
-    await create(sqlite_store, idle("taken"))
-    # Hold the writer thread so that every write below queues up behind it and
-    # is then committed in one batch.
-    started, release = threading.Event(), threading.Event()
-
-    def hold(conn: sqlite3.Connection) -> None:
-        started.set()
-        release.wait(30)
-
-    held = asyncio.ensure_future(sqlite_store._call(hold))
-    assert await asyncio.to_thread(started.wait, 30)
-    commits, operations = sqlite_store.commits, sqlite_store.operations
-
-    async def let_go() -> None:  # runs after every write below has queued
-        release.set()
-
-    writes = [write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
-    writes.insert(4, write(session=SessionState(id="taken", agent="x", created_at=T0), create=True))
-    results = await asyncio.gather(
-        *(sqlite_store.write(w) for w in writes), let_go(), return_exceptions=True
-    )
-    await held
-
-    assert sqlite_store.commits - commits == 2  # the held batch, then all 11 writes at once
-    assert sqlite_store.operations - operations == 1 + 11
-    assert isinstance(results[4], Conflict)
-    assert [r for i, r in enumerate(results[:11]) if i != 4] == [None] * 10
-    for i in range(10):
-        loaded = await load(sqlite_store, f"s{i}")
-        assert loaded is not None and loaded[1] == [user(i)]
-    taken = await load(sqlite_store, "taken")
-    assert taken is not None and taken[0].agent == "helper"
-
-
 async def in_one_batch(store: SqliteStore, writes: list[Write]) -> list[Any]:
     """Commit ``writes`` in one group commit: the writer is held until all have queued."""
     started, release = threading.Event(), threading.Event()
@@ -513,8 +476,27 @@ async def in_one_batch(store: SqliteStore, writes: list[Write]) -> list[Any]:
     return results[: len(writes)]
 
 
+async def test_sqlite_a_failing_write_inside_one_group_commit_fails_alone(
+    sqlite_store: SqliteStore,
+) -> None:
+    await create(sqlite_store, idle("taken"))
+    operations = sqlite_store.operations
+    writes = [write(session=idle(f"s{i}"), create=True, history=[user(i)]) for i in range(10)]
+    writes.insert(4, write(session=SessionState(id="taken", agent="x", created_at=T0), create=True))
+
+    results = await in_one_batch(sqlite_store, writes)  # the held batch, then all 11 at once
+
+    assert sqlite_store.operations - operations == 1 + 11
+    assert isinstance(results[4], Conflict)
+    assert [r for i, r in enumerate(results) if i != 4] == [None] * 10
+    for i in range(10):
+        loaded = await load(sqlite_store, f"s{i}")
+        assert loaded is not None and loaded[1] == [user(i)]
+    taken = await load(sqlite_store, "taken")
+    assert taken is not None and taken[0].agent == "helper"
+
+
 async def test_sqlite_a_batch_of_500_creations_commits_all(sqlite_store: SqliteStore) -> None:
-    # 500 rows of 9 columns: more than one multi-row INSERT under 999 parameters
     writes = [
         write(session=idle(f"s{i}"), create=True, history=[user(i), user(i + 1)])
         for i in range(500)

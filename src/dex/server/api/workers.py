@@ -249,6 +249,7 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
             "handed_back": len(unreceived),
         },
     )
+    refused: str | None = None
     try:
         rest = messages[1:]
         clock = asyncio.get_running_loop().time
@@ -275,11 +276,7 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
                     e,
                     extra={"action": "worker.bad_frame", "worker_id": worker.id},
                 )
-                # forgotten before the close is sent: a Worker that sees it and connects
-                # again at once is not refused as still connected
-                outbox.closed = True
-                dispatcher.disconnect(worker)
-                await ws.close(CLOSE_BAD_FRAME, f"bad frame: {e}")
+                refused = f"bad frame: {e}"
                 break
     finally:
         outbox.closed = True
@@ -293,6 +290,10 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
                 "held": len(worker.attempts),
             },
         )
+    if refused is not None:
+        # closed after the Worker is forgotten: one that sees the close and connects
+        # again at once is not refused as still connected
+        await ws.close(CLOSE_BAD_FRAME, refused)
 
 
 def _handle(
