@@ -223,7 +223,7 @@ if (require.main === module) {
     () => process.exit(0),
     (e: unknown) => {
       process.stderr.write(`${e instanceof WorkerRefusedError ? e.message : String(e)}\n`);
-      process.exit(2);
+      process.exit(1);
     },
   );
 }
