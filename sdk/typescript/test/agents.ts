@@ -16,6 +16,7 @@ import {
   Args,
   Item,
   Model,
+  PENDING,
   ModelRequest,
   ModelResponse,
   RetryPolicy,
@@ -121,9 +122,25 @@ class Scripted implements Model {
     yield response;
   }
 
+  /** A deterministic summary: how much there was, and what the user asked. */
   async summarize(request: ModelRequest): Promise<Summary> {
-    const asked = request.history.flatMap((i) => (i.type === "user" ? [i.text] : []));
-    return { text: `${request.history.length} items; the user asked: ${asked.join(" / ")}` };
+    const history = request.history;
+    const asked = history.flatMap((i) => (i.type === "user" ? [i.text] : []));
+    const earlier = history.flatMap((i) => (i.type === "summary" ? [i.text] : []));
+    const parts = [`Summary of ${history.length} items.`];
+    if (earlier.length > 0) parts.push(`Before that: ${earlier[earlier.length - 1]}`);
+    if (asked.length > 0) parts.push("The user said: " + asked.join(" | "));
+    return { text: parts.join(" ") };
+  }
+}
+
+/** Scripted, whose summary call records ``summary`` in the ledger and then waits behind
+ * the gate ``summary``, so a test can interrupt a CompactContext while it runs. */
+class GatedSummaries extends Scripted {
+  override async summarize(request: ModelRequest): Promise<Summary> {
+    record("summary", { attempt: request.attempt });
+    await gate("summary", request.attempt, request.signal);
+    return super.summarize(request);
   }
 }
 
@@ -203,6 +220,60 @@ const flaky = defineTool({
   },
 });
 
+/** Gate files of a task handle: its slashes made underscores. */
+function handleGate(handle: unknown, suffix: string): string {
+  return path.join(GATES, `${String(handle).replace(/\//g, "_")}.${suffix}`);
+}
+
+const render = defineTool({
+  name: "render",
+  description: "Starts a render job; the handle is the idempotency key.",
+  kind: "task",
+  retry: FAST,
+  pollIntervalSeconds: 0.05,
+  parameters: keyed({ scene: { type: "string" } }),
+  run(args: Args, ctx: ToolContext) {
+    record("render.start", {
+      scene: args.scene,
+      idempotency_key: ctx.idempotencyKey,
+      attempt: ctx.attempt,
+    });
+    return ctx.idempotencyKey;
+  },
+  async poll(ctx: ToolContext, handle: unknown) {
+    record("render.poll", { handle, attempt: ctx.attempt });
+    if (fs.existsSync(handleGate(handle, "pause"))) {
+      fs.writeFileSync(handleGate(handle, "polling"), "");
+      while (!fs.existsSync(handleGate(handle, "open"))) {
+        ctx.signal.throwIfAborted();
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+    }
+    return fs.existsSync(handleGate(handle, "done")) ? `rendered ${String(handle)}` : PENDING;
+  },
+});
+
+const exportReport = defineTool({
+  name: "export",
+  description: "Starts an export job polled once a second; the handle is the idempotency key.",
+  kind: "task",
+  retry: FAST,
+  pollIntervalSeconds: 1.0,
+  parameters: keyed({ report: { type: "string" } }),
+  run(args: Args, ctx: ToolContext) {
+    record("export.start", {
+      report: args.report,
+      idempotency_key: ctx.idempotencyKey,
+      attempt: ctx.attempt,
+    });
+    return ctx.idempotencyKey;
+  },
+  poll(ctx: ToolContext, handle: unknown) {
+    record("export.poll", { handle, attempt: ctx.attempt });
+    return fs.existsSync(handleGate(handle, "done")) ? `exported ${String(handle)}` : PENDING;
+  },
+});
+
 export const assistant = defineAgent({
   name: "assistant",
   model: new Scripted(script),
@@ -218,8 +289,34 @@ export const streamer = defineAgent({
   modelRetry: FAST,
 });
 
+/** The task tools of agents.py's ``waiter`` (its approvals, questions and timers are not
+ * ported). */
+export const waiter = defineAgent({
+  name: "waiter",
+  model: new Scripted(script),
+  tools: [render, exportReport, lookup, charge],
+  modelRetry: FAST,
+});
+
+export const compactor = defineAgent({
+  name: "compactor",
+  model: new Scripted(script),
+  tools: [lookup],
+  modelRetry: FAST,
+  compactThresholdChars: 400,
+});
+
+export const slowSummaries = defineAgent({
+  name: "slow_summaries",
+  model: new GatedSummaries(script),
+  tools: [lookup],
+  modelRetry: FAST,
+  compactThresholdChars: 400,
+});
+
 if (require.main === module) {
-  new Worker({ agents: [assistant, streamer] }).run().then(
+  const agents = [assistant, streamer, waiter, compactor, slowSummaries];
+  new Worker({ agents }).run().then(
     () => process.exit(0),
     (e: unknown) => {
       process.stderr.write(`${e instanceof WorkerRefusedError ? e.message : String(e)}\n`);
