@@ -21,42 +21,38 @@ def columns(row: str, *, takeover: bool = False, typescript: bool = False) -> py
     node on PostgreSQL and the Takeover of a hot standby (two nodes on PostgreSQL).
 
     With ``typescript`` the Worker kill runs a second time against a Worker written with
-    the TypeScript SDK (``sdk/typescript/test/agents.ts``): the same test, the same
-    assertions. The rig reads the language from the ``worker_language`` fixture."""
-    python, ts = "python", "typescript"
+    the TypeScript SDK (``sdk/typescript/test/agents.ts``, case id
+    ``worker-kill-typescript``): the same test, the same assertions. The rig reads the
+    language from the ``worker_language`` fixture, parametrized indirectly."""
     params = [
+        pytest.param(WORKER_KILL, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"),
         pytest.param(
-            WORKER_KILL, python, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"
-        ),
-        pytest.param(
-            SERVER_RESTART,
-            python,
-            marks=pytest.mark.crash(row, SERVER_RESTART),
-            id="server-restart",
+            SERVER_RESTART, marks=pytest.mark.crash(row, SERVER_RESTART), id="server-restart"
         ),
     ]
     if takeover:
         params += [
             pytest.param(
                 SERVER_RESTART_POSTGRES,
-                python,
                 marks=pytest.mark.crash(row, SERVER_RESTART),
                 id="server-restart-postgres",
             ),
-            pytest.param(TAKEOVER, python, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"),
+            pytest.param(TAKEOVER, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"),
         ]
-    if typescript:
-        params.insert(
-            1,
-            pytest.param(
-                WORKER_KILL,
-                ts,
-                marks=pytest.mark.crash(row, WORKER_KILL),
-                id="worker-kill-typescript",
-            ),
-        )
+    if not typescript:
+        return pytest.mark.parametrize("column", params)
+    pairs = [pytest.param(*p.values, "python", marks=p.marks, id=p.id) for p in params]
+    pairs.insert(
+        1,
+        pytest.param(
+            WORKER_KILL,
+            "typescript",
+            marks=pytest.mark.crash(row, WORKER_KILL, worker="typescript"),
+            id="worker-kill-typescript",
+        ),
+    )
     return pytest.mark.parametrize(
-        ("column", "worker_language"), params, indirect=["worker_language"]
+        ("column", "worker_language"), pairs, indirect=["worker_language"]
     )
 
 
