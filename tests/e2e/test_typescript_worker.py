@@ -8,8 +8,8 @@ from __future__ import annotations
 import signal
 
 import dex
-from dex.testing import wait_until
-from tests.support.rig import Rig, attempts, results
+from dex.testing import NodeWorkerProcess, free_port, wait_until
+from tests.support.rig import TYPESCRIPT_AGENTS, Rig, attempts, results
 
 
 def test_a_typescript_worker_serves_a_turn_model_tool_model(rig: Rig) -> None:
@@ -79,7 +79,8 @@ def test_a_typescript_worker_drains_on_sigterm(rig: Rig) -> None:
     assert worker.proc.wait(20) == 0
     assert "draining" in worker.output()
 
-    t = rig.wait_turn(sid, turn, timeout=5)
+    rig.start_worker(language="typescript")  # the turn's last model call needs a Worker
+    t = rig.wait_turn(sid, turn)
     assert attempts(t, "CallTool") == [[(1, "succeeded")]]
     assert [e["attempt"] for e in rig.ledger.entries("upsert")] == [1]
 
@@ -98,3 +99,15 @@ def test_a_typescript_worker_with_a_refused_token_exits_and_says_why(rig: Rig) -
         wait_until(lambda: client.list_agents(), 20, what="the TypeScript Worker registered")
         sid = client.create_session("assistant")["id"]
         assert client.send_message(sid, "hi", wait=True)["text"] == "echo: hi"
+
+
+def test_a_typescript_worker_tries_the_addresses_in_turn(rig: Rig) -> None:
+    rig.start_server()
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    worker = NodeWorkerProcess(
+        TYPESCRIPT_AGENTS, f"{nobody},{rig.server.address}", rig.tmp / "worker-addresses.log"
+    )
+    rig.workers.append(worker.start())
+    sid = rig.session()
+    assert rig.wait_turn(sid, rig.client.send_message(sid, "hi")["turn"])["text"] == "echo: hi"
+    assert f"cannot reach {nobody}" in worker.output()
