@@ -24,6 +24,9 @@ export interface WorkerOptions {
   reconnectInitial?: number;
   reconnectMax?: number;
   connectTimeout?: number;
+  /** Seconds between WebSocket pings; a node that does not answer one in time (it hung)
+   * is given up and the next address tried. */
+  pingInterval?: number;
   /** How long a drain waits for running attempts before the Worker stops anyway. */
   drainTimeout?: number;
   /** Drain on SIGTERM and SIGINT (default true). */
@@ -82,6 +85,7 @@ export class Worker {
   private readonly reconnectInitial: number;
   private readonly reconnectMax: number;
   private readonly connectTimeout: number;
+  private readonly pingInterval: number;
   private readonly drainTimeout: number;
   private readonly handleSignals: boolean;
 
@@ -119,6 +123,7 @@ export class Worker {
       options.reconnectInitial ?? envNumber("DEX_WORKER_RECONNECT_INITIAL", 0.1);
     this.reconnectMax = options.reconnectMax ?? envNumber("DEX_WORKER_RECONNECT_MAX", 1.0);
     this.connectTimeout = options.connectTimeout ?? envNumber("DEX_WORKER_CONNECT_TIMEOUT", 3.0);
+    this.pingInterval = options.pingInterval ?? envNumber("DEX_WORKER_PING_INTERVAL", 2.0);
     this.drainTimeout = options.drainTimeout ?? envNumber("DEX_DRAIN_TIMEOUT", 30.0);
     this.handleSignals = options.handleSignals ?? true;
   }
@@ -268,19 +273,40 @@ export class Worker {
       if (this.attempts.size > 0) this.put(link, { t: "hb", attempts: [...this.attempts.keys()] });
     };
     heartbeat();
+    // a node that hung keeps the TCP connection open: a ping it does not answer ends it
+    let answered = true;
+    let lastTick = Date.now();
+    const ping = setInterval(() => {
+      const late = Date.now() - lastTick > 1.5 * this.pingInterval * 1000;
+      lastTick = Date.now();
+      // this process was blocked (a long synchronous call): the pong may wait unread
+      if (!answered && !late) {
+        log("worker.ping_timeout", "the node did not answer a ping: giving it up");
+        ws.terminate();
+        return;
+      }
+      answered = false;
+      ws.ping();
+    }, this.pingInterval * 1000);
+    ws.on("pong", () => (answered = true));
     return new Promise((resolve) => {
       ws.on("message", (data) => {
+        answered = true;
         let frame: unknown;
         try {
           frame = JSON.parse(data.toString());
         } catch (e) {
-          log("worker.bad_frame", `the server sent a frame that is not JSON: ${String(e)}`);
-          ws.close(p.CLOSE_BAD_FRAME, "not JSON");
+          frame = e;
+        }
+        if (!Array.isArray(frame)) {
+          log("worker.bad_frame", "the server sent a frame that is not a JSON array");
+          ws.close(p.CLOSE_BAD_FRAME, "a frame is a JSON array of messages");
           return;
         }
         for (const message of frame as p.ServerMessage[]) this.onMessage(message);
       });
       ws.once("close", (code, reason) => {
+        clearInterval(ping);
         if (beat !== null) clearTimeout(beat);
         if (this.link === link) this.link = null;
         resolve({ code, reason: reason.toString() });
