@@ -32,7 +32,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         for mark in item.iter_markers("crash"):
             row, column = mark.args
             check_mark(row, column)
-            marks.append((row, column, str(Path(item.path).relative_to(root))))
+            worker = str(mark.kwargs.get("worker", "python"))
+            marks.append((row, column, str(Path(item.path).relative_to(root)), worker))
     target = session.config.getoption("--write-crash-matrix")
     if target:
         Path(target).write_text(render(marks))

@@ -192,7 +192,9 @@ moment and checks the outcome against the tool's own ledger of side effects:
   it by themselves (they know both addresses), and the killed node rejoins as the standby.
 
 The Server restart cells are tested on SQLite and again on PostgreSQL (one node,
-`--database postgresql://...`).
+`--database postgresql://...`). A Worker kill test file marked "(Python and
+TypeScript Workers)" runs the same test a second time against a Worker written with the
+[TypeScript SDK](typescript-worker.md), serving a port of the same test agents.
 
 "Not tested" means no test covers the cell yet, so its text states the design, not a
 checked result. "Decided by" names the functions whose code decides the row (handlers
@@ -223,11 +225,15 @@ See [failure-and-redelivery.md](failure-and-redelivery.md) and
 """
 
 
-def render(marks: Iterable[tuple[str, str, str]]) -> str:
-    """``marks``: (row key, column, test file) for every crash-marked test."""
+def render(marks: Iterable[tuple[str, str, str, str]]) -> str:
+    """``marks``: (row key, column, test file, Worker language) for every crash-marked
+    test. A file whose test of the cell runs against the TypeScript Worker too says so."""
     cells: dict[tuple[str, str], set[str]] = {}
-    for row, column, path in marks:
+    typescript: set[tuple[str, str, str]] = set()
+    for row, column, path, worker in marks:
         cells.setdefault((row, column), set()).add(path)
+        if worker == "typescript":
+            typescript.add((row, column, path))
     lines = [
         "# Crash matrix",
         "",
@@ -240,7 +246,11 @@ def render(marks: Iterable[tuple[str, str, str]]) -> str:
     ]
     for key, (step, interrupted, what) in ROWS.items():
         tested = [
-            ", ".join(f"`{p}`" for p in sorted(cells.get((key, c), ()))) or "Not tested"
+            ", ".join(
+                f"`{p}`" + (" (Python and TypeScript Workers)" if (key, c, p) in typescript else "")
+                for p in sorted(cells.get((key, c), ()))
+            )
+            or "Not tested"
             for c in COLUMNS
         ]
         lines.append(

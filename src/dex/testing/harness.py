@@ -30,10 +30,13 @@ class _Process:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _spawn(self, args: list[str], env: Mapping[str, str]) -> None:
+        self._spawn_command([sys.executable, "-m", "dex", *args], env)
+
+    def _spawn_command(self, command: list[str], env: Mapping[str, str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [*self.wrap, sys.executable, "-m", "dex", *args],
+                [*self.wrap, *command],
                 env={**os.environ, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -164,5 +167,41 @@ class WorkerProcess(_Process):
         self._spawn(
             ["worker", self.module, "--address", self.address, "--capacity", str(self.capacity)],
             {**self.env, **(env or {})},
+        )
+        return self
+
+
+class NodeWorkerProcess(_Process):
+    """A Worker written with the TypeScript SDK (``@dex/worker``): ``node SCRIPT``, given
+    the server's address and the capacity through ``DEX_ADDRESS`` and
+    ``DEX_WORKER_CAPACITY``. It has the methods of ``WorkerProcess``."""
+
+    def __init__(
+        self,
+        script: str | Path,
+        address: str,
+        log: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        capacity: int = 16,
+        node: str = "node",
+        wrap: Sequence[str] = (),
+    ) -> None:
+        super().__init__(log, wrap)
+        self.script = str(script)
+        self.address = address
+        self.env = dict(env or {})
+        self.capacity = capacity
+        self.node = node
+
+    def start(self, env: Mapping[str, str] | None = None) -> NodeWorkerProcess:
+        self._spawn_command(
+            [self.node, self.script],
+            {
+                "DEX_ADDRESS": self.address,
+                "DEX_WORKER_CAPACITY": str(self.capacity),
+                **self.env,
+                **(env or {}),
+            },
         )
         return self

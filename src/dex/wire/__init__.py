@@ -165,6 +165,9 @@ class Usage(Wire):
 
 
 class ModelResponse(Wire):
+    """What a RunModel Step produced: the model's text, the tool calls it asks for, and
+    why it stopped (``end_turn``, ``tool_use``: kept for the record)."""
+
     text: str = ""
     tool_calls: list[ModelToolCall] = Field(default_factory=list)
     stop_reason: str = "end_turn"

@@ -14,6 +14,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
+from dex import wire
 from dex.wire import protocol
 
 INTRO = """\
@@ -79,11 +80,49 @@ RULES = """\
    already, without its `resume` token, is closed with code 4409.
 8. **Order.** Messages of one frame are read in order; results of one frame commit
    together (their acks may come in any order).
+9. **What a Worker runs.** `step_type` is one of `RunModel` (call the agent's model on
+   the history; send each streamed piece of text as a `delta`), `CompactContext`
+   (summarize the history), `CallTool` and `CallSingleAttemptTool` (run the tool body
+   with `arguments`), `PollToolTask` (run the task tool's poll with `task_handle`) and
+   `CheckToolCall` (run the write's check probe: did the call with this
+   `idempotency_key` happen?). The `Await…` types are waits the server keeps: a Worker
+   is never handed one. Each `done` carries the result that fits its Step (see
+   *Results*). A tool's known failure (its own error, bad arguments, an unknown tool) is
+   a `done` with a `ToolOutcome` of status `failed`, not a `fail`: a `fail` is an attempt
+   that did not finish (it may be tried again if `retryable`).
+10. **History cache.** `hello.history_cache` is how many sessions' histories the
+   Worker keeps (0: none; the server then always sends whole histories). It keeps, per
+   session, the whole view of its last `RunModel` hand-out on this connection, dropping
+   the least recently used session beyond that number, as the server assumes.
+11. **Questions and sleeps.** A tool that asks the user answers `done` with a
+   `ToolOutcome` of status `asked` (`question`, `choices`); it is handed out again with
+   the answers so far in `answers`. A tool that sleeps durably answers status `sleep`
+   (`sleep_seconds`); it is handed out again with `sleeps_done` counting the sleeps over.
+   A task tool's first call returns its handle as `result`; a poll answers `pending`
+   while the task runs.
+12. **Agents.** `hello.agents` describes what the Worker serves (the server
+   registers each agent and its tools from it). `model` is plain data
+   naming the model (never a key). A tool's `kind`: `read` (runs again after a crash),
+   `idempotent_write` (runs again with the same `idempotency_key`), `write` (runs at
+   most once, as a `CallSingleAttemptTool`), `task` (starts a job that `PollToolTask`
+   polls every `poll_interval_seconds`); `has_check` says it has a check probe;
+   `approval: "predicate"` means the Worker decides per call: it lists the ids of the
+   calls that need approval in `ModelResponse.approval_required`.
 
 ## Close codes
 
 | code | meaning |
 |---|---|
+"""
+
+
+RESULTS = """
+## Results
+
+The `result` of a `done`: a `ModelResponse` for `RunModel`, a `Summary` for
+`CompactContext`, a `ToolOutcome` for the tool Steps (`CallTool`,
+`CallSingleAttemptTool`, `PollToolTask`, `CheckToolCall`). A result that does not fit
+its Step is refused (`ack` with `ok: false`).
 """
 
 
@@ -135,6 +174,12 @@ def render() -> str:
             parts.append(f"\n### `{tag}`\n\n{doc}\n\n")
             schema = json.dumps(_schema(model), indent=2, sort_keys=True)
             parts.append(f"```json\n{schema}\n```\n")
+    parts.append(RESULTS)
+    for model in (wire.ModelResponse, wire.Summary, wire.ToolOutcome):
+        doc = (model.__doc__ or "").strip()
+        parts.append(f"\n### `{model.__name__}`\n\n{doc}\n\n")
+        schema = json.dumps(_schema(model), indent=2, sort_keys=True)
+        parts.append(f"```json\n{schema}\n```\n")
     parts.append(f"\nProtocol version: {protocol.PROTOCOL_VERSION} (sent in `hello.protocol`).\n")
     return "".join(parts)
 

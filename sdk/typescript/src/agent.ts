@@ -1,0 +1,190 @@
+/** Agents, tools and models: what a Worker serves, and the plain data it tells the server. */
+import type {
+  AgentSpec,
+  Item,
+  ModelResponse,
+  RetryPolicy,
+  Summary,
+  ToolKind,
+  ToolOutcome,
+  ToolSpec,
+} from "./protocol";
+
+/** What a model is asked: the session's history as the model sees it. */
+export interface ModelRequest {
+  sessionId: string;
+  agent: string;
+  instructions: string;
+  history: Item[];
+  tools: ToolSpec[];
+  attempt: number;
+  signal: AbortSignal;
+}
+
+/**
+ * A model the Worker calls for RunModel (``stream``) and CompactContext (``summarize``).
+ * ``stream`` yields text deltas as they arrive, then exactly one ModelResponse.
+ */
+export interface Model {
+  /** Plain data naming the model and its settings (never a key): stored by the server. */
+  spec(): Record<string, unknown>;
+  stream(request: ModelRequest): AsyncIterable<string | ModelResponse>;
+  summarize?(request: ModelRequest): Promise<Summary>;
+}
+
+/** A known outcome: the tool failed and running it again will not help. */
+export class ToolError extends Error {
+  override name = "ToolError";
+}
+
+/** An error that says whether the Step may be tried again (default: it may). */
+export class RetryableError extends Error {
+  override name = "RetryableError";
+  constructor(
+    message: string,
+    readonly retryable: boolean = true,
+  ) {
+    super(message);
+  }
+}
+
+/** Returned by a task tool's ``poll`` while the task still runs. */
+export const PENDING: unique symbol = Symbol("dex.PENDING");
+
+/** Thrown by ``ctx.ask`` and ``ctx.sleep``: the call ends now and runs again later. */
+export class Interrupt extends Error {
+  override name = "Interrupt";
+  constructor(readonly outcome: ToolOutcome) {
+    super(`tool interrupted: ${outcome.status}`);
+  }
+}
+
+export interface ToolContext {
+  sessionId: string;
+  callId: string;
+  tool: string;
+  /** The same on every attempt of one tool call: key your writes by it. */
+  idempotencyKey: string;
+  /** 1 on the first attempt, 2 on the next, ... */
+  attempt: number;
+  /** Aborted when the server stops or cancels the attempt, or the Worker stops. */
+  signal: AbortSignal;
+  answers: string[];
+  sleepsDone: number;
+  /** Ask the user; the call runs again with the answer (let the Interrupt through). */
+  ask(question: string, choices?: string[]): string;
+  /** Sleep durably; the call runs again when the timer fires. */
+  sleep(seconds: number): void;
+  /** Tell the server the attempt is alive (the Worker heartbeats on its own too). */
+  heartbeat(): void;
+}
+
+export interface Checked {
+  happened: boolean | null;
+  result?: unknown;
+}
+
+export type Args = Record<string, unknown>;
+
+export interface ToolOptions<A extends Args = Args> {
+  name: string;
+  description?: string;
+  /**
+   * ``read``: no side effects, run again after a crash. ``idempotent_write``: run again
+   * with the same idempotency key. ``write``: at most once (outcome_unknown after a
+   * crash). ``task``: starts a job, polled with ``poll``.
+   */
+  kind: ToolKind;
+  /** JSON Schema of the arguments. */
+  parameters: Record<string, unknown>;
+  run: (args: A, ctx: ToolContext) => unknown;
+  retry?: RetryPolicy;
+  /** Ask a person before running: always, or when the predicate says so. */
+  approval?: boolean | ((args: A) => boolean);
+  /** A task's poll: the result, or PENDING. */
+  poll?: (ctx: ToolContext, handle: unknown) => unknown;
+  pollIntervalSeconds?: number;
+  /** A write's probe: did the call happen? Run after a crash instead of outcome_unknown. */
+  check?: (ctx: ToolContext, args: A) => Checked | Promise<Checked>;
+}
+
+export interface Tool {
+  readonly options: ToolOptions;
+  spec(): ToolSpec;
+}
+
+export function defineTool<A extends Args = Args>(options: ToolOptions<A>): Tool {
+  if (options.kind === "task" && options.poll === undefined) {
+    throw new Error(`tool ${options.name}: a task tool needs a poll function`);
+  }
+  const opts = options as unknown as ToolOptions;
+  return {
+    options: opts,
+    spec(): ToolSpec {
+      const spec: ToolSpec = {
+        name: opts.name,
+        description: opts.description ?? "",
+        kind: opts.kind,
+        parameters: opts.parameters,
+        approval:
+          opts.approval === undefined || opts.approval === false
+            ? "never"
+            : opts.approval === true
+              ? "always"
+              : "predicate",
+        has_check: opts.check !== undefined,
+      };
+      if (opts.retry !== undefined) spec.retry = opts.retry;
+      if (opts.pollIntervalSeconds !== undefined) {
+        spec.poll_interval_seconds = opts.pollIntervalSeconds;
+      }
+      return spec;
+    },
+  };
+}
+
+export interface AgentOptions {
+  name: string;
+  instructions?: string;
+  model: Model;
+  tools?: Tool[];
+  modelRetry?: RetryPolicy;
+  compactThresholdChars?: number;
+}
+
+export interface Agent {
+  readonly name: string;
+  readonly instructions: string;
+  readonly model: Model;
+  readonly tools: ReadonlyMap<string, Tool>;
+  spec(): AgentSpec;
+}
+
+export function defineAgent(options: AgentOptions): Agent {
+  const tools = new Map<string, Tool>();
+  for (const tool of options.tools ?? []) {
+    if (tools.has(tool.options.name)) {
+      throw new Error(`agent ${options.name}: two tools named ${tool.options.name}`);
+    }
+    tools.set(tool.options.name, tool);
+  }
+  return {
+    name: options.name,
+    instructions: options.instructions ?? "",
+    model: options.model,
+    tools,
+    spec(): AgentSpec {
+      const spec: AgentSpec = {
+        name: options.name,
+        instructions: options.instructions ?? "",
+        model: options.model.spec(),
+        tools: [...tools.values()].map((t) => t.spec()),
+      };
+      if (options.modelRetry !== undefined) spec.model_retry = options.modelRetry;
+      if (options.compactThresholdChars !== undefined) {
+        spec.compact_threshold_chars = options.compactThresholdChars;
+      }
+      return spec;
+    },
+  };
+}

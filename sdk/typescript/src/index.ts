@@ -1,0 +1,23 @@
+/** The Dex Worker SDK for Node: define agents and tools, then serve them. */
+export {
+  defineAgent,
+  defineTool,
+  Interrupt,
+  PENDING,
+  RetryableError,
+  ToolError,
+} from "./agent";
+export type {
+  Agent,
+  AgentOptions,
+  Args,
+  Checked,
+  Model,
+  ModelRequest,
+  Tool,
+  ToolContext,
+  ToolOptions,
+} from "./agent";
+export { Worker, WorkerRefusedError } from "./worker";
+export type { WorkerOptions } from "./worker";
+export type * from "./protocol";

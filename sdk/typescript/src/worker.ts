@@ -1,0 +1,688 @@
+/**
+ * The Worker: one WebSocket to the active node, the attempts it was handed, their
+ * heartbeats and results (docs/worker-protocol.md, rules 1-8).
+ */
+import * as os from "node:os";
+import { randomBytes } from "node:crypto";
+import WebSocket from "ws";
+
+import { Agent, Interrupt, PENDING, ToolContext, ToolError } from "./agent";
+import * as failpoints from "./failpoints";
+import * as p from "./protocol";
+
+export interface WorkerOptions {
+  /** One node's address, several comma-separated, or a list: tried in turn. */
+  address?: string | string[];
+  agents: Agent[];
+  /** How many attempts the server may hand this Worker at once. */
+  capacity?: number;
+  /** The server's worker token (default: DEX_WORKER_TOKEN). */
+  token?: string;
+  workerId?: string;
+  /** Seconds between heartbeats (at most a quarter of the server's heartbeat timeout). */
+  heartbeatInterval?: number;
+  reconnectInitial?: number;
+  reconnectMax?: number;
+  connectTimeout?: number;
+  /** Seconds between WebSocket pings; a node that does not answer one in time (it hung)
+   * is given up and the next address tried. */
+  pingInterval?: number;
+  /** How long a drain waits for running attempts before the Worker stops anyway. */
+  drainTimeout?: number;
+  /** Drain on SIGTERM and SIGINT (default true). */
+  handleSignals?: boolean;
+}
+
+/** The server refused this Worker for good (a token, or a worker_id in use): do not retry. */
+export class WorkerRefusedError extends Error {
+  override name = "WorkerRefusedError";
+}
+
+interface Attempt {
+  step: p.StepMessage;
+  history: p.Item[];
+  abort: AbortController;
+  result: p.Result | null;
+  abandoned: boolean;
+  /** Resolves the wait for a start acknowledgement (or a refusal). */
+  startDecided: ((started: boolean) => void) | null;
+  startSeq: number;
+  startSentAt: number;
+}
+
+interface Link {
+  ws: WebSocket;
+  pending: p.WorkerMessage[];
+  flushing: boolean;
+}
+
+function env(name: string): string | undefined {
+  const value = process.env[name];
+  return value === undefined || value === "" ? undefined : value;
+}
+
+function envNumber(name: string, fallback: number): number {
+  const value = env(name);
+  return value === undefined ? fallback : Number(value);
+}
+
+function log(action: string, message: string, ids: Record<string, unknown> = {}): void {
+  process.stderr.write(
+    JSON.stringify({ time: new Date().toISOString(), action, message, ...ids }) + "\n",
+  );
+}
+
+const sleep = (seconds: number): Promise<void> =>
+  new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+
+export class Worker {
+  readonly id: string;
+  private readonly addresses: string[];
+  private readonly agents = new Map<string, Agent>();
+  private readonly capacity: number;
+  private readonly token: string | undefined;
+  private readonly heartbeatMax: number;
+  private readonly reconnectInitial: number;
+  private readonly reconnectMax: number;
+  private readonly connectTimeout: number;
+  private readonly pingInterval: number;
+  private readonly drainTimeout: number;
+  private readonly handleSignals: boolean;
+
+  private readonly attempts = new Map<string, Attempt>();
+  private readonly histories = new Map<string, p.Item[]>();
+  private readonly historySessions = 1024;
+  private link: Link | null = null;
+  private resume: string | null = null;
+  private heartbeatInterval: number;
+  private startWindow = 5;
+  private seq = 0;
+  private draining = false;
+  private stopping = false;
+  private wake: (() => void) | null = null;
+  private running: Promise<void> | null = null;
+  private shuttingDown: Promise<void> | null = null;
+
+  constructor(options: WorkerOptions) {
+    const address = options.address ?? env("DEX_ADDRESS");
+    if (address === undefined) throw new Error("no server address (address or DEX_ADDRESS)");
+    this.addresses = (Array.isArray(address) ? address : address.split(","))
+      .map((a) => a.trim().replace(/\/+$/, ""))
+      .filter((a) => a !== "");
+    for (const agent of options.agents) this.agents.set(agent.name, agent);
+    this.capacity = options.capacity ?? envNumber("DEX_WORKER_CAPACITY", 16);
+    this.token = options.token ?? env("DEX_WORKER_TOKEN");
+    this.id =
+      options.workerId ??
+      env("DEX_WORKER_ID") ??
+      `${os.hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
+    this.heartbeatMax =
+      options.heartbeatInterval ?? envNumber("DEX_WORKER_HEARTBEAT_INTERVAL", 1.0);
+    this.heartbeatInterval = this.heartbeatMax;
+    this.reconnectInitial =
+      options.reconnectInitial ?? envNumber("DEX_WORKER_RECONNECT_INITIAL", 0.1);
+    this.reconnectMax = options.reconnectMax ?? envNumber("DEX_WORKER_RECONNECT_MAX", 1.0);
+    this.connectTimeout = options.connectTimeout ?? envNumber("DEX_WORKER_CONNECT_TIMEOUT", 3.0);
+    this.pingInterval = options.pingInterval ?? envNumber("DEX_WORKER_PING_INTERVAL", 2.0);
+    this.drainTimeout = options.drainTimeout ?? envNumber("DEX_DRAIN_TIMEOUT", 30.0);
+    this.handleSignals = options.handleSignals ?? true;
+  }
+
+  /** Serve until shutdown(). Rejects with WorkerRefusedError if the server refuses us. */
+  run(): Promise<void> {
+    if (this.running === null) this.running = this.runOnce();
+    return this.running;
+  }
+
+  /** Drain: no new hand-outs, running attempts finish, unstarted ones go back. */
+  shutdown(timeout: number = this.drainTimeout): Promise<void> {
+    if (this.shuttingDown === null) this.shuttingDown = this.drain(timeout);
+    return this.shuttingDown;
+  }
+
+  private async runOnce(): Promise<void> {
+    const onSignal = (): void => void this.shutdown();
+    if (this.handleSignals) {
+      process.on("SIGTERM", onSignal);
+      process.on("SIGINT", onSignal);
+    }
+    log("worker.started", `serving ${[...this.agents.keys()].join(", ")}`, {
+      worker_id: this.id,
+    });
+    try {
+      await this.connectLoop();
+    } finally {
+      process.off("SIGTERM", onSignal);
+      process.off("SIGINT", onSignal);
+      for (const attempt of this.attempts.values()) attempt.abort.abort(new Error("worker stopped"));
+    }
+  }
+
+  private async drain(timeout: number): Promise<void> {
+    log("worker.draining", "draining", { worker_id: this.id });
+    this.draining = true;
+    this.send({ t: "drain" });
+    for (const attempt of this.attempts.values()) attempt.startDecided?.(false);
+    const deadline = Date.now() + timeout * 1000;
+    while (this.attempts.size > 0 && Date.now() < deadline) await sleep(0.02);
+    this.stopping = true;
+    this.wake?.();
+    this.link?.ws.close(1000, "worker stopping");
+    await this.running;
+  }
+
+  // --- connecting ---------------------------------------------------------------------
+
+  private async connectLoop(): Promise<void> {
+    let next = 0;
+    let failures = 0;
+    while (!this.stopping) {
+      const base = this.addresses[next++ % this.addresses.length];
+      let ws: WebSocket;
+      try {
+        ws = await this.connect(base);
+      } catch (e) {
+        if (e instanceof WorkerRefusedError) throw e;
+        log("worker.connect_failed", `cannot reach ${base}: ${String(e)}`);
+        // exponential backoff with full jitter
+        const cap = Math.min(this.reconnectMax, this.reconnectInitial * 2 ** failures++);
+        await this.pause(Math.random() * cap);
+        continue;
+      }
+      failures = 0;
+      const { code, reason } = await this.serve(ws);
+      if (code === p.CLOSE_UNAUTHORIZED || code === p.CLOSE_ID_IN_USE) {
+        const why =
+          code === p.CLOSE_UNAUTHORIZED
+            ? "the token was refused"
+            : `another live connection uses worker_id ${this.id}`;
+        log("worker.refused", `${base} refused this Worker (${code}: ${why}) ${reason}`);
+        throw new WorkerRefusedError(`${base} refused this Worker (close ${code}): ${why}`);
+      }
+      if (!this.stopping) {
+        log("worker.connection_lost", `connection to ${base} closed (${code}) ${reason}`);
+      }
+      // a node that accepts and closes at once (a standby) is not asked again at once
+      await this.pause(this.reconnectInitial * (0.5 + Math.random() / 2));
+    }
+  }
+
+  private pause(seconds: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, seconds * 1000);
+      function done(): void {
+        clearTimeout(timer);
+        resolve();
+      }
+      this.wake = done;
+    });
+  }
+
+  private connect(base: string): Promise<WebSocket> {
+    const url = base.replace(/^http:/, "ws:").replace(/^https:/, "wss:") + "/v1/workers/connect";
+    const headers: Record<string, string> =
+      this.token === undefined ? {} : { Authorization: `Bearer ${this.token}` };
+    return new Promise((resolve, reject) => {
+      const ws = new WebSocket(url, {
+        headers,
+        handshakeTimeout: this.connectTimeout * 1000,
+        maxPayload: 64 << 20,
+      });
+      ws.once("open", () => resolve(ws));
+      ws.once("unexpected-response", (_request, response) => {
+        const status = response.statusCode ?? 0;
+        ws.terminate();
+        if (status === 401 || status === 403) {
+          const why = status === 401 ? "no worker token" : "a token without the worker role";
+          const message =
+            `${base} refused this Worker (HTTP ${status}: ${why}): set DEX_WORKER_TOKEN ` +
+            "(or the token option) to the server's worker token";
+          log("worker.unauthorized", message);
+          reject(new WorkerRefusedError(message));
+        } else {
+          reject(new Error(`HTTP ${status}`));
+        }
+      });
+      ws.once("error", (e) => reject(e));
+    });
+  }
+
+  private serve(ws: WebSocket): Promise<{ code: number; reason: string }> {
+    const link: Link = { ws, pending: [], flushing: false };
+    ws.on("error", () => undefined); // the close event follows and says how it ended
+    this.link = link;
+    this.put(link, {
+      t: "hello",
+      worker_id: this.id,
+      agents: [...this.agents.values()].map((a) => a.spec()),
+      capacity: this.capacity,
+      // on a reconnect: re-claim what this process still holds
+      attempts: [...this.attempts.keys()],
+      resume: this.resume,
+      history_cache: this.historySessions,
+      protocol: p.PROTOCOL_VERSION,
+    });
+    if (this.draining) this.put(link, { t: "drain" });
+    // results the last node never acknowledged: send them again
+    for (const attempt of this.attempts.values()) {
+      if (attempt.result !== null) this.put(link, attempt.result);
+    }
+    let beat: NodeJS.Timeout | null = null;
+    const heartbeat = (): void => {
+      beat = setTimeout(heartbeat, this.heartbeatInterval * 1000);
+      if (this.attempts.size > 0) this.put(link, { t: "hb", attempts: [...this.attempts.keys()] });
+    };
+    heartbeat();
+    // a node that hung keeps the TCP connection open: a ping it does not answer ends it
+    let answered = true;
+    let lastTick = Date.now();
+    const ping = setInterval(() => {
+      const late = Date.now() - lastTick > 1.5 * this.pingInterval * 1000;
+      lastTick = Date.now();
+      // this process was blocked (a long synchronous call): the pong may wait unread
+      if (!answered && !late) {
+        log("worker.ping_timeout", "the node did not answer a ping: giving it up");
+        ws.terminate();
+        return;
+      }
+      answered = false;
+      ws.ping();
+    }, this.pingInterval * 1000);
+    ws.on("pong", () => (answered = true));
+    return new Promise((resolve) => {
+      ws.on("message", (data) => {
+        answered = true;
+        let frame: unknown;
+        try {
+          frame = JSON.parse(data.toString());
+        } catch (e) {
+          frame = e;
+        }
+        if (!Array.isArray(frame)) {
+          log("worker.bad_frame", "the server sent a frame that is not a JSON array");
+          ws.close(p.CLOSE_BAD_FRAME, "a frame is a JSON array of messages");
+          return;
+        }
+        for (const message of frame as p.ServerMessage[]) this.onMessage(message);
+      });
+      ws.once("close", (code, reason) => {
+        clearInterval(ping);
+        if (beat !== null) clearTimeout(beat);
+        if (this.link === link) this.link = null;
+        resolve({ code, reason: reason.toString() });
+      });
+    });
+  }
+
+  // --- sending ------------------------------------------------------------------------
+
+  /** Queue a message on the live link; whatever is queued in one tick leaves in one frame. */
+  private send(message: p.WorkerMessage): void {
+    if (this.link !== null) this.put(this.link, message);
+  }
+
+  private put(link: Link, message: p.WorkerMessage): void {
+    const last = link.pending[link.pending.length - 1];
+    if (message.t === "delta" && last?.t === "delta" && last.attempt_id === message.attempt_id) {
+      last.text += message.text; // one delta per attempt that waits to be sent
+    } else {
+      link.pending.push(message.t === "delta" ? { ...message } : message);
+    }
+    if (!link.flushing) {
+      link.flushing = true;
+      setImmediate(() => {
+        link.flushing = false;
+        const batch = link.pending;
+        link.pending = [];
+        if (batch.length > 0 && link.ws.readyState === WebSocket.OPEN) {
+          const results = batch.some((m) => m.t === "done");
+          link.ws.send(JSON.stringify(batch), (error) => {
+            // written to the socket: a crash from here on loses nothing the server got
+            if (results && error == null) failpoints.hit("worker.after_send_result");
+          });
+        }
+      });
+    }
+  }
+
+  // --- receiving ----------------------------------------------------------------------
+
+  private onMessage(message: p.ServerMessage): void {
+    switch (message.t) {
+      case "welcome": {
+        // four beats per timeout: one lost or late beat does not fail an attempt
+        const timeout = message.heartbeat_timeout > 0 ? message.heartbeat_timeout : Infinity;
+        this.heartbeatInterval = Math.min(this.heartbeatMax, timeout / 4);
+        this.startWindow = Math.min(5, timeout / 2);
+        this.resume = message.resume;
+        for (const id of message.stop ?? []) {
+          const stopped = this.attempts.get(id);
+          if (stopped !== undefined) this.abandon(stopped, "the server no longer runs this attempt");
+        }
+        break;
+      }
+      case "step":
+        this.onStep(message);
+        break;
+      case "hb":
+        for (const [id, status] of Object.entries(message.status)) {
+          const held = this.attempts.get(id);
+          if (held === undefined) continue;
+          if (held.startDecided !== null) {
+            if (status !== "ok") held.startDecided(false);
+            else if (
+              message.seq != null &&
+              message.seq === held.startSeq &&
+              (Date.now() - held.startSentAt) / 1000 <= this.startWindow
+            ) {
+              held.startDecided(true); // a timely answer to our own ask
+            }
+          } else if (status !== "ok" && held.result === null) {
+            this.abandon(held, "the server no longer runs this attempt");
+          }
+        }
+        break;
+      case "ack": {
+        const acked = this.attempts.get(message.attempt_id);
+        if (acked !== undefined) this.attempts.delete(message.attempt_id);
+        if (acked !== undefined && !message.ok) {
+          log("worker.result_refused", `result refused: ${message.error ?? ""}`, {
+            attempt_id: message.attempt_id,
+          });
+        }
+        break;
+      }
+      case "cancel": {
+        const cancelled = this.attempts.get(message.attempt_id);
+        if (cancelled !== undefined && cancelled.result === null) {
+          this.abandon(cancelled, "cancelled by the server");
+        }
+        break;
+      }
+    }
+  }
+
+  private onStep(step: p.StepMessage): void {
+    if (this.attempts.has(step.attempt_id)) return;
+    const attempt: Attempt = {
+      step,
+      history: [],
+      abort: new AbortController(),
+      result: null,
+      abandoned: false,
+      startDecided: null,
+      startSeq: -1,
+      startSentAt: 0,
+    };
+    this.attempts.set(step.attempt_id, attempt);
+    if (step.step_type === "RunModel") {
+      const view = this.view(step.session_id, step.history_base ?? 0, step.history ?? []);
+      if (view === null) {
+        // we lack what it builds on: the server sends it whole next time
+        attempt.result = { t: "back", attempt_id: step.attempt_id, reason: "history" };
+        this.send(attempt.result);
+        return;
+      }
+      attempt.history = view;
+    } else {
+      attempt.history = step.history ?? [];
+    }
+    void this.runAttempt(attempt);
+  }
+
+  /** The model's view: the first ``base`` items last handed out for the session, then ``items``. */
+  private view(sessionId: string, base: number, items: p.Item[]): p.Item[] | null {
+    let view = items;
+    if (base > 0) {
+      const kept = this.histories.get(sessionId);
+      if (kept === undefined || kept.length < base) return null;
+      view = kept.slice(0, base).concat(items);
+    }
+    this.histories.delete(sessionId);
+    this.histories.set(sessionId, view);
+    while (this.histories.size > this.historySessions) {
+      this.histories.delete(this.histories.keys().next().value as string);
+    }
+    return view;
+  }
+
+  private abandon(attempt: Attempt, why: string): void {
+    log("worker.attempt_abandoned", why, { attempt_id: attempt.step.attempt_id });
+    this.attempts.delete(attempt.step.attempt_id);
+    attempt.abandoned = true;
+    attempt.startDecided?.(false);
+    attempt.abort.abort(new Error(why));
+  }
+
+  // --- running one attempt ------------------------------------------------------------
+
+  private async runAttempt(attempt: Attempt): Promise<void> {
+    const step = attempt.step;
+    const ids = {
+      session_id: step.session_id,
+      step_id: step.step_id,
+      attempt_id: step.attempt_id,
+      worker_id: this.id,
+    };
+    let result: p.Result | null;
+    try {
+      const agent = this.agents.get(step.agent);
+      if (agent === undefined) throw new ToolError(`this Worker does not serve agent ${step.agent}`);
+      let value: p.Done["result"] | null;
+      if (step.step_type === "RunModel") value = await this.runModel(agent, attempt);
+      else if (step.step_type === "CompactContext") value = await this.compact(agent, attempt);
+      else value = await this.runTool(agent, attempt);
+      if (value === null) return;
+      failpoints.hit("worker.before_send_result");
+      result = { t: "done", attempt_id: step.attempt_id, result: value };
+    } catch (e) {
+      if (attempt.abandoned) return;
+      if (e instanceof Interrupt) {
+        result = { t: "done", attempt_id: step.attempt_id, result: e.outcome };
+      } else if (e instanceof ToolError) {
+        if (step.step_type === "RunModel" || step.step_type === "CompactContext") {
+          result = fail(step, e.message, false);
+        } else {
+          const outcome: p.ToolOutcome =
+            step.step_type === "CheckToolCall"
+              ? { status: "checked", happened: null, error: e.message }
+              : { status: "failed", error: e.message };
+          result = { t: "done", attempt_id: step.attempt_id, result: outcome };
+        }
+      } else {
+        const error = e instanceof Error ? e : new Error(String(e));
+        log(
+          "worker.attempt_failed",
+          `${step.step_type} attempt ${step.attempt} of ${step.tool ?? step.agent} failed: ` +
+            `${error.name}: ${error.message}`,
+          ids,
+        );
+        const retryable = (error as { retryable?: unknown }).retryable;
+        result = fail(step, `${error.name}: ${error.message}`, retryable !== false);
+      }
+    }
+    if (attempt.abandoned) return; // stopped or cancelled meanwhile: no result is wanted
+    attempt.result = result;
+    this.send(result);
+  }
+
+  private async runModel(agent: Agent, attempt: Attempt): Promise<p.ModelResponse> {
+    const step = attempt.step;
+    const request = {
+      sessionId: step.session_id,
+      agent: agent.name,
+      instructions: agent.instructions,
+      history: attempt.history,
+      tools: [...agent.tools.values()].map((t) => t.spec()),
+      attempt: step.attempt,
+      signal: attempt.abort.signal,
+    };
+    failpoints.hit("worker.run_model.before_output");
+    let response: p.ModelResponse | null = null;
+    for await (const event of agent.model.stream(request)) {
+      if (attempt.abandoned) throw attempt.abort.signal.reason;
+      if (typeof event === "string") {
+        this.send({ t: "delta", attempt_id: step.attempt_id, text: event });
+      } else {
+        response = event;
+      }
+    }
+    if (response === null) {
+      throw new Error(`model ${JSON.stringify(agent.model.spec())} returned no response`);
+    }
+    const approvalRequired = [...(response.approval_required ?? [])];
+    for (const call of response.tool_calls ?? []) {
+      const approval = agent.tools.get(call.name)?.options.approval;
+      if (typeof approval === "function" && approval(call.arguments ?? {})) {
+        approvalRequired.push(call.id);
+      }
+    }
+    return {
+      text: "",
+      stop_reason: "end_turn",
+      ...response,
+      tool_calls: (response.tool_calls ?? []).map((c) => ({ arguments: {}, ...c })),
+      approval_required: approvalRequired,
+    };
+  }
+
+  private async compact(agent: Agent, attempt: Attempt): Promise<p.Summary> {
+    if (agent.model.summarize === undefined) {
+      throw new ToolError(`the model of agent ${agent.name} cannot summarize`);
+    }
+    const step = attempt.step;
+    failpoints.hit("worker.compact_context.running");
+    return agent.model.summarize({
+      sessionId: step.session_id,
+      agent: agent.name,
+      instructions: agent.instructions,
+      history: attempt.history,
+      tools: [],
+      attempt: step.attempt,
+      signal: attempt.abort.signal,
+    });
+  }
+
+  private async runTool(agent: Agent, attempt: Attempt): Promise<p.ToolOutcome | null> {
+    const step = attempt.step;
+    const tool = agent.tools.get(step.tool ?? "");
+    if (tool === undefined) {
+      throw new ToolError(`this Worker's agent ${agent.name} has no tool ${step.tool ?? ""}`);
+    }
+    const args = step.arguments ?? {};
+    checkArguments(tool.options.name, tool.options.parameters, args); // invalid: never runs
+    failpoints.hit("worker.before_first_heartbeat");
+    if (step.needs_start_ack || this.draining) {
+      if (!(await this.startAcknowledged(attempt))) {
+        if (attempt.abandoned) return null;
+        if (this.draining) {
+          attempt.result = { t: "back", attempt_id: step.attempt_id };
+          this.send(attempt.result);
+        } else {
+          log("worker.start_refused", "the server no longer runs this attempt: not starting it", {
+            attempt_id: step.attempt_id,
+          });
+          this.attempts.delete(step.attempt_id);
+        }
+        return null;
+      }
+    }
+    const answers = [...(step.answers ?? [])];
+    const sleepsDone = step.sleeps_done ?? 0;
+    let asked = 0;
+    let slept = 0;
+    const ctx: ToolContext = {
+      sessionId: step.session_id,
+      callId: step.call_id ?? "",
+      tool: tool.options.name,
+      idempotencyKey: step.idempotency_key ?? "",
+      attempt: step.attempt,
+      signal: attempt.abort.signal,
+      answers,
+      sleepsDone,
+      ask(question: string, choices?: string[]): string {
+        const index = asked++;
+        if (index < answers.length) return answers[index];
+        throw new Interrupt({ status: "asked", question, choices: choices ?? null });
+      },
+      sleep(seconds: number): void {
+        if (slept++ < sleepsDone) return;
+        throw new Interrupt({ status: "sleep", sleep_seconds: seconds });
+      },
+      heartbeat: () => this.send({ t: "hb", attempts: [step.attempt_id] }),
+    };
+    if (step.step_type === "PollToolTask") {
+      if (tool.options.poll === undefined) throw new ToolError(`tool ${tool.options.name} has no poll`);
+      failpoints.hit("worker.poll_running");
+      const value = await tool.options.poll(ctx, step.task_handle);
+      return value === PENDING ? { status: "pending" } : { status: "succeeded", result: value ?? null };
+    }
+    if (step.step_type === "CheckToolCall") {
+      if (tool.options.check === undefined) {
+        throw new ToolError(`tool ${tool.options.name} has no check`);
+      }
+      const verdict = await tool.options.check(ctx, args);
+      return { status: "checked", happened: verdict.happened, result: verdict.result ?? null };
+    }
+    if (step.step_type !== "CallTool" && step.step_type !== "CallSingleAttemptTool") {
+      throw new ToolError(`a Worker does not run ${step.step_type} Steps`);
+    }
+    failpoints.hit("worker.tool_running");
+    const value = await tool.options.run(args, ctx);
+    return { status: "succeeded", result: value ?? null };
+  }
+
+  /**
+   * Ask the node whether to start (an hb with a seq of ours) until it answers in time:
+   * an ``ok`` later than half the heartbeat timeout (a node that paused, and may have lost
+   * its lease meanwhile) does not count.
+   */
+  private async startAcknowledged(attempt: Attempt): Promise<boolean> {
+    if (this.draining) return false;
+    let decided: boolean | null = null;
+    const verdict = new Promise<boolean>((resolve) => {
+      attempt.startDecided = (started: boolean): void => {
+        decided = started;
+        resolve(started);
+      };
+    });
+    while (decided === null) {
+      attempt.startSeq = this.seq++;
+      attempt.startSentAt = Date.now();
+      this.send({ t: "hb", attempts: [attempt.step.attempt_id], seq: attempt.startSeq });
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        verdict,
+        new Promise<void>((resolve) => (timer = setTimeout(resolve, this.startWindow * 1000))),
+      ]);
+      clearTimeout(timer);
+    }
+    attempt.startDecided = null;
+    return decided;
+  }
+}
+
+function fail(step: p.StepMessage, message: string, retryable: boolean): p.Fail {
+  return {
+    t: "fail",
+    attempt_id: step.attempt_id,
+    error: { message, retryable, attempt_progress: "NOT_COMPLETED" },
+  };
+}
+
+/** The arguments name every required parameter and no unknown one (when the schema says so). */
+function checkArguments(tool: string, schema: Record<string, unknown>, args: p.ToolOutcome["result"]): void {
+  const given = (args ?? {}) as Record<string, unknown>;
+  const required = Array.isArray(schema.required) ? (schema.required as string[]) : [];
+  const missing = required.filter((name) => !(name in given));
+  if (missing.length > 0) {
+    throw new ToolError(`tool ${tool}: missing argument(s) ${missing.join(", ")}`);
+  }
+  const properties = schema.properties as Record<string, unknown> | undefined;
+  if (schema.additionalProperties === false && properties !== undefined) {
+    const unknown = Object.keys(given).filter((name) => !(name in properties));
+    if (unknown.length > 0) {
+      throw new ToolError(`tool ${tool}: unknown argument(s) ${unknown.join(", ")}`);
+    }
+  }
+}

@@ -1,0 +1,326 @@
+/**
+ * The TypeScript port of tests/support/agents.py, for the crash tests run against this
+ * SDK: the same agents, tool names, ledger entries and gate files.
+ *
+ * The scripted model reads the last user message:
+ *     "call: [[tool, {args}], ...]"  asks for those tool calls (all in one response),
+ *     anything else                  answers "echo: <text>".
+ * Once every call has a result, it answers "results: <json of statuses and results>".
+ *
+ * Run: node dist/test/agents.js   (DEX_ADDRESS, DEX_TEST_LEDGER, DEX_TEST_GATES)
+ */
+import * as fs from "node:fs";
+import * as path from "node:path";
+
+import {
+  Args,
+  Item,
+  Model,
+  PENDING,
+  ModelRequest,
+  ModelResponse,
+  RetryPolicy,
+  Summary,
+  ToolContext,
+  ToolError,
+  Worker,
+  WorkerRefusedError,
+  defineAgent,
+  defineTool,
+} from "../src/index";
+
+const LEDGER = process.env.DEX_TEST_LEDGER ?? "ledger.jsonl";
+const GATES = process.env.DEX_TEST_GATES ?? ".";
+
+/** Python's json.dumps(..., sort_keys=True): the ledger reads the same from both Workers. */
+function pyJson(value: unknown): string {
+  if (Array.isArray(value)) return "[" + value.map(pyJson).join(", ") + "]";
+  if (value !== null && typeof value === "object") {
+    const entries = Object.entries(value as Record<string, unknown>)
+      .filter(([, v]) => v !== undefined)
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+    return "{" + entries.map(([k, v]) => `${JSON.stringify(k)}: ${pyJson(v)}`).join(", ") + "}";
+  }
+  return JSON.stringify(value ?? null);
+}
+
+/** One durable line per side effect, as dex.testing.Ledger writes it. */
+function record(effect: string, fields: Record<string, unknown>): void {
+  const fd = fs.openSync(LEDGER, "a", 0o644);
+  try {
+    fs.writeSync(fd, pyJson({ effect, ...fields }) + "\n");
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/** dex.testing.Gates: write <gate>.<attempt>.entered, then wait for <gate>.open. */
+async function gate(name: unknown, attempt: number, signal: AbortSignal): Promise<void> {
+  if (typeof name !== "string" || name === "") return;
+  fs.writeFileSync(path.join(GATES, `${name}.${attempt}.entered`), "");
+  while (!fs.existsSync(path.join(GATES, `${name}.open`))) {
+    signal.throwIfAborted();
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
+function say(text: string): ModelResponse {
+  return { text };
+}
+
+function script(history: Item[]): ModelResponse {
+  let lastUser = -1;
+  history.forEach((item, i) => {
+    if (item.type === "user") lastUser = i;
+  });
+  const user = history[lastUser];
+  if (user === undefined || user.type !== "user") throw new Error("no user message");
+  const after = history.slice(lastUser + 1);
+  if (!user.text.startsWith("call:")) return say(`echo: ${user.text}`);
+  if (after.some((item) => item.type === "assistant")) {
+    const summary = after.flatMap((r) =>
+      r.type === "tool_result"
+        ? [{ name: r.name, status: r.status, result: r.result ?? null, error: r.error ?? null }]
+        : [],
+    );
+    return say("results: " + pyJson(summary));
+  }
+  const calls = JSON.parse(user.text.slice("call:".length)) as [string, Args][];
+  return {
+    tool_calls: calls.map(([name, args], i) => ({ id: `c${i}`, name, arguments: args })),
+    stop_reason: "tool_use",
+  };
+}
+
+/** dex.models.Scripted: answers by ``respond``, optionally streamed in chunks. */
+class Scripted implements Model {
+  constructor(
+    private readonly respond: (history: Item[]) => ModelResponse,
+    private readonly chunkChars = 0,
+    private readonly delayPerChunk = 0,
+  ) {}
+
+  spec(): Record<string, unknown> {
+    return { provider: "scripted", name: "scripted" };
+  }
+
+  async *stream(request: ModelRequest): AsyncIterable<string | ModelResponse> {
+    const response = this.respond(request.history);
+    const text = response.text ?? "";
+    if (this.chunkChars > 0 && text) {
+      for (let i = 0; i < text.length; i += this.chunkChars) {
+        if (this.delayPerChunk) {
+          await new Promise((resolve) => setTimeout(resolve, this.delayPerChunk * 1000));
+        }
+        request.signal.throwIfAborted();
+        yield text.slice(i, i + this.chunkChars);
+      }
+    } else if (text) {
+      yield text;
+    }
+    yield response;
+  }
+
+  /** A deterministic summary: how much there was, and what the user asked. */
+  async summarize(request: ModelRequest): Promise<Summary> {
+    const history = request.history;
+    const asked = history.flatMap((i) => (i.type === "user" ? [i.text] : []));
+    const earlier = history.flatMap((i) => (i.type === "summary" ? [i.text] : []));
+    const parts = [`Summary of ${history.length} items.`];
+    if (earlier.length > 0) parts.push(`Before that: ${earlier[earlier.length - 1]}`);
+    if (asked.length > 0) parts.push("The user said: " + asked.join(" | "));
+    return { text: parts.join(" ") };
+  }
+}
+
+/** Scripted, whose summary call records ``summary`` in the ledger and then waits behind
+ * the gate ``summary``, so a test can interrupt a CompactContext while it runs. */
+class GatedSummaries extends Scripted {
+  override async summarize(request: ModelRequest): Promise<Summary> {
+    record("summary", { attempt: request.attempt });
+    await gate("summary", request.attempt, request.signal);
+    return super.summarize(request);
+  }
+}
+
+const FAST: RetryPolicy = { max_attempts: 3, initial_backoff_seconds: 0.05 };
+
+function keyed(extra: Record<string, unknown>): Record<string, unknown> {
+  return {
+    type: "object",
+    properties: { ...extra, gate: { anyOf: [{ type: "string" }, { type: "null" }] } },
+    required: Object.keys(extra),
+    additionalProperties: false,
+  };
+}
+
+const lookup = defineTool({
+  name: "lookup",
+  description: "Read a value.",
+  kind: "read",
+  retry: FAST,
+  parameters: keyed({ key: { type: "string" } }),
+  async run(args: Args, ctx: ToolContext) {
+    const key = String(args.key);
+    record("lookup", { key, idempotency_key: ctx.idempotencyKey, attempt: ctx.attempt });
+    await gate(args.gate, ctx.attempt, ctx.signal);
+    return { key, value: key.toUpperCase() };
+  },
+});
+
+const charge = defineTool({
+  name: "charge",
+  description: "Charge a card: not idempotent, so Dex runs it at most once.",
+  kind: "write",
+  parameters: keyed({ amount: { type: "integer" } }),
+  async run(args: Args, ctx: ToolContext) {
+    record("charge", {
+      amount: args.amount,
+      idempotency_key: ctx.idempotencyKey,
+      attempt: ctx.attempt,
+    });
+    await gate(args.gate, ctx.attempt, ctx.signal);
+    return `charged ${String(args.amount)}`;
+  },
+});
+
+const upsert = defineTool({
+  name: "upsert",
+  description: "Write a record keyed by the idempotency key.",
+  kind: "idempotent_write",
+  retry: FAST,
+  parameters: keyed({ key: { type: "string" } }),
+  async run(args: Args, ctx: ToolContext) {
+    record("upsert", { key: args.key, idempotency_key: ctx.idempotencyKey, attempt: ctx.attempt });
+    await gate(args.gate, ctx.attempt, ctx.signal);
+    return `stored ${String(args.key)}`;
+  },
+});
+
+const refuse = defineTool({
+  name: "refuse",
+  description: "Fails with a known outcome.",
+  kind: "read",
+  parameters: keyed({ reason: { type: "string" } }),
+  run(args: Args) {
+    throw new ToolError(String(args.reason));
+  },
+});
+
+const flaky = defineTool({
+  name: "flaky",
+  description: "Raises on every attempt: a failed attempt, not a known outcome.",
+  kind: "read",
+  retry: { max_attempts: 2, initial_backoff_seconds: 0.05 },
+  parameters: keyed({}),
+  run(_args: Args, ctx: ToolContext) {
+    record("flaky", { idempotency_key: ctx.idempotencyKey, attempt: ctx.attempt });
+    throw new Error(`flaky failure on attempt ${ctx.attempt}`);
+  },
+});
+
+/** Gate files of a task handle: its slashes made underscores. */
+function handleGate(handle: unknown, suffix: string): string {
+  return path.join(GATES, `${String(handle).replace(/\//g, "_")}.${suffix}`);
+}
+
+const render = defineTool({
+  name: "render",
+  description: "Starts a render job; the handle is the idempotency key.",
+  kind: "task",
+  retry: FAST,
+  pollIntervalSeconds: 0.05,
+  parameters: keyed({ scene: { type: "string" } }),
+  run(args: Args, ctx: ToolContext) {
+    record("render.start", {
+      scene: args.scene,
+      idempotency_key: ctx.idempotencyKey,
+      attempt: ctx.attempt,
+    });
+    return ctx.idempotencyKey;
+  },
+  async poll(ctx: ToolContext, handle: unknown) {
+    record("render.poll", { handle, attempt: ctx.attempt });
+    if (fs.existsSync(handleGate(handle, "pause"))) {
+      fs.writeFileSync(handleGate(handle, "polling"), "");
+      while (!fs.existsSync(handleGate(handle, "open"))) {
+        ctx.signal.throwIfAborted();
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+    }
+    return fs.existsSync(handleGate(handle, "done")) ? `rendered ${String(handle)}` : PENDING;
+  },
+});
+
+const exportReport = defineTool({
+  name: "export",
+  description: "Starts an export job polled once a second; the handle is the idempotency key.",
+  kind: "task",
+  retry: FAST,
+  pollIntervalSeconds: 1.0,
+  parameters: keyed({ report: { type: "string" } }),
+  run(args: Args, ctx: ToolContext) {
+    record("export.start", {
+      report: args.report,
+      idempotency_key: ctx.idempotencyKey,
+      attempt: ctx.attempt,
+    });
+    return ctx.idempotencyKey;
+  },
+  poll(ctx: ToolContext, handle: unknown) {
+    record("export.poll", { handle, attempt: ctx.attempt });
+    return fs.existsSync(handleGate(handle, "done")) ? `exported ${String(handle)}` : PENDING;
+  },
+});
+
+export const assistant = defineAgent({
+  name: "assistant",
+  model: new Scripted(script),
+  instructions: "You are a test agent.",
+  tools: [lookup, charge, upsert, refuse, flaky],
+  modelRetry: FAST,
+});
+
+export const streamer = defineAgent({
+  name: "streamer",
+  model: new Scripted(script, 4, 0.01),
+  tools: [lookup],
+  modelRetry: FAST,
+});
+
+/** The task tools of agents.py's ``waiter`` (its approvals, questions and timers are not
+ * ported). */
+export const waiter = defineAgent({
+  name: "waiter",
+  model: new Scripted(script),
+  tools: [render, exportReport, lookup, charge],
+  modelRetry: FAST,
+});
+
+export const compactor = defineAgent({
+  name: "compactor",
+  model: new Scripted(script),
+  tools: [lookup],
+  modelRetry: FAST,
+  compactThresholdChars: 400,
+});
+
+export const slowSummaries = defineAgent({
+  name: "slow_summaries",
+  model: new GatedSummaries(script),
+  tools: [lookup],
+  modelRetry: FAST,
+  compactThresholdChars: 400,
+});
+
+if (require.main === module) {
+  const agents = [assistant, streamer, waiter, compactor, slowSummaries];
+  new Worker({ agents }).run().then(
+    () => process.exit(0),
+    (e: unknown) => {
+      process.stderr.write(`${e instanceof WorkerRefusedError ? e.message : String(e)}\n`);
+      process.exit(1);
+    },
+  );
+}

@@ -1,0 +1,113 @@
+"""A Worker written with the TypeScript SDK (``sdk/typescript``) against a real server:
+it serves a turn, survives a server restart while it holds an attempt, drains on SIGTERM,
+and exits with a clear message when its token is refused. (The crash cells run against
+it too: ``tests/crash``, the ``worker-kill-typescript`` cases.)"""
+
+from __future__ import annotations
+
+import signal
+
+import dex
+from dex.testing import NodeWorkerProcess, free_port, wait_until
+from tests.support.rig import TYPESCRIPT_AGENTS, Rig, attempts, results
+
+
+def test_a_typescript_worker_serves_a_turn_model_tool_model(rig: Rig) -> None:
+    rig.start_server()
+    rig.start_worker(language="typescript")
+    sid = rig.session()
+    t = rig.wait_turn(sid, rig.call(sid, ("lookup", {"key": "k"}), ("refuse", {"reason": "no"})))
+
+    assert t["status"] == "completed"
+    assert attempts(t, "RunModel") == [[(1, "succeeded")], [(1, "succeeded")]]
+    assert results(t) == [
+        {
+            "name": "lookup",
+            "status": "succeeded",
+            "result": {"key": "k", "value": "K"},
+            "error": None,
+        },
+        {"name": "refuse", "status": "failed", "result": None, "error": "no"},
+    ]
+    (effect,) = rig.ledger.entries("lookup")
+    assert effect["attempt"] == 1
+    assert effect["idempotency_key"] == t["tool_calls"][0]["idempotency_key"]
+    # streamed text reaches the server as deltas and ends as the turn's answer
+    streamed = rig.session("streamer")
+    assert (
+        rig.wait_turn(streamed, rig.client.send_message(streamed, "hi there")["turn"])["text"]
+        == "echo: hi there"
+    )
+
+
+def test_a_typescript_worker_reconnects_after_a_server_restart_while_it_holds_an_attempt(
+    rig: Rig,
+) -> None:
+    rig.start_server()
+    worker = rig.start_worker(language="typescript")
+    sid = rig.session()
+    turn = rig.call(sid, ("upsert", {"key": "order-9", "gate": "g"}))
+    rig.wait_entered("g", 1)
+
+    rig.restart_server()  # SIGKILL, then the same node on its storage
+    rig.wait_entered("g", 2)  # the restarted node stopped attempt 1 and handed out attempt 2
+    rig.open_gate("g")
+    t = rig.wait_turn(sid, turn)
+
+    assert worker.alive  # the same Worker process served on, through its reconnect
+    assert len(rig.workers) == 1
+    (call,) = t["tool_calls"]
+    assert call["status"] == "succeeded"
+    assert attempts(t, "CallTool") == [[(1, "failed"), (2, "succeeded")]]
+    effects = rig.ledger.entries("upsert")
+    assert 2 in [e["attempt"] for e in effects]
+    assert {e["idempotency_key"] for e in effects} == {call["idempotency_key"]}
+    follow = rig.wait_turn(sid, rig.client.send_message(sid, "still there?")["turn"])
+    assert follow["text"] == "echo: still there?"
+
+
+def test_a_typescript_worker_drains_on_sigterm(rig: Rig) -> None:
+    rig.start_server()
+    worker = rig.start_worker(language="typescript")
+    sid = rig.session()
+    turn = rig.call(sid, ("upsert", {"key": "k", "gate": "g"}))
+    rig.wait_entered("g", 1)
+
+    assert worker.proc is not None
+    worker.proc.send_signal(signal.SIGTERM)
+    rig.open_gate("g")  # the running attempt finishes within the drain
+    assert worker.proc.wait(20) == 0
+    assert "draining" in worker.output()
+
+    rig.start_worker(language="typescript")  # the turn's last model call needs a Worker
+    t = rig.wait_turn(sid, turn)
+    assert attempts(t, "CallTool") == [[(1, "succeeded")]]
+    assert [e["attempt"] for e in rig.ledger.entries("upsert")] == [1]
+
+
+def test_a_typescript_worker_with_a_refused_token_exits_and_says_why(rig: Rig) -> None:
+    rig.server.env.update({"DEX_CLIENT_TOKEN": "c-1", "DEX_WORKER_TOKEN": "w-2"})
+    rig.start_server()
+    impostor = rig.start_worker(language="typescript", env={"DEX_WORKER_TOKEN": "c-1"})
+    wait_until(lambda: not impostor.alive, 20, what="the refused Worker exited")
+    assert impostor.proc is not None and impostor.proc.returncode == 1
+    assert "refused this Worker (HTTP 403" in impostor.output()
+    assert "DEX_WORKER_TOKEN" in impostor.output()
+
+    rig.start_worker(language="typescript", env={"DEX_WORKER_TOKEN": "w-2"})
+    with dex.SyncClient(rig.server.address, token="c-1") as client:
+        wait_until(lambda: client.list_agents(), 20, what="the TypeScript Worker registered")
+        sid = client.create_session("assistant")["id"]
+        assert client.send_message(sid, "hi", wait=True)["text"] == "echo: hi"
+
+
+def test_a_typescript_worker_tries_the_addresses_in_turn(rig: Rig) -> None:
+    rig.start_server()
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    worker = NodeWorkerProcess(
+        TYPESCRIPT_AGENTS, f"{nobody},{rig.server.address}", rig.tmp / "worker-addresses.log"
+    )
+    rig.workers.append(worker.start())
+    sid = rig.session()
+    assert rig.wait_turn(sid, rig.client.send_message(sid, "hi")["turn"])["text"] == "echo: hi"
+    assert f"cannot reach {nobody}" in worker.output()
