@@ -6,8 +6,8 @@ import urllib.request
 
 import pytest
 
-from dex.testing import WorkerProcess, wait_until
-from tests.support.rig import SERVER_RESTART_POSTGRES, TAKEOVER, Rig
+from dex.testing import wait_until
+from tests.support.rig import SERVER_RESTART_POSTGRES, TAKEOVER, AnyWorker, Rig
 
 WORKER_KILL = "Worker kill"
 SERVER_RESTART = "Server restart"
@@ -15,29 +15,53 @@ SERVER_SIDE = (SERVER_RESTART, SERVER_RESTART_POSTGRES, TAKEOVER)
 """The failures of the node: the Worker keeps running through them."""
 
 
-def columns(row: str, *, takeover: bool = False) -> pytest.MarkDecorator:
+def columns(row: str, *, takeover: bool = False, go: bool = False) -> pytest.MarkDecorator:
     """Parametrize a test over the failures, each marked as its cell of the matrix:
     Worker kill and Server restart (SQLite), and with ``takeover`` the Server restart of a
-    node on PostgreSQL and the Takeover of a hot standby (two nodes on PostgreSQL)."""
+    node on PostgreSQL and the Takeover of a hot standby (two nodes on PostgreSQL).
+
+    With ``go`` the Worker kill runs a second time against a Worker written with the Go
+    SDK (``sdk/go/internal/testagents``): the same test, the same assertions. The rig
+    reads the language from the ``worker_language`` fixture."""
+    python = "python"
     params = [
-        pytest.param(WORKER_KILL, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"),
         pytest.param(
-            SERVER_RESTART, marks=pytest.mark.crash(row, SERVER_RESTART), id="server-restart"
+            WORKER_KILL, python, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"
+        ),
+        pytest.param(
+            SERVER_RESTART,
+            python,
+            marks=pytest.mark.crash(row, SERVER_RESTART),
+            id="server-restart",
         ),
     ]
     if takeover:
         params += [
             pytest.param(
                 SERVER_RESTART_POSTGRES,
+                python,
                 marks=pytest.mark.crash(row, SERVER_RESTART),
                 id="server-restart-postgres",
             ),
-            pytest.param(TAKEOVER, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"),
+            pytest.param(TAKEOVER, python, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"),
         ]
-    return pytest.mark.parametrize("column", params)
+    languages = [language for language, wanted in (("go", go),) if wanted]
+    for n, language in enumerate(languages, start=1):
+        params.insert(
+            n,
+            pytest.param(
+                WORKER_KILL,
+                language,
+                marks=pytest.mark.crash(row, WORKER_KILL),
+                id=f"worker-kill-{language}",
+            ),
+        )
+    return pytest.mark.parametrize(
+        ("column", "worker_language"), params, indirect=["worker_language"]
+    )
 
 
-def interrupt(rig: Rig, column: str, worker: WorkerProcess) -> WorkerProcess:
+def interrupt(rig: Rig, column: str, worker: AnyWorker) -> AnyWorker:
     """SIGKILL the Worker and start a new one, or SIGKILL the serving node and bring
     service back (the node restarted on its storage, or the standby taking over).
 
@@ -58,7 +82,7 @@ def workers_connected(rig: Rig) -> int:
     raise AssertionError("the server reports no dex_workers_connected")
 
 
-def interrupt_and_reconnect(rig: Rig, column: str, worker: WorkerProcess) -> WorkerProcess:
+def interrupt_and_reconnect(rig: Rig, column: str, worker: AnyWorker) -> AnyWorker:
     """``interrupt``, and return once the server serves through one live Worker again: the
     killed Worker's connection is gone before the new one starts, and the new Worker (or,
     after a restart, the old one) is connected. From then on anything that was to run

@@ -12,9 +12,13 @@ from typing import Any
 import pytest
 
 import dex
-from dex.testing import Ledger, ServerProcess, WorkerProcess, wait_until
+from dex.testing import GoWorkerProcess, Ledger, ServerProcess, WorkerProcess, wait_until
 
 AGENTS = str(Path(__file__).with_name("agents.py"))
+GO_AGENTS = Path(__file__).parents[2] / ".venv" / "dex-test-worker-go"
+"""The Go port of ``agents.py`` (``sdk/go/internal/testagents``), as ``scripts/go`` builds
+it."""
+AnyWorker = WorkerProcess | GoWorkerProcess
 HEARTBEAT_TIMEOUT = 1.0
 
 
@@ -22,7 +26,14 @@ class Rig:
     """One node on SQLite; or, given ``database`` (a PostgreSQL URL), two nodes on it: the
     active one (``server``) and a hot standby, which Workers and clients both know."""
 
-    def __init__(self, tmp: Path, database: str | None = None, *, standby: bool = True) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        database: str | None = None,
+        *,
+        standby: bool = True,
+        worker_language: str = "python",
+    ) -> None:
         self.tmp = tmp
         self.gates = tmp / "gates"
         self.failpoints = tmp / "failpoints"
@@ -35,9 +46,12 @@ class Rig:
         ]
         self.server = self.nodes[0]
         """The node that serves (in HA, the active one)."""
-        self.workers: list[WorkerProcess] = []
+        self.workers: list[AnyWorker] = []
         self.worker_module = AGENTS
         """What ``start_worker`` serves unless told otherwise (a crash helper's new Worker too)."""
+        self.worker_language = worker_language
+        """``python`` (``dex worker``) or ``go`` (a Worker of the Go SDK serving
+        ``GO_AGENTS``): what ``start_worker`` starts unless told otherwise."""
         self.worker_env: dict[str, str] = {}
         self.client = dex.SyncClient(self.address, timeout=30)
 
@@ -53,21 +67,32 @@ class Rig:
     # --- processes ---------------------------------------------------------------
 
     def start_worker(
-        self, failpoints: str = "", *, module: str | None = None, env: dict[str, str] | None = None
-    ) -> WorkerProcess:
-        worker = WorkerProcess(
-            module or self.worker_module,
-            self.address,
-            self.tmp / f"worker-{len(self.workers) + 1}.log",
-            env={
-                "DEX_TEST_LEDGER": str(self.ledger.path),
-                "DEX_TEST_GATES": str(self.gates),
-                "DEX_FAILPOINTS": failpoints,
-                "DEX_FAILPOINT_DIR": str(self.failpoints),
-                **self.worker_env,
-                **(env or {}),
-            },
-        )
+        self,
+        failpoints: str = "",
+        *,
+        module: str | None = None,
+        env: dict[str, str] | None = None,
+        language: str | None = None,
+    ) -> AnyWorker:
+        """A Worker serving the test agents: in Python (``module``, default ``agents.py``)
+        or, with ``language="go"``, in Go (``GO_AGENTS``)."""
+        log = self.tmp / f"worker-{len(self.workers) + 1}.log"
+        worker_env = {
+            "DEX_TEST_LEDGER": str(self.ledger.path),
+            "DEX_TEST_GATES": str(self.gates),
+            "DEX_FAILPOINTS": failpoints,
+            "DEX_FAILPOINT_DIR": str(self.failpoints),
+            **self.worker_env,
+            **(env or {}),
+        }
+        worker: AnyWorker
+        if (language or self.worker_language) == "go":
+            assert module is None, "the Go Worker serves GO_AGENTS only"
+            if not GO_AGENTS.exists():
+                raise FileNotFoundError(f"{GO_AGENTS} is missing: run scripts/go")
+            worker = GoWorkerProcess(GO_AGENTS, self.address, log, env=worker_env)
+        else:
+            worker = WorkerProcess(module or self.worker_module, self.address, log, env=worker_env)
         self.workers.append(worker.start())
         return worker
 
@@ -171,11 +196,20 @@ def make_rig(tmp_path: Path, request: pytest.FixtureRequest) -> Rig:
     column = callspec.params.get("column") if callspec is not None else None
     on_postgres = column in (TAKEOVER, SERVER_RESTART_POSTGRES)
     database = request.getfixturevalue("postgres_url") if on_postgres else None
-    return Rig(tmp_path, database, standby=column == TAKEOVER)
+    language = callspec.params.get("worker_language", "python") if callspec else "python"
+    return Rig(tmp_path, database, standby=column == TAKEOVER, worker_language=language)
 
 
 @pytest.fixture
-def rig(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Rig]:
+def worker_language(request: pytest.FixtureRequest) -> str:
+    """Which Worker the rig starts: ``python`` unless a test is parametrized (indirectly)
+    with ``go`` (``tests.crash.helpers.columns(..., go=True)``)."""
+    language: str = getattr(request, "param", "python")
+    return language
+
+
+@pytest.fixture
+def rig(tmp_path: Path, request: pytest.FixtureRequest, worker_language: str) -> Iterator[Rig]:
     """``make_rig``, closed after the test."""
     r = make_rig(tmp_path, request)
     try:

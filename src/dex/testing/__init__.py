@@ -2,12 +2,13 @@
 processes, failpoints, a side-effect ledger, and waiting on conditions with deadlines."""
 
 from dex.testing.gates import Gates
-from dex.testing.harness import ServerProcess, WorkerProcess, free_port
+from dex.testing.harness import GoWorkerProcess, ServerProcess, WorkerProcess, free_port
 from dex.testing.ledger import Ledger
 from dex.testing.wait import wait_until, wait_until_async
 
 __all__ = [
     "Gates",
+    "GoWorkerProcess",
     "Ledger",
     "ServerProcess",
     "WorkerProcess",

@@ -30,10 +30,13 @@ class _Process:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _spawn(self, args: list[str], env: Mapping[str, str]) -> None:
+        self._spawn_command([sys.executable, "-m", "dex", *args], env)
+
+    def _spawn_command(self, command: list[str], env: Mapping[str, str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [*self.wrap, sys.executable, "-m", "dex", *args],
+                [*self.wrap, *command],
                 env={**os.environ, **env},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -164,5 +167,39 @@ class WorkerProcess(_Process):
         self._spawn(
             ["worker", self.module, "--address", self.address, "--capacity", str(self.capacity)],
             {**self.env, **(env or {})},
+        )
+        return self
+
+
+class GoWorkerProcess(_Process):
+    """A Worker built with the Go SDK (``sdk/go``): the executable ``binary``, given the
+    server's address and the capacity through ``DEX_ADDRESS`` and
+    ``DEX_WORKER_CAPACITY``. It has the methods of ``WorkerProcess``."""
+
+    def __init__(
+        self,
+        binary: str | Path,
+        address: str,
+        log: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        capacity: int = 16,
+        wrap: Sequence[str] = (),
+    ) -> None:
+        super().__init__(log, wrap)
+        self.binary = str(binary)
+        self.address = address
+        self.env = dict(env or {})
+        self.capacity = capacity
+
+    def start(self, env: Mapping[str, str] | None = None) -> GoWorkerProcess:
+        self._spawn_command(
+            [self.binary],
+            {
+                "DEX_ADDRESS": self.address,
+                "DEX_WORKER_CAPACITY": str(self.capacity),
+                **self.env,
+                **(env or {}),
+            },
         )
         return self
