@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from dex.wire import protocol
+from dex.wire import ModelResponse, Summary, ToolOutcome, protocol
 
 INTRO = """\
 # The Worker protocol
@@ -86,6 +86,16 @@ RULES = """\
 |---|---|
 """
 
+RESULTS = """
+## Results
+
+What `done.result` holds, by the Step type of the hand-out: a `ModelResponse` for
+RunModel, a `Summary` for CompactContext, a `ToolOutcome` for CallTool,
+CallSingleAttemptTool, PollToolTask (`status: "pending"` while the task runs) and
+CheckToolCall (`status: "checked"`). A tool's known failure is a `done` with
+`status: "failed"`; an exception is a `fail`. The Await Steps never reach a Worker.
+"""
+
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:
     schema: dict[str, Any] = model.model_json_schema()
@@ -135,6 +145,14 @@ def render() -> str:
             parts.append(f"\n### `{tag}`\n\n{doc}\n\n")
             schema = json.dumps(_schema(model), indent=2, sort_keys=True)
             parts.append(f"```json\n{schema}\n```\n")
+    parts.append(RESULTS)
+    for model in (ModelResponse, Summary, ToolOutcome):
+        doc = (model.__doc__ or "").strip()
+        parts.append(
+            f"\n### `{model.__name__}`\n\n{doc}\n\n" if doc else f"\n### `{model.__name__}`\n\n"
+        )
+        schema = json.dumps(_schema(model), indent=2, sort_keys=True)
+        parts.append(f"```json\n{schema}\n```\n")
     parts.append(f"\nProtocol version: {protocol.PROTOCOL_VERSION} (sent in `hello.protocol`).\n")
     return "".join(parts)
 
