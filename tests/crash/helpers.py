@@ -23,29 +23,26 @@ def columns(row: str, *, takeover: bool = False, go: bool = False) -> pytest.Mar
     With ``go`` the Worker kill runs a second time against a Worker written with the Go
     SDK (``sdk/go/internal/testagents``): the same test, the same assertions. The rig
     reads the language from the ``worker_language`` fixture."""
-    python = "python"
     params = [
+        pytest.param(WORKER_KILL, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"),
         pytest.param(
-            WORKER_KILL, python, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"
-        ),
-        pytest.param(
-            SERVER_RESTART,
-            python,
-            marks=pytest.mark.crash(row, SERVER_RESTART),
-            id="server-restart",
+            SERVER_RESTART, marks=pytest.mark.crash(row, SERVER_RESTART), id="server-restart"
         ),
     ]
     if takeover:
         params += [
             pytest.param(
                 SERVER_RESTART_POSTGRES,
-                python,
                 marks=pytest.mark.crash(row, SERVER_RESTART),
                 id="server-restart-postgres",
             ),
-            pytest.param(TAKEOVER, python, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"),
+            pytest.param(TAKEOVER, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"),
         ]
     languages = [language for language, wanted in (("go", go),) if wanted]
+    if not languages:
+        return pytest.mark.parametrize("column", params)
+    # Every cell then names its Worker's language too (Python unless told otherwise).
+    params = [pytest.param(*p.values, "python", marks=p.marks, id=p.id) for p in params]
     for n, language in enumerate(languages, start=1):
         params.insert(
             n,
