@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.support.rig import rig
+from tests.support.rig import rig, worker_language
 
-__all__ = ["rig"]
+__all__ = ["rig", "worker_language"]
 
 CHROMIUM = Path(os.environ.get("DEX_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from dex.testing import WorkerProcess, wait_until
+from dex.testing import wait_until
 from dex.testing.fake_providers import Entry, FakeAnthropic, Reply, ScriptedCall
 from tests.crash.helpers import WORKER_KILL, columns, interrupt
-from tests.support.rig import Rig, attempts, make_rig
+from tests.support.rig import AnyWorker, Rig, attempts, make_rig
 
 CLAUDE_AGENTS = str(Path(__file__).parent.parent / "support" / "claude_agents.py")
 Script = Callable[[dict[str, Any]], Entry]
@@ -76,7 +76,7 @@ def rig(model: FakeAnthropic, tmp_path: Path, request: pytest.FixtureRequest) ->
         r.close()
 
 
-def children(worker: WorkerProcess) -> list[int]:
+def children(worker: AnyWorker) -> list[int]:
     """The processes the Worker started (its CLIs)."""
     assert worker.proc is not None
     found = []

@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from dex.testing import WorkerProcess
 from dex.testing.fake_providers import FakeOpenAI
 from tests.crash.helpers import columns, interrupt, interrupt_and_reconnect
 from tests.support.framework_agents import script
-from tests.support.rig import Rig, attempts, make_rig
+from tests.support.rig import AnyWorker, Rig, attempts, make_rig
 
 FRAMEWORK_AGENTS = str(Path(__file__).parent.parent / "support" / "framework_agents.py")
 
@@ -37,7 +36,7 @@ def rig(model: FakeOpenAI, tmp_path: Path, request: pytest.FixtureRequest) -> It
         r.close()
 
 
-def start(rig: Rig, model: FakeOpenAI, failpoints: str = "") -> WorkerProcess:
+def start(rig: Rig, model: FakeOpenAI, failpoints: str = "") -> AnyWorker:
     """The server, and a Worker serving the framework agent (as will every new Worker)."""
     rig.worker_module = FRAMEWORK_AGENTS
     rig.worker_env = {

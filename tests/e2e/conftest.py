@@ -1,3 +1,3 @@
-from tests.support.rig import rig
+from tests.support.rig import rig, worker_language
 
-__all__ = ["rig"]
+__all__ = ["rig", "worker_language"]
