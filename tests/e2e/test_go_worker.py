@@ -3,6 +3,8 @@ server SIGKILLed and restarted while the Go Worker holds an attempt."""
 
 from __future__ import annotations
 
+import signal
+
 from tests.support.rig import Rig, attempts, results
 
 
@@ -50,3 +52,21 @@ def test_go_worker_outlives_a_server_restart_while_it_holds_an_attempt(rig: Rig)
     assert worker.alive  # the same process served attempt 2
     follow = rig.wait_turn(sid, rig.client.send_message(sid, "still there?")["turn"])
     assert follow["text"] == "echo: still there?"
+
+
+def test_go_worker_drains_on_sigterm(rig: Rig) -> None:
+    rig.start_server()
+    worker = rig.start_worker(language="go")
+    sid = rig.session()
+    turn = rig.call(sid, ("upsert", {"key": "order-3", "gate": "g"}))
+    rig.wait_entered("g", 1)
+
+    assert worker.proc is not None
+    worker.proc.send_signal(signal.SIGTERM)  # drain: the running attempt finishes
+    rig.open_gate("g")
+    assert worker.proc.wait(20) == 0
+    rig.start_worker(language="go")  # the turn's next model call runs here
+    t = rig.wait_turn(sid, turn)
+
+    assert attempts(t, "CallTool") == [[(1, "succeeded")]]
+    assert [e["attempt"] for e in rig.ledger.entries("upsert")] == [1]
