@@ -15,15 +15,18 @@ SERVER_SIDE = (SERVER_RESTART, SERVER_RESTART_POSTGRES, TAKEOVER)
 """The failures of the node: the Worker keeps running through them."""
 
 
-def columns(row: str, *, takeover: bool = False, typescript: bool = False) -> pytest.MarkDecorator:
+def columns(
+    row: str, *, takeover: bool = False, typescript: bool = False, go: bool = False
+) -> pytest.MarkDecorator:
     """Parametrize a test over the failures, each marked as its cell of the matrix:
     Worker kill and Server restart (SQLite), and with ``takeover`` the Server restart of a
     node on PostgreSQL and the Takeover of a hot standby (two nodes on PostgreSQL).
 
-    With ``typescript`` the Worker kill runs a second time against a Worker written with
-    the TypeScript SDK (``sdk/typescript/test/agents.ts``, case id
-    ``worker-kill-typescript``): the same test, the same assertions. The rig reads the
-    language from the ``worker_language`` fixture, parametrized indirectly."""
+    With ``typescript`` and ``go`` the Worker kill runs once more against a Worker written
+    with that SDK (its port of the test agents, ``tests.support.rig.SDK_AGENTS``; case ids
+    ``worker-kill-typescript``, ``worker-kill-go``): the same test, the same assertions.
+    The rig reads the language from the ``worker_language`` fixture, parametrized
+    indirectly, and only such tests get that parameter."""
     params = [
         pytest.param(WORKER_KILL, marks=pytest.mark.crash(row, WORKER_KILL), id="worker-kill"),
         pytest.param(
@@ -39,20 +42,23 @@ def columns(row: str, *, takeover: bool = False, typescript: bool = False) -> py
             ),
             pytest.param(TAKEOVER, marks=pytest.mark.crash(row, TAKEOVER), id="takeover"),
         ]
-    if not typescript:
+    languages = [name for name, wanted in (("typescript", typescript), ("go", go)) if wanted]
+    if not languages:
         return pytest.mark.parametrize("column", params)
-    pairs = [pytest.param(*p.values, "python", marks=p.marks, id=p.id) for p in params]
-    pairs.insert(
-        1,
-        pytest.param(
-            WORKER_KILL,
-            "typescript",
-            marks=pytest.mark.crash(row, WORKER_KILL, worker="typescript"),
-            id="worker-kill-typescript",
-        ),
-    )
+    # Every cell then names its Worker's language too (Python unless told otherwise).
+    params = [pytest.param(*p.values, "python", marks=p.marks, id=p.id) for p in params]
+    for n, language in enumerate(languages, start=1):
+        params.insert(
+            n,
+            pytest.param(
+                WORKER_KILL,
+                language,
+                marks=pytest.mark.crash(row, WORKER_KILL, worker=language),
+                id=f"worker-kill-{language}",
+            ),
+        )
     return pytest.mark.parametrize(
-        ("column", "worker_language"), pairs, indirect=["worker_language"]
+        ("column", "worker_language"), params, indirect=["worker_language"]
     )
 
 

@@ -8,7 +8,7 @@ from tests.crash.helpers import columns, interrupt
 from tests.support.rig import Rig, attempts, results
 
 
-@columns("idempotent_write.running", takeover=True, typescript=True)
+@columns("idempotent_write.running", takeover=True, typescript=True, go=True)
 def test_idempotent_write_interrupted_while_running_runs_again_with_same_key(
     rig: Rig, column: str
 ) -> None:
@@ -36,7 +36,7 @@ def test_idempotent_write_interrupted_while_running_runs_again_with_same_key(
     ]
 
 
-@columns("idempotent_write.before_heartbeat", takeover=True, typescript=True)
+@columns("idempotent_write.before_heartbeat", takeover=True, typescript=True, go=True)
 def test_idempotent_write_interrupted_before_first_heartbeat_runs_again_with_same_key(
     rig: Rig, column: str
 ) -> None:
@@ -61,7 +61,7 @@ def test_idempotent_write_interrupted_before_first_heartbeat_runs_again_with_sam
     assert attempts(t, "CallTool") == [[(1, "failed"), (2, "succeeded")]]
 
 
-@columns("read.running", takeover=True, typescript=True)
+@columns("read.running", takeover=True, typescript=True, go=True)
 def test_read_interrupted_while_running_runs_again(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()
@@ -86,7 +86,7 @@ def test_read_interrupted_while_running_runs_again(rig: Rig, column: str) -> Non
     ]
 
 
-@columns("read_poll_compact.before_heartbeat", takeover=True, typescript=True)
+@columns("read_poll_compact.before_heartbeat", takeover=True, typescript=True, go=True)
 def test_read_interrupted_before_first_heartbeat_runs_again(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker(failpoints="worker.before_first_heartbeat=pause")
@@ -103,7 +103,7 @@ def test_read_interrupted_before_first_heartbeat_runs_again(rig: Rig, column: st
     assert results(t)[0]["status"] == "succeeded"
 
 
-@columns("call_tool.every_attempt", takeover=True, typescript=True)
+@columns("call_tool.every_attempt", takeover=True, typescript=True, go=True)
 def test_every_attempt_interrupted_read_fails_and_write_is_unknown(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()

@@ -7,7 +7,7 @@ from tests.crash.helpers import columns, interrupt
 from tests.support.rig import Rig, attempts
 
 
-@columns("run_model.before_output", takeover=True, typescript=True)
+@columns("run_model.before_output", takeover=True, typescript=True, go=True)
 def test_model_call_interrupted_before_output_runs_again(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker(failpoints="worker.run_model.before_output=pause")
@@ -26,7 +26,7 @@ def test_model_call_interrupted_before_output_runs_again(rig: Rig, column: str) 
     assert [i["type"] for i in history] == ["user", "assistant"]  # no duplicate answer
 
 
-@columns("run_model.after_output", takeover=True, typescript=True)
+@columns("run_model.after_output", takeover=True, typescript=True, go=True)
 def test_model_call_interrupted_after_output_reached_dex_runs_again(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()

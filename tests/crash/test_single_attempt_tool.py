@@ -7,7 +7,7 @@ from tests.crash.helpers import SERVER_SIDE, columns, interrupt
 from tests.support.rig import Rig, attempts, results
 
 
-@columns("single_attempt.running", takeover=True, typescript=True)
+@columns("single_attempt.running", takeover=True, typescript=True, go=True)
 def test_write_interrupted_while_running_is_unknown_and_never_runs_again(
     rig: Rig, column: str
 ) -> None:
@@ -32,7 +32,7 @@ def test_write_interrupted_while_running_is_unknown_and_never_runs_again(
     assert [e["attempt"] for e in rig.ledger.entries("charge")] == [1]
 
 
-@columns("single_attempt.before_heartbeat", takeover=True, typescript=True)
+@columns("single_attempt.before_heartbeat", takeover=True, typescript=True, go=True)
 def test_write_interrupted_before_first_heartbeat_is_unknown_and_never_runs(
     rig: Rig, column: str
 ) -> None:

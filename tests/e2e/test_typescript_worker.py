@@ -8,8 +8,8 @@ from __future__ import annotations
 import signal
 
 import dex
-from dex.testing import NodeWorkerProcess, free_port, wait_until
-from tests.support.rig import TYPESCRIPT_AGENTS, Rig, attempts, results
+from dex.testing import SdkWorkerProcess, free_port, wait_until
+from tests.support.rig import SDK_AGENTS, Rig, attempts, results
 
 
 def test_a_typescript_worker_serves_a_turn_model_tool_model(rig: Rig) -> None:
@@ -104,8 +104,10 @@ def test_a_typescript_worker_with_a_refused_token_exits_and_says_why(rig: Rig) -
 def test_a_typescript_worker_tries_the_addresses_in_turn(rig: Rig) -> None:
     rig.start_server()
     nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    worker = NodeWorkerProcess(
-        TYPESCRIPT_AGENTS, f"{nobody},{rig.server.address}", rig.tmp / "worker-addresses.log"
+    worker = SdkWorkerProcess(
+        ["node", SDK_AGENTS["typescript"]],
+        f"{nobody},{rig.server.address}",
+        rig.tmp / "worker-addresses.log",
     )
     rig.workers.append(worker.start())
     sid = rig.session()

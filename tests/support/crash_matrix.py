@@ -192,9 +192,10 @@ moment and checks the outcome against the tool's own ledger of side effects:
   it by themselves (they know both addresses), and the killed node rejoins as the standby.
 
 The Server restart cells are tested on SQLite and again on PostgreSQL (one node,
-`--database postgresql://...`). A Worker kill test file marked "(Python and
-TypeScript Workers)" runs the same test a second time against a Worker written with the
-[TypeScript SDK](typescript-worker.md), serving a port of the same test agents.
+`--database postgresql://...`). A Worker kill test file marked with other Workers, as
+in "(Workers: Python, TypeScript, Go)", runs the same test again against a Worker written
+with the [TypeScript SDK](typescript-worker.md) or the [Go SDK](go-worker.md), each
+serving its port of the same test agents.
 
 "Not tested" means no test covers the cell yet, so its text states the design, not a
 checked result. "Decided by" names the functions whose code decides the row (handlers
@@ -227,13 +228,13 @@ See [failure-and-redelivery.md](failure-and-redelivery.md) and
 
 def render(marks: Iterable[tuple[str, str, str, str]]) -> str:
     """``marks``: (row key, column, test file, Worker language) for every crash-marked
-    test. A file whose test of the cell runs against the TypeScript Worker too says so."""
+    test. A file whose test of the cell runs against Workers of other SDKs too names them."""
     cells: dict[tuple[str, str], set[str]] = {}
-    typescript: set[tuple[str, str, str]] = set()
+    others: dict[tuple[str, str, str], set[str]] = {}
     for row, column, path, worker in marks:
         cells.setdefault((row, column), set()).add(path)
-        if worker == "typescript":
-            typescript.add((row, column, path))
+        if worker != "python":
+            others.setdefault((row, column, path), set()).add(worker)
     lines = [
         "# Crash matrix",
         "",
@@ -247,7 +248,7 @@ def render(marks: Iterable[tuple[str, str, str, str]]) -> str:
     for key, (step, interrupted, what) in ROWS.items():
         tested = [
             ", ".join(
-                f"`{p}`" + (" (Python and TypeScript Workers)" if (key, c, p) in typescript else "")
+                f"`{p}`" + _workers(others.get((key, c, p), set()))
                 for p in sorted(cells.get((key, c), ()))
             )
             or "Not tested"
@@ -264,3 +265,14 @@ def check_mark(row: str, column: str) -> None:
         raise ValueError(f"crash mark names unknown row {row!r}; rows: {sorted(ROWS)}")
     if column not in COLUMNS:
         raise ValueError(f"crash mark names unknown column {column!r}; columns: {COLUMNS}")
+
+
+def _workers(others: set[str]) -> str:
+    """ " (Workers: Python, TypeScript, Go)" for a test run against other SDKs' Workers."""
+    if not others:
+        return ""
+    names = ["Python"] + [LANGUAGES[o] for o in sorted(others, key=list(LANGUAGES).index)]
+    return f" (Workers: {', '.join(names)})"
+
+
+LANGUAGES = {"typescript": "TypeScript", "go": "Go"}

@@ -12,13 +12,18 @@ from typing import Any
 import pytest
 
 import dex
-from dex.testing import Ledger, NodeWorkerProcess, ServerProcess, WorkerProcess, wait_until
+from dex.testing import Ledger, SdkWorkerProcess, ServerProcess, WorkerProcess, wait_until
 
 AGENTS = str(Path(__file__).with_name("agents.py"))
-TYPESCRIPT_AGENTS = Path(__file__).parents[2] / "sdk" / "typescript" / "dist" / "test" / "agents.js"
-"""The TypeScript port of ``agents.py`` (``sdk/typescript/test/agents.ts``), as
-``scripts/setup`` builds it."""
-AnyWorker = WorkerProcess | NodeWorkerProcess
+_ROOT = Path(__file__).parents[2]
+SDK_AGENTS = {
+    "typescript": _ROOT / "sdk" / "typescript" / "dist" / "test" / "agents.js",
+    "go": _ROOT / ".venv" / "dex-test-worker-go",
+}
+"""The ports of ``agents.py`` to the other Worker SDKs, as the test command builds them:
+``sdk/typescript/test/agents.ts`` (``scripts/typescript``) and
+``sdk/go/internal/testagents`` (``scripts/go``)."""
+AnyWorker = WorkerProcess | SdkWorkerProcess
 HEARTBEAT_TIMEOUT = 1.0
 
 
@@ -50,8 +55,9 @@ class Rig:
         self.worker_module = AGENTS
         """What ``start_worker`` serves unless told otherwise (a crash helper's new Worker too)."""
         self.worker_language = worker_language
-        """``python`` (``dex worker``) or ``typescript`` (a Node Worker of the TypeScript SDK
-        serving ``TYPESCRIPT_AGENTS``): what ``start_worker`` starts unless told otherwise."""
+        """``python`` (``dex worker``), ``typescript`` or ``go`` (a Worker of that SDK
+        serving its port of the test agents, ``SDK_AGENTS``): what ``start_worker``
+        starts unless told otherwise."""
         self.worker_env: dict[str, str] = {}
         self.client = dex.SyncClient(self.address, timeout=30)
 
@@ -75,7 +81,7 @@ class Rig:
         language: str | None = None,
     ) -> AnyWorker:
         """A Worker serving the test agents: in Python (``module``, default ``agents.py``)
-        or, with ``language="typescript"``, in TypeScript (``TYPESCRIPT_AGENTS``)."""
+        or, with ``language`` ``typescript`` or ``go``, that SDK's port (``SDK_AGENTS``)."""
         log = self.tmp / f"worker-{len(self.workers) + 1}.log"
         worker_env = {
             "DEX_TEST_LEDGER": str(self.ledger.path),
@@ -86,11 +92,14 @@ class Rig:
             **(env or {}),
         }
         worker: AnyWorker
-        if (language or self.worker_language) == "typescript":
-            assert module is None, "the TypeScript Worker serves TYPESCRIPT_AGENTS only"
-            if not TYPESCRIPT_AGENTS.exists():
-                raise FileNotFoundError(f"{TYPESCRIPT_AGENTS} is missing: run scripts/setup")
-            worker = NodeWorkerProcess(TYPESCRIPT_AGENTS, self.address, log, env=worker_env)
+        language = language or self.worker_language
+        if language != "python":
+            assert module is None, f"the {language} Worker serves its port of agents.py only"
+            built = SDK_AGENTS[language]
+            if not built.exists():
+                raise FileNotFoundError(f"{built} is missing: run scripts/{language}")
+            command: list[str | Path] = ["node", built] if language == "typescript" else [built]
+            worker = SdkWorkerProcess(command, self.address, log, env=worker_env)
         else:
             worker = WorkerProcess(module or self.worker_module, self.address, log, env=worker_env)
         self.workers.append(worker.start())
@@ -203,7 +212,8 @@ def make_rig(tmp_path: Path, request: pytest.FixtureRequest) -> Rig:
 @pytest.fixture
 def worker_language(request: pytest.FixtureRequest) -> str:
     """Which Worker the rig starts: ``python`` unless a test is parametrized (indirectly)
-    with ``typescript`` (``tests.crash.helpers.columns(..., typescript=True)``)."""
+    with ``typescript`` or ``go`` (``tests.crash.helpers.columns(..., typescript=True,
+    go=True)``)."""
     language: str = getattr(request, "param", "python")
     return language
 

@@ -2,14 +2,19 @@
 processes, failpoints, a side-effect ledger, and waiting on conditions with deadlines."""
 
 from dex.testing.gates import Gates
-from dex.testing.harness import NodeWorkerProcess, ServerProcess, WorkerProcess, free_port
+from dex.testing.harness import (
+    SdkWorkerProcess,
+    ServerProcess,
+    WorkerProcess,
+    free_port,
+)
 from dex.testing.ledger import Ledger
 from dex.testing.wait import wait_until, wait_until_async
 
 __all__ = [
     "Gates",
     "Ledger",
-    "NodeWorkerProcess",
+    "SdkWorkerProcess",
     "ServerProcess",
     "WorkerProcess",
     "free_port",

@@ -171,32 +171,31 @@ class WorkerProcess(_Process):
         return self
 
 
-class NodeWorkerProcess(_Process):
-    """A Worker written with the TypeScript SDK (``@dex/worker``): ``node SCRIPT``, given
-    the server's address and the capacity through ``DEX_ADDRESS`` and
-    ``DEX_WORKER_CAPACITY``. It has the methods of ``WorkerProcess``."""
+class SdkWorkerProcess(_Process):
+    """A Worker written with another SDK, started as ``command`` (``node agents.js`` for
+    the TypeScript SDK, a built executable for the Go SDK) and given the server's address
+    and the capacity through ``DEX_ADDRESS`` and ``DEX_WORKER_CAPACITY``. It has the
+    methods of ``WorkerProcess``."""
 
     def __init__(
         self,
-        script: str | Path,
+        command: Sequence[str | Path],
         address: str,
         log: Path,
         *,
         env: Mapping[str, str] | None = None,
         capacity: int = 16,
-        node: str = "node",
         wrap: Sequence[str] = (),
     ) -> None:
         super().__init__(log, wrap)
-        self.script = str(script)
+        self.command = [str(part) for part in command]
         self.address = address
         self.env = dict(env or {})
         self.capacity = capacity
-        self.node = node
 
-    def start(self, env: Mapping[str, str] | None = None) -> NodeWorkerProcess:
+    def start(self, env: Mapping[str, str] | None = None) -> SdkWorkerProcess:
         self._spawn_command(
-            [self.node, self.script],
+            self.command,
             {
                 "DEX_ADDRESS": self.address,
                 "DEX_WORKER_CAPACITY": str(self.capacity),

@@ -14,8 +14,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from dex import wire
-from dex.wire import protocol
+from dex.wire import ModelResponse, Summary, ToolOutcome, protocol
 
 INTRO = """\
 # The Worker protocol
@@ -119,10 +118,12 @@ RULES = """\
 RESULTS = """
 ## Results
 
-The `result` of a `done`: a `ModelResponse` for `RunModel`, a `Summary` for
-`CompactContext`, a `ToolOutcome` for the tool Steps (`CallTool`,
-`CallSingleAttemptTool`, `PollToolTask`, `CheckToolCall`). A result that does not fit
-its Step is refused (`ack` with `ok: false`).
+What `done.result` holds, by the Step type of the hand-out: a `ModelResponse` for
+`RunModel`, a `Summary` for `CompactContext`, a `ToolOutcome` for `CallTool`,
+`CallSingleAttemptTool`, `PollToolTask` (`status: "pending"` while the task runs) and
+`CheckToolCall` (`status: "checked"`). A tool's known failure is a `done` with
+`status: "failed"`; an exception is a `fail`. A result that does not fit its Step is
+refused (`ack` with `ok: false`). The `Await…` Steps never reach a Worker.
 """
 
 
@@ -175,9 +176,11 @@ def render() -> str:
             schema = json.dumps(_schema(model), indent=2, sort_keys=True)
             parts.append(f"```json\n{schema}\n```\n")
     parts.append(RESULTS)
-    for model in (wire.ModelResponse, wire.Summary, wire.ToolOutcome):
+    for model in (ModelResponse, Summary, ToolOutcome):
         doc = (model.__doc__ or "").strip()
-        parts.append(f"\n### `{model.__name__}`\n\n{doc}\n\n")
+        parts.append(
+            f"\n### `{model.__name__}`\n\n{doc}\n\n" if doc else f"\n### `{model.__name__}`\n\n"
+        )
         schema = json.dumps(_schema(model), indent=2, sort_keys=True)
         parts.append(f"```json\n{schema}\n```\n")
     parts.append(f"\nProtocol version: {protocol.PROTOCOL_VERSION} (sent in `hello.protocol`).\n")

@@ -1,0 +1,193 @@
+package dex
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// ToolKind says what a tool does, and so how Dex retries it after a crash.
+type ToolKind string
+
+const (
+	// Read tools change nothing: a crash runs them again.
+	Read ToolKind = "read"
+	// IdempotentWrite tools are keyed by CallContext.IdempotencyKey: a crash runs them
+	// again with the same key.
+	IdempotentWrite ToolKind = "idempotent_write"
+	// Write tools run at most once (a CallSingleAttemptTool Step): a crash records
+	// outcome_unknown.
+	Write ToolKind = "write"
+	// Task tools start a long job and return its handle; Poll asks whether it is done.
+	Task ToolKind = "task"
+)
+
+// Agent is what a Worker serves: a name, instructions, a model and tools.
+type Agent struct {
+	Name         string
+	Instructions string
+	Model        Model
+	Tools        []Tool
+	// ModelRetry bounds the attempts of this agent's model calls (nil: the server's default).
+	ModelRetry *RetryPolicy
+	// CompactThresholdChars (> 0) compacts the history once it is that long.
+	CompactThresholdChars int
+}
+
+// Tool is a function the model may call.
+type Tool struct {
+	Name        string
+	Description string
+	Kind        ToolKind
+	// Parameters is the JSON Schema of the arguments object.
+	Parameters map[string]any
+	// Approval true: every call waits for a person's approval first.
+	Approval bool
+	Retry    *RetryPolicy
+	// Func runs the call. Its arguments are the JSON object the model sent.
+	Func func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error)
+	// Poll (kind Task) asks whether the job with this handle is done: return Pending
+	// while it runs.
+	Poll func(ctx context.Context, call *CallContext, handle json.RawMessage) (any, error)
+	// PollIntervalSeconds is the gap between two polls (default 1).
+	PollIntervalSeconds float64
+	// Check (optional, kind Write) tells whether a call whose outcome is unknown happened.
+	Check func(ctx context.Context, call *CallContext, args json.RawMessage) (Checked, error)
+}
+
+// Checked is a Check's verdict: Happened nil means it cannot tell.
+type Checked struct {
+	Happened *bool
+	Result   any
+}
+
+// Pending is what Poll returns while the task still runs.
+var Pending = &struct{ pending bool }{true}
+
+// CallContext describes the tool call being run.
+type CallContext struct {
+	SessionID      string
+	CallID         string
+	Tool           string
+	IdempotencyKey string
+	// Attempt counts from 1; a crash runs a retryable call again with Attempt + 1.
+	Attempt    int
+	Answers    []string
+	SleepsDone int
+	asked      int
+	slept      int
+}
+
+// ToolError is a definite failure: the call records failed, and the model sees Message.
+type ToolError struct{ Message string }
+
+func (e *ToolError) Error() string { return e.Message }
+
+// errAsked and errSleep end a call that waits for Dex (a question, a durable sleep).
+type waitError struct{ outcome toolOutcome }
+
+func (e *waitError) Error() string { return "the tool waits for Dex: " + e.outcome.Status }
+
+// Ask asks the user a question. The first time, it returns an error that the tool must
+// return as is: Dex asks, and calls the tool again with the answer, which Ask then returns.
+func (c *CallContext) Ask(question string, choices ...string) (string, error) {
+	if c.asked < len(c.Answers) {
+		c.asked++
+		return c.Answers[c.asked-1], nil
+	}
+	return "", &waitError{toolOutcome{Status: "asked", Question: &question, Choices: choices}}
+}
+
+// Sleep sleeps durably: the first time it returns an error that the tool must return as
+// is; Dex runs the tool again once the timer fired, and Sleep then returns nil.
+func (c *CallContext) Sleep(seconds float64) error {
+	if c.slept < c.SleepsDone {
+		c.slept++
+		return nil
+	}
+	return &waitError{toolOutcome{Status: "sleep", SleepSeconds: &seconds}}
+}
+
+// Model is a pluggable model: Stream calls it, emitting text as it arrives.
+type Model interface {
+	// Spec is plain data naming the model and its settings (never a key).
+	Spec() map[string]any
+	// Stream answers a request; emit sends streamed text to Dex as it comes.
+	Stream(ctx context.Context, req ModelRequest, emit func(text string)) (ModelResponse, error)
+	// Summarize writes the summary of a CompactContext Step.
+	Summarize(ctx context.Context, req ModelRequest) (Summary, error)
+}
+
+// ModelRequest is what a model is asked.
+type ModelRequest struct {
+	SessionID    string
+	Agent        string
+	Instructions string
+	History      []Item
+	Tools        []Tool
+	Attempt      int
+}
+
+// ModelError is a model call's failure; Retryable false fails the Step for good.
+type ModelError struct {
+	Message   string
+	Retryable bool
+}
+
+func (e *ModelError) Error() string { return e.Message }
+
+func (a *Agent) tool(name string) *Tool {
+	for i := range a.Tools {
+		if a.Tools[i].Name == name {
+			return &a.Tools[i]
+		}
+	}
+	return nil
+}
+
+func (a *Agent) validate() error {
+	if a.Name == "" || a.Model == nil {
+		return errors.New("dex: an agent needs a Name and a Model")
+	}
+	for _, t := range a.Tools {
+		if t.Name == "" || t.Func == nil {
+			return fmt.Errorf("dex: agent %s: a tool needs a Name and a Func", a.Name)
+		}
+		switch t.Kind {
+		case Read, IdempotentWrite, Write:
+		case Task:
+			if t.Poll == nil {
+				return fmt.Errorf("dex: tool %s: a task tool needs a Poll", t.Name)
+			}
+		default:
+			return fmt.Errorf("dex: tool %s: kind %q is not read, idempotent_write, write or task", t.Name, t.Kind)
+		}
+	}
+	return nil
+}
+
+func (a *Agent) spec() agentSpec {
+	tools := make([]toolSpec, 0, len(a.Tools))
+	for _, t := range a.Tools {
+		params := t.Parameters
+		if params == nil {
+			params = map[string]any{"type": "object", "properties": map[string]any{}}
+		}
+		approval := "never"
+		if t.Approval {
+			approval = "always"
+		}
+		tools = append(tools, toolSpec{
+			Name: t.Name, Description: t.Description, Kind: t.Kind, Parameters: params,
+			Approval: approval, HasCheck: t.Check != nil, PollIntervalSeconds: t.PollIntervalSeconds,
+			Retry: t.Retry,
+		})
+	}
+	s := agentSpec{Name: a.Name, Instructions: a.Instructions, Model: a.Model.Spec(), Tools: tools, ModelRetry: a.ModelRetry}
+	if a.CompactThresholdChars > 0 {
+		n := a.CompactThresholdChars
+		s.CompactThresholdChars = &n
+	}
+	return s
+}

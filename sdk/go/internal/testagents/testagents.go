@@ -1,0 +1,226 @@
+// Package testagents ports the agents of tests/support/agents.py that the crash cells
+// run against a Go Worker: the same scripted model, tool names, ledger entries and gates.
+package testagents
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	dex "github.com/dex-run/dex/sdk/go"
+)
+
+// Ledger appends one JSON line per side effect (DEX_TEST_LEDGER), as dex.testing.Ledger.
+type Ledger struct{ Path string }
+
+// Record appends {"effect": effect, ...fields} and syncs it to disk.
+func (l Ledger) Record(effect string, fields map[string]any) error {
+	row := map[string]any{"effect": effect}
+	for k, v := range fields {
+		row[k] = v
+	}
+	line, err := json.Marshal(row)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(l.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := f.Write(append(line, '\n')); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// Gates is the directory of gate files (DEX_TEST_GATES), as dex.testing.Gates.
+type Gates struct{ Dir string }
+
+// Wait says that attempt reached gate (<gate>.<attempt>.entered), then waits for
+// <gate>.open; no gate returns at once.
+func (g Gates) Wait(ctx context.Context, gate string, attempt int) error {
+	if gate == "" {
+		return nil
+	}
+	entered := filepath.Join(g.Dir, fmt.Sprintf("%s.%d.entered", gate, attempt))
+	if err := os.WriteFile(entered, nil, 0o644); err != nil {
+		return err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(g.Dir, gate+".open")); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// Scripted is the test model: "call: [[tool, {args}], ...]" asks for those calls, then
+// answers "results: <json>"; anything else answers "echo: <text>".
+type Scripted struct {
+	ChunkChars int
+	Delay      time.Duration
+}
+
+func (m Scripted) Spec() map[string]any {
+	return map[string]any{"provider": "scripted", "name": "scripted"}
+}
+
+func (m Scripted) Summarize(ctx context.Context, req dex.ModelRequest) (dex.Summary, error) {
+	return dex.Summary{Text: fmt.Sprintf("Summary of %d items.", len(req.History))}, nil
+}
+
+func (m Scripted) Stream(ctx context.Context, req dex.ModelRequest, emit func(string)) (dex.ModelResponse, error) {
+	response, err := script(req.History)
+	if err != nil {
+		return response, err
+	}
+	text := response.Text
+	if m.ChunkChars > 0 {
+		for i := 0; i < len(text); i += m.ChunkChars {
+			select {
+			case <-ctx.Done():
+				return response, ctx.Err()
+			case <-time.After(m.Delay):
+			}
+			emit(text[i:minInt(i+m.ChunkChars, len(text))])
+		}
+	} else {
+		emit(text)
+	}
+	return response, nil
+}
+
+func minInt(a, b int) int {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+func script(history []dex.Item) (dex.ModelResponse, error) {
+	last := -1
+	for i, item := range history {
+		if item.Type == "user" {
+			last = i
+		}
+	}
+	if last < 0 {
+		return dex.ModelResponse{}, fmt.Errorf("no user message in the history")
+	}
+	user, after := history[last], history[last+1:]
+	if !strings.HasPrefix(user.Text, "call:") {
+		return dex.ModelResponse{Text: "echo: " + user.Text}, nil
+	}
+	for _, item := range after {
+		if item.Type == "assistant" {
+			summary := []map[string]any{}
+			for _, r := range after {
+				if r.Type == "tool_result" {
+					summary = append(summary, map[string]any{
+						"name": r.Name, "status": r.Status, "result": raw(r.Result), "error": r.Error,
+					})
+				}
+			}
+			data, err := json.Marshal(summary)
+			return dex.ModelResponse{Text: "results: " + string(data)}, err
+		}
+	}
+	var calls [][2]json.RawMessage
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(user.Text, "call:")), &calls); err != nil {
+		return dex.ModelResponse{}, err
+	}
+	response := dex.ModelResponse{StopReason: "tool_use"}
+	for i, c := range calls {
+		var name string
+		var args map[string]any
+		if err := json.Unmarshal(c[0], &name); err != nil {
+			return response, err
+		}
+		if err := json.Unmarshal(c[1], &args); err != nil {
+			return response, err
+		}
+		response.ToolCalls = append(response.ToolCalls, dex.ModelToolCall{ID: fmt.Sprintf("c%d", i), Name: name, Arguments: args})
+	}
+	return response, nil
+}
+
+func raw(r json.RawMessage) json.RawMessage {
+	if len(r) == 0 {
+		return json.RawMessage("null")
+	}
+	return r
+}
+
+type gated struct {
+	Key    string `json:"key"`
+	Amount int    `json:"amount"`
+	Gate   string `json:"gate"`
+}
+
+func params(required string, typ string) map[string]any {
+	return map[string]any{
+		"type": "object",
+		"properties": map[string]any{
+			required: map[string]any{"type": typ},
+			"gate":   map[string]any{"anyOf": []any{map[string]any{"type": "string"}, map[string]any{"type": "null"}}},
+		},
+		"required": []string{required},
+	}
+}
+
+// Agents returns the assistant and streamer agents, writing to ledger and gates.
+func Agents(ledger Ledger, gates Gates) []dex.Agent {
+	fast := &dex.RetryPolicy{MaxAttempts: 3, InitialBackoffSeconds: 0.05}
+	tool := func(name string, kind dex.ToolKind, param, typ string, body func(gated) (any, map[string]any)) dex.Tool {
+		return dex.Tool{
+			Name: name, Kind: kind, Parameters: params(param, typ),
+			Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+				var a gated
+				if err := json.Unmarshal(args, &a); err != nil {
+					return nil, &dex.ToolError{Message: err.Error()}
+				}
+				value, fields := body(a)
+				fields["idempotency_key"] = call.IdempotencyKey
+				fields["attempt"] = call.Attempt
+				if err := ledger.Record(name, fields); err != nil {
+					return nil, err
+				}
+				if err := gates.Wait(ctx, a.Gate, call.Attempt); err != nil {
+					return nil, err
+				}
+				return value, nil
+			},
+		}
+	}
+	lookup := tool("lookup", dex.Read, "key", "string", func(a gated) (any, map[string]any) {
+		return map[string]any{"key": a.Key, "value": strings.ToUpper(a.Key)}, map[string]any{"key": a.Key}
+	})
+	lookup.Description, lookup.Retry = "Read a value.", fast
+	charge := tool("charge", dex.Write, "amount", "integer", func(a gated) (any, map[string]any) {
+		return fmt.Sprintf("charged %d", a.Amount), map[string]any{"amount": a.Amount}
+	})
+	charge.Description = "Charge a card: not idempotent, so Dex runs it at most once."
+	upsert := tool("upsert", dex.IdempotentWrite, "key", "string", func(a gated) (any, map[string]any) {
+		return "stored " + a.Key, map[string]any{"key": a.Key}
+	})
+	upsert.Description, upsert.Retry = "Write a record keyed by the idempotency key.", fast
+	return []dex.Agent{
+		{
+			Name: "assistant", Instructions: "You are a test agent.", Model: Scripted{},
+			Tools: []dex.Tool{lookup, charge, upsert}, ModelRetry: fast,
+		},
+		{
+			Name: "streamer", Model: Scripted{ChunkChars: 4, Delay: 10 * time.Millisecond},
+			Tools: []dex.Tool{lookup}, ModelRetry: fast,
+		},
+	}
+}

@@ -1,0 +1,230 @@
+package dex
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// ProtocolVersion is the Worker protocol version sent in hello.
+const ProtocolVersion = 1
+
+// ToolCallNotRunErrorPrefix starts the error of a tool call that never ran.
+const ToolCallNotRunErrorPrefix = "the tool did not run, so it is safe to call again"
+
+// Close codes of the Worker protocol.
+const (
+	closeBadFrame     = 4400
+	closeUnauthorized = 4401
+	closeIDInUse      = 4409
+	closeNotReady     = 4503
+)
+
+// Step types a hand-out names.
+const (
+	StepRunModel              = "RunModel"
+	StepCallTool              = "CallTool"
+	StepCallSingleAttemptTool = "CallSingleAttemptTool"
+	StepPollToolTask          = "PollToolTask"
+	StepCheckToolCall         = "CheckToolCall"
+	StepCompactContext        = "CompactContext"
+)
+
+// ModelToolCall is one tool call as the model asked for it.
+type ModelToolCall struct {
+	ID        string         `json:"id"`
+	Name      string         `json:"name"`
+	Arguments map[string]any `json:"arguments"`
+}
+
+// Item is one entry of a session's history; Type says which fields are set:
+// "user", "assistant", "tool_result", "note" or "summary".
+type Item struct {
+	Type      string          `json:"type"`
+	Text      string          `json:"text,omitempty"`
+	ToolCalls []ModelToolCall `json:"tool_calls,omitempty"`
+	State     json.RawMessage `json:"state,omitempty"`
+	CallID    string          `json:"call_id,omitempty"`
+	Name      string          `json:"name,omitempty"`
+	Status    string          `json:"status,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
+	Error     *string         `json:"error,omitempty"`
+}
+
+// Usage counts a model call's tokens.
+type Usage struct {
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+}
+
+// ModelResponse is what a RunModel attempt produces.
+type ModelResponse struct {
+	Text             string          `json:"text"`
+	ToolCalls        []ModelToolCall `json:"tool_calls"`
+	StopReason       string          `json:"stop_reason"`
+	Usage            Usage           `json:"usage"`
+	ApprovalRequired []string        `json:"approval_required"`
+}
+
+// Summary is what a CompactContext attempt produces.
+type Summary struct {
+	Text  string `json:"text"`
+	Usage Usage  `json:"usage"`
+}
+
+// toolOutcome is what a tool Step produces.
+type toolOutcome struct {
+	Status       string   `json:"status"`
+	Result       any      `json:"result"`
+	Error        *string  `json:"error"`
+	Question     *string  `json:"question"`
+	Choices      []string `json:"choices"`
+	SleepSeconds *float64 `json:"sleep_seconds"`
+	Happened     *bool    `json:"happened"`
+}
+
+// recoveryError says why an attempt failed, and how far it got.
+type recoveryError struct {
+	Message         string `json:"message"`
+	AttemptProgress string `json:"attempt_progress"`
+	Retryable       bool   `json:"retryable"`
+}
+
+// RetryPolicy says how often a Step may be handed out before it fails for good.
+// Zero fields take the server's defaults.
+type RetryPolicy struct {
+	MaxAttempts           int     `json:"max_attempts,omitempty"`
+	InitialBackoffSeconds float64 `json:"initial_backoff_seconds,omitempty"`
+	BackoffMultiplier     float64 `json:"backoff_multiplier,omitempty"`
+	MaxBackoffSeconds     float64 `json:"max_backoff_seconds,omitempty"`
+	WithinSeconds         float64 `json:"within_seconds,omitempty"`
+}
+
+type toolSpec struct {
+	Name                string         `json:"name"`
+	Description         string         `json:"description"`
+	Kind                ToolKind       `json:"kind"`
+	Parameters          map[string]any `json:"parameters"`
+	Approval            string         `json:"approval"`
+	HasCheck            bool           `json:"has_check"`
+	PollIntervalSeconds float64        `json:"poll_interval_seconds,omitempty"`
+	Retry               *RetryPolicy   `json:"retry,omitempty"`
+}
+
+type agentSpec struct {
+	Name                  string         `json:"name"`
+	Instructions          string         `json:"instructions"`
+	Model                 map[string]any `json:"model"`
+	Tools                 []toolSpec     `json:"tools"`
+	ModelRetry            *RetryPolicy   `json:"model_retry,omitempty"`
+	CompactThresholdChars *int           `json:"compact_threshold_chars,omitempty"`
+}
+
+type hello struct {
+	T            string      `json:"t"`
+	WorkerID     string      `json:"worker_id"`
+	Agents       []agentSpec `json:"agents"`
+	Capacity     int         `json:"capacity"`
+	Attempts     []string    `json:"attempts"`
+	Resume       *string     `json:"resume"`
+	Protocol     int         `json:"protocol"`
+	HistoryCache int         `json:"history_cache"`
+}
+
+// step is a hand-out: a Step attempt given to this Worker.
+type step struct {
+	AttemptID      string          `json:"attempt_id"`
+	SessionID      string          `json:"session_id"`
+	StepID         string          `json:"step_id"`
+	StepType       string          `json:"step_type"`
+	Attempt        int             `json:"attempt"`
+	Agent          string          `json:"agent"`
+	History        []Item          `json:"history"`
+	HistoryBase    int             `json:"history_base"`
+	Tool           *string         `json:"tool"`
+	CallID         *string         `json:"call_id"`
+	Arguments      json.RawMessage `json:"arguments"`
+	IdempotencyKey *string         `json:"idempotency_key"`
+	NeedsStartAck  bool            `json:"needs_start_ack"`
+	Answers        []string        `json:"answers"`
+	SleepsDone     int             `json:"sleeps_done"`
+	TaskHandle     json.RawMessage `json:"task_handle"`
+}
+
+// incoming is any server → Worker message: the union of their fields, by t.
+type incoming struct {
+	T string `json:"t"`
+	// welcome
+	WorkerID         string   `json:"worker_id"`
+	HeartbeatTimeout float64  `json:"heartbeat_timeout"`
+	ReconnectGrace   float64  `json:"reconnect_grace"`
+	Resume           string   `json:"resume"`
+	Stop             []string `json:"stop"`
+	// hb reply
+	Seq    *int64            `json:"seq"`
+	Status map[string]string `json:"status"`
+	// ack, cancel, step
+	AttemptID string  `json:"attempt_id"`
+	OK        bool    `json:"ok"`
+	Error     *string `json:"error"`
+	raw       json.RawMessage
+}
+
+// message is one Worker → server message, ready to encode.
+type message map[string]any
+
+// decodeFrame reads a frame: a JSON array of messages, each with a t.
+func decodeFrame(data []byte) ([]incoming, error) {
+	var raws []json.RawMessage
+	if err := json.Unmarshal(data, &raws); err != nil {
+		return nil, fmt.Errorf("a frame must be a JSON array of messages: %w", err)
+	}
+	out := make([]incoming, 0, len(raws))
+	for i, raw := range raws {
+		var m incoming
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return nil, fmt.Errorf("message %d of the frame: %w", i, err)
+		}
+		if m.T == "" {
+			return nil, fmt.Errorf("message %d of the frame has no t", i)
+		}
+		m.raw = raw
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// outbox batches what is ready to send into one frame. Consecutive text of one
+// attempt joins into one delta, as the protocol asks.
+type outbox struct {
+	pending []message
+	deltas  map[string]int // attempt id → index of its delta in pending
+}
+
+func (o *outbox) add(m message) {
+	if m["t"] == "delta" {
+		id, _ := m["attempt_id"].(string)
+		if i, ok := o.deltas[id]; ok {
+			o.pending[i]["text"] = o.pending[i]["text"].(string) + m["text"].(string)
+			return
+		}
+		if o.deltas == nil {
+			o.deltas = map[string]int{}
+		}
+		o.deltas[id] = len(o.pending)
+	}
+	o.pending = append(o.pending, m)
+}
+
+// take returns the frame of everything pending (nil when nothing is), and empties the box.
+func (o *outbox) take() []byte {
+	if len(o.pending) == 0 {
+		return nil
+	}
+	data, err := json.Marshal(o.pending)
+	if err != nil {
+		panic(fmt.Sprintf("dex: a Worker message does not encode: %v", err))
+	}
+	o.pending = nil
+	o.deltas = nil
+	return data
+}

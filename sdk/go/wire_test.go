@@ -1,0 +1,142 @@
+package dex
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+func TestOutboxBatchesAFrameAndJoinsDeltasOfOneAttempt(t *testing.T) {
+	var box outbox
+	box.add(message{"t": "delta", "attempt_id": "a", "text": "he"})
+	box.add(message{"t": "hb", "attempts": []string{"b"}})
+	box.add(message{"t": "delta", "attempt_id": "b", "text": "x"})
+	box.add(message{"t": "delta", "attempt_id": "a", "text": "llo"})
+	var frame []map[string]any
+	if err := json.Unmarshal(box.take(), &frame); err != nil {
+		t.Fatal(err)
+	}
+	if len(frame) != 3 {
+		t.Fatalf("want 3 messages in one frame, got %v", frame)
+	}
+	if frame[0]["text"] != "hello" || frame[2]["text"] != "x" {
+		t.Fatalf("deltas not joined per attempt: %v", frame)
+	}
+	if box.take() != nil {
+		t.Fatal("an empty outbox gives no frame")
+	}
+	box.add(message{"t": "delta", "attempt_id": "a", "text": "again"})
+	if err := json.Unmarshal(box.take(), &frame); err != nil || frame[0]["text"] != "again" {
+		t.Fatalf("a delta after a frame starts anew: %v %v", frame, err)
+	}
+}
+
+func TestDecodeFrameReadsMessagesInOrder(t *testing.T) {
+	frame, err := decodeFrame([]byte(`[{"t":"ack","attempt_id":"a","ok":true},{"t":"hb","seq":3,"status":{"a":"stop"}}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if frame[0].T != "ack" || !frame[0].OK || frame[1].T != "hb" || *frame[1].Seq != 3 || frame[1].Status["a"] != "stop" {
+		t.Fatalf("unexpected frame: %+v", frame)
+	}
+	for _, bad := range []string{`{"t":"ack"}`, `[{"ok":true}]`, `not json`} {
+		if _, err := decodeFrame([]byte(bad)); err == nil {
+			t.Fatalf("%s should not decode", bad)
+		}
+	}
+}
+
+func TestBackoffGrowsWithJitterUpToACap(t *testing.T) {
+	for n := 1; n < 20; n++ {
+		for i := 0; i < 50; i++ {
+			d := backoff(n)
+			if d <= 0 || d > 5*time.Second || d > 100*time.Millisecond<<uint(min(n, 6)) {
+				t.Fatalf("backoff(%d) = %v", n, d)
+			}
+		}
+	}
+}
+
+type echoModel struct{}
+
+func (echoModel) Spec() map[string]any { return map[string]any{"provider": "echo"} }
+
+func (echoModel) Stream(ctx context.Context, req ModelRequest, emit func(string)) (ModelResponse, error) {
+	return ModelResponse{Text: "echo"}, nil
+}
+
+func (echoModel) Summarize(ctx context.Context, req ModelRequest) (Summary, error) {
+	return Summary{Text: "summary"}, nil
+}
+
+func testWorker() *Worker {
+	return NewWorker(WorkerOptions{Address: "http://127.0.0.1:1", Agents: []Agent{{Name: "a", Model: echoModel{}}}})
+}
+
+func TestHelloAfterReconnectNamesUnsettledAttemptsAndResumeToken(t *testing.T) {
+	w := testWorker()
+	w.welcome(incoming{T: "welcome", Resume: "r1", HeartbeatTimeout: 2})
+	w.running["run"] = &attempt{step: step{AttemptID: "run"}, cancel: func() {}}
+	w.results["done"] = message{"t": "done", "attempt_id": "done", "result": map[string]any{}}
+	var frame []hello
+	if err := json.Unmarshal(w.helloFrame(), &frame); err != nil {
+		t.Fatal(err)
+	}
+	h := frame[0]
+	if h.Resume == nil || *h.Resume != "r1" || len(h.Attempts) != 2 || w.timeout != 2*time.Second {
+		t.Fatalf("unexpected hello: %+v", h)
+	}
+	// The next welcome stops one attempt and re-sends the unacked result.
+	w.welcome(incoming{T: "welcome", Resume: "r2", HeartbeatTimeout: 2, Stop: []string{"run"}})
+	if _, ok := w.running["run"]; ok {
+		t.Fatal("welcome.stop must stop the attempt")
+	}
+	var resent []map[string]any
+	if err := json.Unmarshal(w.box.take(), &resent); err != nil || len(resent) != 1 || resent[0]["attempt_id"] != "done" {
+		t.Fatalf("the unacked result must be sent again: %v %v", resent, err)
+	}
+	if err := w.handle(context.Background(), []incoming{{T: "ack", AttemptID: "done", OK: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.results) != 0 {
+		t.Fatal("an ack settles the result")
+	}
+}
+
+func TestStartAcknowledgementNeedsTheSameSeqInTime(t *testing.T) {
+	w := testWorker()
+	w.timeout = time.Second
+	start := make(chan bool, 1)
+	a := &attempt{step: step{AttemptID: "x"}, cancel: func() {}, start: start}
+	w.running["x"] = a
+	w.askStartLocked(a)
+	other := a.startSeq + 1
+	w.heartbeatReply(incoming{T: "hb", Seq: &other, Status: map[string]string{"x": "ok"}})
+	if len(start) != 0 {
+		t.Fatal("an ok with another seq does not count")
+	}
+	a.startAt = time.Now().Add(-time.Second)
+	seq := a.startSeq
+	w.heartbeatReply(incoming{T: "hb", Seq: &seq, Status: map[string]string{"x": "ok"}})
+	if len(start) != 0 {
+		t.Fatal("an ok later than half the heartbeat timeout does not count")
+	}
+	a.startAt = time.Now()
+	w.heartbeatReply(incoming{T: "hb", Seq: &seq, Status: map[string]string{"x": "ok"}})
+	if !<-start {
+		t.Fatal("an ok in time with the same seq starts the tool")
+	}
+}
+
+func TestCloseCodesThatRetryingCannotFixAreRefusals(t *testing.T) {
+	for code, refused := range map[int]bool{4400: true, 4401: true, 4409: true, 4503: false, 1006: false} {
+		err := closeError(&websocket.CloseError{Code: code})
+		if got := errors.Is(err, ErrRefused); got != refused {
+			t.Fatalf("close %d: refused %v, want %v", code, got, refused)
+		}
+	}
+}

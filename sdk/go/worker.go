@@ -1,0 +1,730 @@
+package dex
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"math/rand"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dex-run/dex/sdk/go/internal/failpoint"
+	"github.com/gorilla/websocket"
+)
+
+// WorkerOptions configure a Worker.
+type WorkerOptions struct {
+	// Address is the server's URL, or several comma-separated, tried in turn.
+	Address  string
+	Agents   []Agent
+	Capacity int // attempts run at once (default 16)
+	// Token is the worker token, sent as Authorization: Bearer.
+	Token string
+	// WorkerID names this Worker (default: host-pid-random).
+	WorkerID string
+	// DrainTimeout bounds how long a stopping Worker waits for running attempts (default 30s).
+	DrainTimeout time.Duration
+	Logger       *log.Logger
+}
+
+// ErrRefused is returned by Run when the server refuses this Worker for good
+// (a refused token, or a worker_id in use).
+var ErrRefused = errors.New("dex: the server refused this Worker")
+
+// Worker connects to Dex, runs the Steps it is handed and sends their results.
+type Worker struct {
+	opts   WorkerOptions
+	agents map[string]*Agent
+	log    *log.Logger
+
+	mu       sync.Mutex
+	running  map[string]*attempt // handed out, not settled
+	results  map[string]message  // sent, waiting for an ack
+	box      outbox
+	wake     chan struct{}
+	resume   *string
+	timeout  time.Duration // welcome.heartbeat_timeout
+	seq      int64
+	draining bool
+	drainAt  time.Time
+}
+
+type attempt struct {
+	step     step
+	cancel   context.CancelFunc
+	startSeq int64
+	startAt  time.Time
+	start    chan bool // the start acknowledgement (needs_start_ack), buffered
+}
+
+// NewWorker checks the agents and returns a Worker; Run starts it.
+func NewWorker(opts WorkerOptions) *Worker {
+	if opts.Capacity <= 0 {
+		opts.Capacity = 16
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 30 * time.Second
+	}
+	if opts.WorkerID == "" {
+		host, _ := os.Hostname()
+		opts.WorkerID = fmt.Sprintf("%s-%d-%06x", host, os.Getpid(), rand.Intn(1<<24))
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = log.New(os.Stderr, "dex-worker ", log.LstdFlags|log.Lmicroseconds)
+	}
+	w := &Worker{
+		opts: opts, agents: map[string]*Agent{}, log: logger,
+		running: map[string]*attempt{}, results: map[string]message{},
+		wake: make(chan struct{}, 1), timeout: 10 * time.Second,
+	}
+	for i := range opts.Agents {
+		w.agents[opts.Agents[i].Name] = &opts.Agents[i]
+	}
+	return w
+}
+
+// Run serves until ctx is done or SIGTERM/SIGINT arrives, then drains: it sends drain,
+// lets running attempts finish (up to DrainTimeout) and hands back those not started.
+// It returns an error wrapping ErrRefused when the server refuses the Worker for good.
+func (w *Worker) Run(ctx context.Context) error {
+	for i := range w.opts.Agents {
+		if err := w.opts.Agents[i].validate(); err != nil {
+			return err
+		}
+	}
+	stopCtx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	addresses := strings.Split(w.opts.Address, ",")
+	failures := 0
+	for {
+		for _, address := range addresses {
+			welcomed, err := w.session(stopCtx, strings.TrimSpace(address))
+			if errors.Is(err, ErrRefused) {
+				return err
+			}
+			if welcomed {
+				failures = 0
+			}
+			if w.stopping(stopCtx) {
+				return nil
+			}
+			if err != nil {
+				w.logf("worker.disconnected", "address=%s error=%v", address, err)
+			}
+		}
+		failures++
+		time.Sleep(backoff(failures))
+		if w.stopping(stopCtx) {
+			return nil
+		}
+	}
+}
+
+// stopping: once ctx is done the Worker drains; it stops when nothing of it runs or
+// waits for an ack any more, or the drain timeout ran out.
+func (w *Worker) stopping(ctx context.Context) bool {
+	if ctx.Err() == nil {
+		return false
+	}
+	w.startDrain()
+	w.mu.Lock()
+	late := time.Since(w.drainAt) > w.opts.DrainTimeout
+	w.mu.Unlock()
+	return late || w.isDrained()
+}
+
+// backoff is the pause before the n-th round of connection attempts: exponential,
+// capped at 5 s, with full jitter.
+func backoff(n int) time.Duration {
+	ceiling := 100 * time.Millisecond << uint(min(n, 6))
+	if ceiling > 5*time.Second {
+		ceiling = 5 * time.Second
+	}
+	return time.Duration(rand.Int63n(int64(ceiling)) + 1)
+}
+
+func min(a, b int) int {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+func (w *Worker) logf(action, format string, args ...any) {
+	w.log.Printf("action=%s "+format, append([]any{action}, args...)...)
+}
+
+// isDrained: the Worker stops, and nothing of it runs or waits for an ack any more.
+func (w *Worker) isDrained() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.draining && len(w.running) == 0 && len(w.results) == 0
+}
+
+func wsURL(address string) string {
+	address = strings.TrimRight(address, "/")
+	switch {
+	case strings.HasPrefix(address, "https://"):
+		address = "wss://" + strings.TrimPrefix(address, "https://")
+	case strings.HasPrefix(address, "http://"):
+		address = "ws://" + strings.TrimPrefix(address, "http://")
+	}
+	return address + "/v1/workers/connect"
+}
+
+// session runs one connection to one address until it drops; welcomed says whether the
+// server answered hello.
+func (w *Worker) session(ctx context.Context, address string) (welcomed bool, err error) {
+	header := http.Header{}
+	if w.opts.Token != "" {
+		header.Set("Authorization", "Bearer "+w.opts.Token)
+	}
+	dialer := websocket.Dialer{HandshakeTimeout: 10 * time.Second}
+	conn, resp, err := dialer.Dial(wsURL(address), header) // not ctx: a draining Worker still delivers
+	if err != nil {
+		if resp != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
+			return false, fmt.Errorf("%w: HTTP %d from %s (check the worker token)", ErrRefused, resp.StatusCode, address)
+		}
+		return false, err
+	}
+	defer conn.Close()
+	conn.SetReadLimit(64 << 20)
+
+	if err := conn.WriteMessage(websocket.TextMessage, w.helloFrame()); err != nil {
+		return false, err
+	}
+	frame, err := readFrame(conn)
+	if err != nil {
+		return false, closeError(err)
+	}
+	if len(frame) == 0 || frame[0].T != "welcome" {
+		return false, errors.New("the server did not answer hello with welcome")
+	}
+	w.welcome(frame[0])
+	w.logf("worker.connected", "address=%s worker_id=%s", address, w.opts.WorkerID)
+	if err := w.handle(ctx, frame[1:]); err != nil {
+		return true, err
+	}
+
+	done := make(chan struct{})
+	defer close(done)
+	errs := make(chan error, 3)
+	go func() { errs <- w.writeLoop(conn, done) }()
+	go w.heartbeatLoop(done)
+	go func() {
+		for {
+			frame, err := readFrame(conn)
+			if err != nil {
+				errs <- closeError(err)
+				return
+			}
+			if err := w.handle(ctx, frame); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	watch := ctx.Done()
+	for {
+		select {
+		case err := <-errs:
+			return true, err
+		case <-watch:
+			watch = nil
+			w.startDrain()
+			go func() {
+				<-w.idleOrTimeout()
+				errs <- nil
+			}()
+		}
+	}
+}
+
+func (w *Worker) idleOrTimeout() <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		deadline := time.Now().Add(w.opts.DrainTimeout)
+		for !w.isDrained() && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		close(done)
+	}()
+	return done
+}
+
+func (w *Worker) startDrain() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.draining {
+		return
+	}
+	w.draining = true
+	w.drainAt = time.Now()
+	w.logf("worker.draining", "running=%d", len(w.running))
+	w.sendLocked(message{"t": "drain"})
+	for _, a := range w.running {
+		if a.start != nil && a.startSeq == 0 {
+			select {
+			case a.start <- false:
+			default:
+			}
+		}
+	}
+}
+
+func readFrame(conn *websocket.Conn) ([]incoming, error) {
+	_, data, err := conn.ReadMessage()
+	if err != nil {
+		return nil, err
+	}
+	return decodeFrame(data)
+}
+
+// closeError turns the refusals that retrying cannot fix into ErrRefused.
+func closeError(err error) error {
+	var ce *websocket.CloseError
+	if errors.As(err, &ce) {
+		switch ce.Code {
+		case closeUnauthorized:
+			return fmt.Errorf("%w: the token was refused (%s)", ErrRefused, ce.Text)
+		case closeIDInUse:
+			return fmt.Errorf("%w: another live connection uses this worker_id (%s)", ErrRefused, ce.Text)
+		case closeBadFrame:
+			return fmt.Errorf("%w: a frame did not fit the protocol: %s", ErrRefused, ce.Text)
+		case closeNotReady:
+			return fmt.Errorf("the node is not ready: %s", ce.Text)
+		}
+	}
+	return err
+}
+
+func (w *Worker) helloFrame() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	agents := make([]agentSpec, 0, len(w.opts.Agents))
+	for i := range w.opts.Agents {
+		agents = append(agents, w.opts.Agents[i].spec())
+	}
+	held := []string{}
+	for id := range w.running {
+		held = append(held, id)
+	}
+	for id := range w.results {
+		if _, ok := w.running[id]; !ok {
+			held = append(held, id)
+		}
+	}
+	data, err := json.Marshal([]hello{{
+		T: "hello", WorkerID: w.opts.WorkerID, Agents: agents, Capacity: w.opts.Capacity,
+		Attempts: held, Resume: w.resume, Protocol: ProtocolVersion,
+	}})
+	if err != nil {
+		panic(err)
+	}
+	return data
+}
+
+// welcome applies the server's answer: its heartbeat timeout, resume token and the
+// attempts it no longer runs; then everything unacked is sent again.
+func (w *Worker) welcome(m incoming) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	resume := m.Resume
+	w.resume = &resume
+	if m.HeartbeatTimeout > 0 {
+		w.timeout = time.Duration(m.HeartbeatTimeout * float64(time.Second))
+	}
+	for _, id := range m.Stop {
+		w.abandonLocked(id, "the server no longer runs this attempt")
+	}
+	w.box = outbox{}
+	if w.draining {
+		w.box.add(message{"t": "drain"})
+	}
+	for _, r := range w.results {
+		w.box.add(r)
+	}
+	w.signal()
+}
+
+func (w *Worker) signal() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// sendLocked queues one message for the next frame (w.mu held).
+func (w *Worker) sendLocked(m message) {
+	w.box.add(m)
+	w.signal()
+}
+
+func (w *Worker) send(m message) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sendLocked(m)
+}
+
+// writeLoop sends whatever is ready as one frame each time it wakes.
+func (w *Worker) writeLoop(conn *websocket.Conn, done <-chan struct{}) error {
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-w.wake:
+		}
+		w.mu.Lock()
+		data := w.box.take()
+		w.mu.Unlock()
+		if data == nil {
+			continue
+		}
+		if err := conn.WriteMessage(websocket.TextMessage, data); err != nil {
+			return err
+		}
+	}
+}
+
+// heartbeatLoop names every running attempt five times per heartbeat timeout.
+func (w *Worker) heartbeatLoop(done <-chan struct{}) {
+	for {
+		w.mu.Lock()
+		interval := w.timeout / 5
+		w.mu.Unlock()
+		select {
+		case <-done:
+			return
+		case <-time.After(interval):
+		}
+		w.mu.Lock()
+		ids := []string{}
+		for id, a := range w.running {
+			if _, sent := w.results[id]; !sent {
+				ids = append(ids, id)
+			}
+			if a.start != nil && a.startSeq != 0 && time.Since(a.startAt) > w.timeout/2 {
+				w.askStartLocked(a) // the answer came too late, or not at all: ask again
+			}
+		}
+		if len(ids) > 0 {
+			w.sendLocked(message{"t": "hb", "attempts": ids})
+		}
+		w.mu.Unlock()
+	}
+}
+
+// handle applies one frame from the server, in order.
+func (w *Worker) handle(ctx context.Context, frame []incoming) error {
+	for _, m := range frame {
+		switch m.T {
+		case "step":
+			var s step
+			if err := json.Unmarshal(m.raw, &s); err != nil {
+				return fmt.Errorf("a step does not decode: %w", err)
+			}
+			w.handOut(s)
+		case "hb":
+			w.heartbeatReply(m)
+		case "ack":
+			w.mu.Lock()
+			if !m.OK {
+				w.logf("worker.result_refused", "attempt_id=%s error=%v", m.AttemptID, deref(m.Error))
+			}
+			delete(w.results, m.AttemptID)
+			w.forgetLocked(m.AttemptID)
+			w.mu.Unlock()
+		case "cancel":
+			w.mu.Lock()
+			w.abandonLocked(m.AttemptID, "the server cancelled this attempt")
+			w.mu.Unlock()
+		case "welcome":
+			return errors.New("a second welcome on one connection")
+		}
+	}
+	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func (w *Worker) heartbeatReply(m incoming) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, status := range m.Status {
+		a, ok := w.running[id]
+		if !ok {
+			continue
+		}
+		if status == "stop" {
+			w.abandonLocked(id, "the server no longer runs this attempt")
+			continue
+		}
+		if a.start != nil && m.Seq != nil && *m.Seq == a.startSeq && time.Since(a.startAt) <= w.timeout/2 {
+			select {
+			case a.start <- true:
+			default:
+			}
+			a.start = nil
+		}
+	}
+}
+
+// abandonLocked stops an attempt's code and drops its result (stop, cancel, welcome.stop).
+func (w *Worker) abandonLocked(id, why string) {
+	a, ok := w.running[id]
+	if ok {
+		w.logf("worker.attempt_stopped", "attempt_id=%s session_id=%s reason=%q", id, a.step.SessionID, why)
+		if a.start != nil {
+			select {
+			case a.start <- false:
+			default:
+			}
+		}
+		a.cancel()
+	}
+	delete(w.results, id)
+	w.forgetLocked(id)
+}
+
+func (w *Worker) forgetLocked(id string) {
+	delete(w.running, id)
+}
+
+func (w *Worker) askStartLocked(a *attempt) {
+	w.seq++
+	a.startSeq = w.seq
+	a.startAt = time.Now()
+	w.sendLocked(message{"t": "hb", "attempts": []string{a.step.AttemptID}, "seq": a.startSeq})
+}
+
+func (w *Worker) handOut(s step) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.draining {
+		w.sendLocked(message{"t": "back", "attempt_id": s.AttemptID})
+		w.results[s.AttemptID] = message{"t": "back", "attempt_id": s.AttemptID}
+		return
+	}
+	if _, dup := w.running[s.AttemptID]; dup {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &attempt{step: s, cancel: cancel}
+	w.running[s.AttemptID] = a
+	go w.run(ctx, a)
+}
+
+// run runs one attempt and keeps its result until the ack.
+func (w *Worker) run(ctx context.Context, a *attempt) {
+	s := a.step
+	result := w.execute(ctx, a)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, still := w.running[s.AttemptID]; !still || result == nil {
+		return // stopped or cancelled meanwhile, or forgotten: no result is wanted
+	}
+	w.results[s.AttemptID] = result
+	w.sendLocked(result)
+}
+
+// execute runs a hand-out and returns the message that settles it (nil: none).
+func (w *Worker) execute(ctx context.Context, a *attempt) (result message) {
+	s := a.step
+	defer func() {
+		if r := recover(); r != nil {
+			result = failMessage(s, fmt.Sprintf("panic: %v", r), true)
+		}
+	}()
+	agent, ok := w.agents[s.Agent]
+	if !ok {
+		return failMessage(s, fmt.Sprintf("this Worker serves no agent %q", s.Agent), false)
+	}
+	switch s.StepType {
+	case StepRunModel, StepCompactContext:
+		if s.HistoryBase > 0 { // this Worker keeps no history (hello.history_cache 0)
+			return message{"t": "back", "attempt_id": s.AttemptID, "reason": "history"}
+		}
+		return w.runModel(ctx, agent, s)
+	case StepCallTool, StepCallSingleAttemptTool, StepPollToolTask, StepCheckToolCall:
+		return w.runTool(ctx, agent, a)
+	}
+	return failMessage(s, fmt.Sprintf("a Worker does not run %s Steps", s.StepType), false)
+}
+
+func (w *Worker) runModel(ctx context.Context, agent *Agent, s step) message {
+	req := ModelRequest{
+		SessionID: s.SessionID, Agent: agent.Name, Instructions: agent.Instructions,
+		History: s.History, Tools: agent.Tools, Attempt: s.Attempt,
+	}
+	w.withWorldStopped(func() { failpoint.Hit("worker.run_model.before_output") })
+	if s.StepType == StepCompactContext {
+		req.Tools = nil
+		summary, err := agent.Model.Summarize(ctx, req)
+		if err != nil {
+			return modelFailure(s, err)
+		}
+		return done(s, summary)
+	}
+	emit := func(text string) {
+		if text != "" {
+			w.send(message{"t": "delta", "attempt_id": s.AttemptID, "text": text})
+		}
+	}
+	response, err := agent.Model.Stream(ctx, req, emit)
+	if err != nil {
+		return modelFailure(s, err)
+	}
+	if response.ToolCalls == nil {
+		response.ToolCalls = []ModelToolCall{}
+	}
+	for i := range response.ToolCalls {
+		if response.ToolCalls[i].Arguments == nil {
+			response.ToolCalls[i].Arguments = map[string]any{}
+		}
+	}
+	if response.StopReason == "" {
+		response.StopReason = "end_turn"
+	}
+	if response.ApprovalRequired == nil {
+		response.ApprovalRequired = []string{}
+	}
+	return done(s, response)
+}
+
+// withWorldStopped runs f while nothing of this Worker moves (no heartbeat, no read):
+// a paused failpoint blocks the whole Worker, as in the Python Worker.
+func (w *Worker) withWorldStopped(f func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f()
+}
+
+func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message {
+	s := a.step
+	tool := agent.tool(deref(s.Tool))
+	if tool == nil {
+		return toolFailed(s, fmt.Sprintf("this Worker's agent %q has no tool %q", agent.Name, deref(s.Tool)))
+	}
+	args := s.Arguments
+	if len(args) == 0 || string(args) == "null" {
+		args = json.RawMessage("{}")
+	}
+	w.withWorldStopped(func() { failpoint.Hit("worker.before_first_heartbeat") })
+	if s.NeedsStartAck {
+		if !w.startAcknowledged(a) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.draining {
+				if _, still := w.running[s.AttemptID]; still {
+					return message{"t": "back", "attempt_id": s.AttemptID}
+				}
+			}
+			w.logf("worker.start_refused", "attempt_id=%s the server no longer runs this attempt: not starting it", s.AttemptID)
+			w.forgetLocked(s.AttemptID)
+			return nil
+		}
+	}
+	call := &CallContext{
+		SessionID: s.SessionID, CallID: deref(s.CallID), Tool: tool.Name,
+		IdempotencyKey: deref(s.IdempotencyKey), Attempt: s.Attempt,
+		Answers: s.Answers, SleepsDone: s.SleepsDone,
+	}
+	switch s.StepType {
+	case StepPollToolTask:
+		value, err := tool.Poll(ctx, call, s.TaskHandle)
+		if err != nil {
+			return toolError(s, err)
+		}
+		if value == Pending {
+			return done(s, toolOutcome{Status: "pending"})
+		}
+		return succeeded(s, value)
+	case StepCheckToolCall:
+		if tool.Check == nil {
+			return toolFailed(s, fmt.Sprintf("tool %q has no check", tool.Name))
+		}
+		verdict, err := tool.Check(ctx, call, args)
+		if err != nil {
+			return toolError(s, err)
+		}
+		return done(s, toolOutcome{Status: "checked", Happened: verdict.Happened, Result: verdict.Result})
+	}
+	w.withWorldStopped(func() { failpoint.Hit("worker.tool_running") })
+	value, err := tool.Func(ctx, call, args)
+	if err != nil {
+		return toolError(s, err)
+	}
+	return succeeded(s, value)
+}
+
+// startAcknowledged asks the node whether to start (an hb with a seq of ours) and waits
+// for an ok in time; the heartbeat loop asks again when an answer is late.
+func (w *Worker) startAcknowledged(a *attempt) bool {
+	start := make(chan bool, 1)
+	w.mu.Lock()
+	if w.draining {
+		w.mu.Unlock()
+		return false
+	}
+	a.start = start
+	w.askStartLocked(a)
+	w.mu.Unlock()
+	return <-start
+}
+
+func done(s step, result any) message {
+	raw, err := json.Marshal(result)
+	if err != nil {
+		return failMessage(s, fmt.Sprintf("the result does not encode as JSON: %v", err), false)
+	}
+	return message{"t": "done", "attempt_id": s.AttemptID, "result": json.RawMessage(raw)}
+}
+
+func succeeded(s step, value any) message {
+	return done(s, toolOutcome{Status: "succeeded", Result: value})
+}
+
+func toolFailed(s step, text string) message {
+	return done(s, toolOutcome{Status: "failed", Error: &text})
+}
+
+// toolError: a ToolError is a known failure, a wait ends the call for now, anything
+// else fails the attempt (the code may have run).
+func toolError(s step, err error) message {
+	var known *ToolError
+	if errors.As(err, &known) {
+		return toolFailed(s, known.Message)
+	}
+	var wait *waitError
+	if errors.As(err, &wait) {
+		return done(s, wait.outcome)
+	}
+	return failMessage(s, err.Error(), true)
+}
+
+func modelFailure(s step, err error) message {
+	var me *ModelError
+	if errors.As(err, &me) {
+		return failMessage(s, me.Message, me.Retryable)
+	}
+	return failMessage(s, err.Error(), true)
+}
+
+func failMessage(s step, text string, retryable bool) message {
+	return message{"t": "fail", "attempt_id": s.AttemptID, "error": recoveryError{
+		Message: text, AttemptProgress: "NOT_COMPLETED", Retryable: retryable,
+	}}
+}
