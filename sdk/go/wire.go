@@ -215,16 +215,22 @@ func (o *outbox) add(m message) {
 	o.pending = append(o.pending, m)
 }
 
-// take returns the frame of everything pending (nil when nothing is), and empties the box.
-func (o *outbox) take() []byte {
+// take returns the frame of everything pending (nil when nothing is), and whether it
+// carries a result (a done or a fail), and empties the box.
+func (o *outbox) take() (data []byte, results bool) {
 	if len(o.pending) == 0 {
-		return nil
+		return nil, false
 	}
 	data, err := json.Marshal(o.pending)
 	if err != nil {
 		panic(fmt.Sprintf("dex: a Worker message does not encode: %v", err))
 	}
+	for _, m := range o.pending {
+		if m["t"] == "done" || m["t"] == "fail" {
+			results = true
+		}
+	}
 	o.pending = nil
 	o.deltas = nil
-	return data
+	return data, results
 }

@@ -17,8 +17,12 @@ func TestOutboxBatchesAFrameAndJoinsDeltasOfOneAttempt(t *testing.T) {
 	box.add(message{"t": "delta", "attempt_id": "b", "text": "x"})
 	box.add(message{"t": "delta", "attempt_id": "a", "text": "llo"})
 	var frame []map[string]any
-	if err := json.Unmarshal(box.take(), &frame); err != nil {
+	data, results := box.take()
+	if err := json.Unmarshal(data, &frame); err != nil {
 		t.Fatal(err)
+	}
+	if results {
+		t.Fatal("a frame of deltas and a heartbeat carries no result")
 	}
 	if len(frame) != 3 {
 		t.Fatalf("want 3 messages in one frame, got %v", frame)
@@ -26,12 +30,17 @@ func TestOutboxBatchesAFrameAndJoinsDeltasOfOneAttempt(t *testing.T) {
 	if frame[0]["text"] != "hello" || frame[2]["text"] != "x" {
 		t.Fatalf("deltas not joined per attempt: %v", frame)
 	}
-	if box.take() != nil {
+	if data, _ := box.take(); data != nil {
 		t.Fatal("an empty outbox gives no frame")
 	}
 	box.add(message{"t": "delta", "attempt_id": "a", "text": "again"})
-	if err := json.Unmarshal(box.take(), &frame); err != nil || frame[0]["text"] != "again" {
+	box.add(message{"t": "done", "attempt_id": "a", "result": map[string]any{}})
+	data, results = box.take()
+	if err := json.Unmarshal(data, &frame); err != nil || frame[0]["text"] != "again" {
 		t.Fatalf("a delta after a frame starts anew: %v %v", frame, err)
+	}
+	if !results {
+		t.Fatal("a frame with a done carries a result")
 	}
 }
 
@@ -96,7 +105,8 @@ func TestHelloAfterReconnectNamesUnsettledAttemptsAndResumeToken(t *testing.T) {
 		t.Fatal("welcome.stop must stop the attempt")
 	}
 	var resent []map[string]any
-	if err := json.Unmarshal(w.box.take(), &resent); err != nil || len(resent) != 1 || resent[0]["attempt_id"] != "done" {
+	data, _ := w.box.take()
+	if err := json.Unmarshal(data, &resent); err != nil || len(resent) != 1 || resent[0]["attempt_id"] != "done" {
 		t.Fatalf("the unacked result must be sent again: %v %v", resent, err)
 	}
 	if err := w.handle(context.Background(), []incoming{{T: "ack", AttemptID: "done", OK: true}}); err != nil {

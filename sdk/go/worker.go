@@ -383,13 +383,16 @@ func (w *Worker) writeLoop(conn *websocket.Conn, done <-chan struct{}) error {
 		case <-w.wake:
 		}
 		w.mu.Lock()
-		data := w.box.take()
+		data, results := w.box.take()
 		w.mu.Unlock()
 		if data == nil {
 			continue
 		}
 		if err := conn.WriteMessage(websocket.TextMessage, data); err != nil {
 			return err
+		}
+		if results {
+			failpoint.Hit("worker.after_send_result")
 		}
 	}
 }
