@@ -24,6 +24,16 @@ SDK_AGENTS = {
 ``sdk/typescript/test/agents.ts`` (``scripts/typescript``) and
 ``sdk/go/internal/testagents`` (``scripts/go``)."""
 AnyWorker = WorkerProcess | SdkWorkerProcess
+
+
+def sdk_command(language: str) -> list[str | Path]:
+    """The command that starts ``language``'s port of the test agents."""
+    built = SDK_AGENTS[language]
+    if not built.exists():
+        raise FileNotFoundError(f"{built} is missing: run scripts/{language}")
+    return ["node", built] if language == "typescript" else [built]
+
+
 HEARTBEAT_TIMEOUT = 1.0
 
 
@@ -95,11 +105,7 @@ class Rig:
         language = language or self.worker_language
         if language != "python":
             assert module is None, f"the {language} Worker serves its port of agents.py only"
-            built = SDK_AGENTS[language]
-            if not built.exists():
-                raise FileNotFoundError(f"{built} is missing: run scripts/{language}")
-            command: list[str | Path] = ["node", built] if language == "typescript" else [built]
-            worker = SdkWorkerProcess(command, self.address, log, env=worker_env)
+            worker = SdkWorkerProcess(sdk_command(language), self.address, log, env=worker_env)
         else:
             worker = WorkerProcess(module or self.worker_module, self.address, log, env=worker_env)
         self.workers.append(worker.start())

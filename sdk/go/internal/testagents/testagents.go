@@ -213,10 +213,23 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 		return "stored " + a.Key, map[string]any{"key": a.Key}
 	})
 	upsert.Description, upsert.Retry = "Write a record keyed by the idempotency key.", fast
+	refuse := dex.Tool{
+		Name: "refuse", Kind: dex.Read, Parameters: params("reason", "string"),
+		Description: "Fails with a known outcome.",
+		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+			var a struct {
+				Reason string `json:"reason"`
+			}
+			if err := json.Unmarshal(args, &a); err != nil {
+				return nil, &dex.ToolError{Message: err.Error()}
+			}
+			return nil, &dex.ToolError{Message: a.Reason}
+		},
+	}
 	return []dex.Agent{
 		{
 			Name: "assistant", Instructions: "You are a test agent.", Model: Scripted{},
-			Tools: []dex.Tool{lookup, charge, upsert}, ModelRetry: fast,
+			Tools: []dex.Tool{lookup, charge, upsert, refuse}, ModelRetry: fast,
 		},
 		{
 			Name: "streamer", Model: Scripted{ChunkChars: 4, Delay: 10 * time.Millisecond},
