@@ -120,3 +120,4 @@ def test_the_worker_tries_the_addresses_in_turn(rig: Rig, language: str) -> None
     rig.workers.append(worker.start())
     sid = rig.session()
     assert rig.wait_turn(sid, rig.client.send_message(sid, "hi")["turn"])["text"] == "echo: hi"
+    assert nobody in worker.output()  # it did try the first address, and said so

@@ -267,12 +267,14 @@ def check_mark(row: str, column: str) -> None:
         raise ValueError(f"crash mark names unknown column {column!r}; columns: {COLUMNS}")
 
 
+LANGUAGES = {"typescript": "TypeScript", "go": "Go"}
+"""The other Worker SDKs a crash test runs against, as the page names them."""
+
+
 def _workers(others: set[str]) -> str:
-    """ " (Workers: Python, TypeScript, Go)" for a test run against other SDKs' Workers."""
+    """The note after a test file that runs against other SDKs' Workers too, such as
+    `` (Workers: Python, TypeScript, Go)``."""
     if not others:
         return ""
     names = ["Python"] + [LANGUAGES[o] for o in sorted(others, key=list(LANGUAGES).index)]
     return f" (Workers: {', '.join(names)})"
-
-
-LANGUAGES = {"typescript": "TypeScript", "go": "Go"}

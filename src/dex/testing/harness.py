@@ -144,7 +144,25 @@ class ServerProcess(_Process):
             return False
 
 
-class WorkerProcess(_Process):
+class _Worker(_Process):
+    """A Worker process pointed at a server (its addresses, comma-separated)."""
+
+    def __init__(
+        self,
+        address: str,
+        log: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        capacity: int = 16,
+        wrap: Sequence[str] = (),
+    ) -> None:
+        super().__init__(log, wrap)
+        self.address = address
+        self.env = dict(env or {})
+        self.capacity = capacity
+
+
+class WorkerProcess(_Worker):
     """``dex worker MODULE`` pointed at a server."""
 
     def __init__(
@@ -157,11 +175,8 @@ class WorkerProcess(_Process):
         capacity: int = 16,
         wrap: Sequence[str] = (),
     ) -> None:
-        super().__init__(log, wrap)
+        super().__init__(address, log, env=env, capacity=capacity, wrap=wrap)
         self.module = module
-        self.address = address
-        self.env = dict(env or {})
-        self.capacity = capacity
 
     def start(self, env: Mapping[str, str] | None = None) -> WorkerProcess:
         self._spawn(
@@ -171,7 +186,7 @@ class WorkerProcess(_Process):
         return self
 
 
-class SdkWorkerProcess(_Process):
+class SdkWorkerProcess(_Worker):
     """A Worker written with another SDK, started as ``command`` (``node agents.js`` for
     the TypeScript SDK, a built executable for the Go SDK) and given the server's address
     and the capacity through ``DEX_ADDRESS`` and ``DEX_WORKER_CAPACITY``. It has the
@@ -187,11 +202,8 @@ class SdkWorkerProcess(_Process):
         capacity: int = 16,
         wrap: Sequence[str] = (),
     ) -> None:
-        super().__init__(log, wrap)
+        super().__init__(address, log, env=env, capacity=capacity, wrap=wrap)
         self.command = [str(part) for part in command]
-        self.address = address
-        self.env = dict(env or {})
-        self.capacity = capacity
 
     def start(self, env: Mapping[str, str] | None = None) -> SdkWorkerProcess:
         self._spawn_command(
