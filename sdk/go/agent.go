@@ -40,7 +40,10 @@ type Tool struct {
 	Name        string
 	Description string
 	Kind        ToolKind
-	// Parameters is the JSON Schema of the arguments object.
+	// Parameters is the JSON Schema of the arguments object: the model sees it, and the
+	// Worker checks every call against it before Func runs (an invalid call records
+	// failed, naming what is wrong); Func gets the arguments with the parameters'
+	// defaults filled in.
 	Parameters map[string]any
 	// Approval true: every call waits for a person's approval first.
 	Approval bool
@@ -79,8 +82,11 @@ type CallContext struct {
 	Attempt    int
 	Answers    []string
 	SleepsDone int
-	asked      int
-	slept      int
+	// Traceparent is, with tracing on at the server, the W3C traceparent of the
+	// attempt's span there: make your spans of the call children of it.
+	Traceparent string
+	asked       int
+	slept       int
 }
 
 // ToolError is a definite failure: the call records failed, and the model sees Message.
@@ -131,6 +137,9 @@ type ModelRequest struct {
 	History      []Item
 	Tools        []Tool
 	Attempt      int
+	// Traceparent is, with tracing on at the server, the W3C traceparent of the
+	// attempt's span there.
+	Traceparent string
 }
 
 // ModelError is a model call's failure; Retryable false fails the Step for good.

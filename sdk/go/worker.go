@@ -624,6 +624,7 @@ func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message
 	req := ModelRequest{
 		SessionID: s.SessionID, Agent: agent.Name, Instructions: agent.Instructions,
 		History: a.history, Tools: agent.Tools, Attempt: s.Attempt,
+		Traceparent: deref(s.Traceparent),
 	}
 	w.withWorldStopped(func() { failpoint.Hit("worker.run_model.before_output") })
 	if s.StepType == StepCompactContext {
@@ -679,9 +680,10 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 	if tool == nil {
 		return toolFailed(s, fmt.Sprintf("this Worker's agent %q has no tool %q", agent.Name, deref(s.Tool)))
 	}
-	args := s.Arguments
-	if len(args) == 0 || string(args) == "null" {
-		args = json.RawMessage("{}")
+	// invalid arguments: the body never runs; valid ones gain their parameters' defaults
+	args, err := checkArguments(tool.Name, tool.Parameters, s.Arguments)
+	if err != nil {
+		return toolError(s, err)
 	}
 	w.withWorldStopped(func() { failpoint.Hit("worker.before_first_heartbeat") })
 	if s.NeedsStartAck {
@@ -701,7 +703,7 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 	call := &CallContext{
 		SessionID: s.SessionID, CallID: deref(s.CallID), Tool: tool.Name,
 		IdempotencyKey: deref(s.IdempotencyKey), Attempt: s.Attempt,
-		Answers: s.Answers, SleepsDone: s.SleepsDone,
+		Answers: s.Answers, SleepsDone: s.SleepsDone, Traceparent: deref(s.Traceparent),
 	}
 	switch s.StepType {
 	case StepPollToolTask:
