@@ -16,7 +16,8 @@ export interface WorkerOptions {
   /** One node's address, several comma-separated, or a list: tried in turn. */
   address?: string | string[];
   agents: Agent[];
-  /** How many attempts the server may hand this Worker at once. */
+  /** How many attempts the server may hand this Worker at once, and how many it runs at
+   * once: one beyond it (a stopped attempt's code may still run) waits for a slot. */
   capacity?: number;
   /** The server's worker token (default: DEX_WORKER_TOKEN). */
   token?: string;
@@ -104,6 +105,9 @@ export class Worker {
 
   private readonly attempts = new Map<string, Attempt>();
   private readonly histories = new HistoryCache();
+  /** Attempts whose code runs now (never more than capacity), and those waiting. */
+  private slotsTaken = 0;
+  private readonly slotWaiters: (() => void)[] = [];
   private link: Link | null = null;
   private resume: string | null = null;
   private heartbeatInterval: number;
@@ -452,7 +456,31 @@ export class Worker {
       return;
     }
     step.history = undefined; // kept once, in attempt.history
-    void this.runAttempt(attempt);
+    void this.withSlot(attempt, () => this.runAttempt(attempt));
+  }
+
+  /**
+   * Run ``body`` once fewer than ``capacity`` attempts' code runs. The code of an
+   * abandoned attempt may run on (JavaScript cannot stop it): its slot stays taken until
+   * it returns.
+   */
+  private async withSlot(attempt: Attempt, body: () => Promise<void>): Promise<void> {
+    if (this.slotsTaken < this.capacity) {
+      this.slotsTaken++;
+    } else {
+      log("worker.at_capacity", `waiting for a slot (capacity ${this.capacity})`, {
+        attempt_id: attempt.step.attempt_id,
+        session_id: attempt.step.session_id,
+      });
+      await new Promise<void>((resolve) => this.slotWaiters.push(resolve)); // handed a slot
+    }
+    try {
+      if (!attempt.abandoned) await body();
+    } finally {
+      const next = this.slotWaiters.shift();
+      if (next !== undefined) next();
+      else this.slotsTaken--;
+    }
   }
 
   private abandon(attempt: Attempt, why: string): void {

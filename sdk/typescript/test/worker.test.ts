@@ -106,6 +106,43 @@ const pay = defineTool<{ amount: number }>({
   run: (args, ctx) => ({ args, traceparent: ctx.traceparent }),
 });
 
+/** A tool whose calls wait until released, counting how many run at once. */
+const hold = {
+  running: 0,
+  most: 0,
+  release: (): void => undefined,
+  released: Promise.resolve(),
+};
+hold.released = new Promise<void>((resolve) => (hold.release = resolve));
+const holdTool = defineTool({
+  name: "hold",
+  kind: "read",
+  parameters: { type: "object", properties: {} },
+  async run() {
+    hold.running++;
+    hold.most = Math.max(hold.most, hold.running);
+    await hold.released; // deaf to ctx.signal: a stopped attempt's code runs on
+    hold.running--;
+    return "held";
+  },
+});
+
+/** The Worker's log lines, as it writes them to stderr. */
+const logged: string[] = [];
+const write = process.stderr.write.bind(process.stderr);
+process.stderr.write = ((chunk: string | Uint8Array, ...rest: never[]): boolean => {
+  logged.push(String(chunk));
+  return write(chunk, ...rest);
+}) as typeof process.stderr.write;
+
+async function until(what: string, cond: () => boolean): Promise<void> {
+  const deadline = Date.now() + 5000;
+  while (!cond()) {
+    assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
 const node = new FakeNode();
 let worker: Worker;
 let running: Promise<void>;
@@ -114,7 +151,7 @@ before(async () => {
   await new Promise((resolve) => node.server.once("listening", resolve));
   worker = new Worker({
     address: node.address,
-    agents: [defineAgent({ name: "a", model: viewer, tools: [pay] })],
+    agents: [defineAgent({ name: "a", model: viewer, tools: [pay, holdTool] })],
     handleSignals: false,
     capacity: 3,
   });
@@ -177,7 +214,7 @@ test("approval predicates list their calls; one that throws asks a person", asyn
   assert.deepEqual((done.result as ModelResponse).approval_required, ["c2", "c3"]);
 });
 
-test("arguments are checked before the body runs; it sees the defaults and traceparent", async () => {
+test("arguments are checked before the body, which sees defaults and traceparent", async () => {
   const call = { t: "step", session_id: "s4", attempt: 1, agent: "a", tool: "pay" };
   const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
   node.send([
@@ -193,6 +230,31 @@ test("arguments are checked before the body runs; it sees the defaults and trace
   const ran = ((await node.result("t2")) as p.Done).result as p.ToolOutcome;
   const result = { args: { amount: 7, memo: "" }, traceparent };
   assert.deepEqual(ran, { status: "succeeded", result });
+});
+
+test("no more attempts run at once than the capacity, a stopped one's code included", async () => {
+  const call = { t: "step", session_id: "s5", attempt: 1, agent: "a", tool: "hold" };
+  const holds = ["h1", "h2", "h3", "h4", "h5"].map((id) => ({
+    ...call,
+    step_type: "CallTool",
+    attempt_id: id,
+    step_id: id,
+    call_id: id,
+    arguments: {},
+  }));
+  const waiting = (): number => logged.filter((l) => l.includes('"worker.at_capacity"')).length;
+  node.send(holds.slice(0, 4));
+  await until("3 calls running and 1 waiting", () => hold.running === 3 && waiting() === 1);
+  node.send([{ t: "cancel", attempt_id: "h1" }]); // its code runs on: its slot stays taken
+  node.send(holds.slice(4));
+  await until("a second call waiting", () => waiting() === 2);
+  assert.equal(hold.running, 3);
+  hold.release();
+  for (const id of ["h2", "h3", "h4", "h5"]) {
+    const done = (await node.result(id)) as p.Done;
+    assert.deepEqual(done.result, { status: "succeeded", result: "held" });
+  }
+  assert.equal(hold.most, 3);
 });
 
 test("the reconnect backoff grows exponentially to its cap, with full jitter", () => {
