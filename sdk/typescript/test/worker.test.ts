@@ -225,7 +225,7 @@ test("arguments are checked before the body, which sees defaults and traceparent
   ]);
   const refused = ((await node.result("t1")) as p.Done).result as p.ToolOutcome;
   assert.equal(refused.status, "failed");
-  const why = "invalid arguments for tool 'pay': amount: at least 1, got 0; x: not a parameter";
+  const why = "invalid arguments for tool 'pay': x: not a parameter; amount: must be >= 1";
   assert.equal(refused.error, why);
   const ran = ((await node.result("t2")) as p.Done).result as p.ToolOutcome;
   const result = { args: { amount: 7, memo: "" }, traceparent };
