@@ -40,11 +40,18 @@ type Tool struct {
 	Name        string
 	Description string
 	Kind        ToolKind
-	// Parameters is the JSON Schema of the arguments object.
+	// Parameters is the JSON Schema of the arguments object: the model sees it, and the
+	// Worker checks every call against it before Func runs (an invalid call records
+	// failed, naming what is wrong); Func gets the arguments with the parameters'
+	// defaults filled in.
 	Parameters map[string]any
 	// Approval true: every call waits for a person's approval first.
 	Approval bool
-	Retry    *RetryPolicy
+	// NeedsApproval (instead of Approval) decides per call, from the call's arguments,
+	// whether it waits for a person's approval (hello: approval "predicate"). An error
+	// or a panic counts as yes.
+	NeedsApproval func(args json.RawMessage) (bool, error)
+	Retry         *RetryPolicy
 	// Func runs the call. Its arguments are the JSON object the model sent.
 	Func func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error)
 	// Poll (kind Task) asks whether the job with this handle is done: return Pending
@@ -75,8 +82,11 @@ type CallContext struct {
 	Attempt    int
 	Answers    []string
 	SleepsDone int
-	asked      int
-	slept      int
+	// Traceparent is, with tracing on at the server, the W3C traceparent of the
+	// attempt's span there: make your spans of the call children of it.
+	Traceparent string
+	asked       int
+	slept       int
 }
 
 // ToolError is a definite failure: the call records failed, and the model sees Message.
@@ -127,6 +137,9 @@ type ModelRequest struct {
 	History      []Item
 	Tools        []Tool
 	Attempt      int
+	// Traceparent is, with tracing on at the server, the W3C traceparent of the
+	// attempt's span there.
+	Traceparent string
 }
 
 // ModelError is a model call's failure; Retryable false fails the Step for good.
@@ -146,6 +159,22 @@ func (a *Agent) tool(name string) *Tool {
 	return nil
 }
 
+// needsApproval runs the tool's NeedsApproval on one call's arguments: a predicate that
+// fails says yes, as in the Python Worker.
+func (t *Tool) needsApproval(args map[string]any) (yes bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			yes = true
+		}
+	}()
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return true
+	}
+	yes, err = t.NeedsApproval(raw)
+	return yes || err != nil
+}
+
 func (a *Agent) validate() error {
 	if a.Name == "" || a.Model == nil {
 		return errors.New("dex: an agent needs a Name and a Model")
@@ -153,6 +182,9 @@ func (a *Agent) validate() error {
 	for _, t := range a.Tools {
 		if t.Name == "" || t.Func == nil {
 			return fmt.Errorf("dex: agent %s: a tool needs a Name and a Func", a.Name)
+		}
+		if t.Approval && t.NeedsApproval != nil {
+			return fmt.Errorf("dex: tool %s: set Approval or NeedsApproval, not both", t.Name)
 		}
 		switch t.Kind {
 		case Read, IdempotentWrite, Write:
@@ -175,7 +207,10 @@ func (a *Agent) spec() agentSpec {
 			params = map[string]any{"type": "object", "properties": map[string]any{}}
 		}
 		approval := "never"
-		if t.Approval {
+		switch {
+		case t.NeedsApproval != nil:
+			approval = "predicate"
+		case t.Approval:
 			approval = "always"
 		}
 		tools = append(tools, toolSpec{

@@ -148,6 +148,7 @@ type step struct {
 	Answers        []string        `json:"answers"`
 	SleepsDone     int             `json:"sleeps_done"`
 	TaskHandle     json.RawMessage `json:"task_handle"`
+	Traceparent    *string         `json:"traceparent"`
 }
 
 // incoming is any server → Worker message: the union of their fields, by t.

@@ -22,9 +22,12 @@ import (
 // WorkerOptions configure a Worker.
 type WorkerOptions struct {
 	// Address is the server's URL, or several comma-separated, tried in turn.
-	Address  string
-	Agents   []Agent
-	Capacity int // attempts run at once (default 16)
+	Address string
+	Agents  []Agent
+	// Capacity is how many attempts the server may hand this Worker at once, and how
+	// many it runs at once (default 16): an attempt beyond it, which a stopped attempt's
+	// code still running can cause, waits for a slot.
+	Capacity int
 	// Token is the worker token, sent as Authorization: Bearer.
 	Token string
 	// WorkerID names this Worker (default: host-pid-random).
@@ -47,6 +50,7 @@ type Worker struct {
 	mu       sync.Mutex
 	running  map[string]*attempt // handed out, not settled
 	results  map[string]message  // sent, waiting for an ack
+	history  *historyCache       // each session's model view, as last handed out
 	box      outbox
 	wake     chan struct{}
 	resume   *string
@@ -54,10 +58,14 @@ type Worker struct {
 	seq      int64
 	draining bool
 	drainAt  time.Time
+	// slots holds one token per attempt whose code runs: never more than Capacity,
+	// even while the code of an attempt the server stopped has not returned yet.
+	slots chan struct{}
 }
 
 type attempt struct {
 	step     step
+	history  []Item // RunModel and CompactContext: the model's view
 	cancel   context.CancelFunc
 	startSeq int64
 	startAt  time.Time
@@ -83,7 +91,9 @@ func NewWorker(opts WorkerOptions) *Worker {
 	w := &Worker{
 		opts: opts, agents: map[string]*Agent{}, log: logger,
 		running: map[string]*attempt{}, results: map[string]message{},
-		wake: make(chan struct{}, 1), timeout: 10 * time.Second,
+		history: newHistoryCache(historySessions),
+		wake:    make(chan struct{}, 1), timeout: 10 * time.Second,
+		slots: make(chan struct{}, opts.Capacity),
 	}
 	for i := range opts.Agents {
 		w.agents[opts.Agents[i].Name] = &opts.Agents[i]
@@ -325,6 +335,7 @@ func (w *Worker) helloFrame() []byte {
 	data, err := json.Marshal([]hello{{
 		T: "hello", WorkerID: w.opts.WorkerID, Agents: agents, Capacity: w.opts.Capacity,
 		Attempts: held, Resume: w.resume, Protocol: ProtocolVersion,
+		HistoryCache: w.history.sessions,
 	}})
 	if err != nil {
 		panic(err)
@@ -333,10 +344,13 @@ func (w *Worker) helloFrame() []byte {
 }
 
 // welcome applies the server's answer: its heartbeat timeout, resume token and the
-// attempts it no longer runs; then everything unacked is sent again.
+// attempts it no longer runs; then everything unacked is sent again. The history views
+// of the last connection are dropped: the server sends each session's whole view first
+// on a new connection.
 func (w *Worker) welcome(m incoming) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.history.clear()
 	resume := m.Resume
 	w.resume = &resume
 	if m.HeartbeatTimeout > 0 {
@@ -516,24 +530,65 @@ func (w *Worker) askStartLocked(a *attempt) {
 func (w *Worker) handOut(s step) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.draining {
-		w.sendLocked(message{"t": "back", "attempt_id": s.AttemptID})
-		w.results[s.AttemptID] = message{"t": "back", "attempt_id": s.AttemptID}
-		return
-	}
 	if _, dup := w.running[s.AttemptID]; dup {
 		return
 	}
+	a := &attempt{step: s}
+	switch s.StepType {
+	case StepRunModel:
+		// even a hand-out that goes back: the server counts its view as sent
+		view, ok, err := w.history.view(s.SessionID, s.HistoryBase, s.History)
+		if err != nil {
+			w.settleLocked(failMessage(s, "the hand-out's history does not fit the protocol: "+err.Error(), false))
+			return
+		}
+		if !ok { // it builds on a view this Worker lacks: the server sends it whole next
+			w.logf("worker.history_missing", "attempt_id=%s session_id=%s history_base=%d", s.AttemptID, s.SessionID, s.HistoryBase)
+			w.settleLocked(message{"t": "back", "attempt_id": s.AttemptID, "reason": "history"})
+			return
+		}
+		a.history = view
+	case StepCompactContext: // the whole view, every time
+		if err := checkItems(s.History, 0); err != nil {
+			w.settleLocked(failMessage(s, "the hand-out's history does not fit the protocol: "+err.Error(), false))
+			return
+		}
+		a.history = s.History
+	}
+	a.step.History = nil // kept once, in a.history
+	if w.draining {
+		w.settleLocked(message{"t": "back", "attempt_id": s.AttemptID})
+		return
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &attempt{step: s, cancel: cancel}
+	a.cancel = cancel
 	w.running[s.AttemptID] = a
 	go w.run(ctx, a)
 }
 
-// run runs one attempt and keeps its result until the ack.
+// settleLocked answers a hand-out at once, without running it, and keeps the answer
+// until its ack (w.mu held).
+func (w *Worker) settleLocked(m message) {
+	id, _ := m["attempt_id"].(string)
+	w.results[id] = m
+	w.sendLocked(m)
+}
+
+// run runs one attempt, once a slot is free, and keeps its result until the ack.
 func (w *Worker) run(ctx context.Context, a *attempt) {
 	s := a.step
+	select {
+	case w.slots <- struct{}{}:
+	default:
+		w.logf("worker.at_capacity", "attempt_id=%s session_id=%s capacity=%d: waiting for a slot", s.AttemptID, s.SessionID, cap(w.slots))
+		select {
+		case w.slots <- struct{}{}:
+		case <-ctx.Done():
+			return // stopped or cancelled before it started
+		}
+	}
 	result := w.execute(ctx, a)
+	<-w.slots // the attempt's code returned
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, still := w.running[s.AttemptID]; !still || result == nil {
@@ -557,20 +612,19 @@ func (w *Worker) execute(ctx context.Context, a *attempt) (result message) {
 	}
 	switch s.StepType {
 	case StepRunModel, StepCompactContext:
-		if s.HistoryBase > 0 { // this Worker keeps no history (hello.history_cache 0)
-			return message{"t": "back", "attempt_id": s.AttemptID, "reason": "history"}
-		}
-		return w.runModel(ctx, agent, s)
+		return w.runModel(ctx, agent, a)
 	case StepCallTool, StepCallSingleAttemptTool, StepPollToolTask, StepCheckToolCall:
 		return w.runTool(ctx, agent, a)
 	}
 	return failMessage(s, fmt.Sprintf("a Worker does not run %s Steps", s.StepType), false)
 }
 
-func (w *Worker) runModel(ctx context.Context, agent *Agent, s step) message {
+func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message {
+	s := a.step
 	req := ModelRequest{
 		SessionID: s.SessionID, Agent: agent.Name, Instructions: agent.Instructions,
-		History: s.History, Tools: agent.Tools, Attempt: s.Attempt,
+		History: a.history, Tools: agent.Tools, Attempt: s.Attempt,
+		Traceparent: deref(s.Traceparent),
 	}
 	w.withWorldStopped(func() { failpoint.Hit("worker.run_model.before_output") })
 	if s.StepType == StepCompactContext {
@@ -604,6 +658,11 @@ func (w *Worker) runModel(ctx context.Context, agent *Agent, s step) message {
 	if response.ApprovalRequired == nil {
 		response.ApprovalRequired = []string{}
 	}
+	for _, call := range response.ToolCalls {
+		if tool := agent.tool(call.Name); tool != nil && tool.NeedsApproval != nil && tool.needsApproval(call.Arguments) {
+			response.ApprovalRequired = append(response.ApprovalRequired, call.ID)
+		}
+	}
 	return done(s, response)
 }
 
@@ -621,9 +680,10 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 	if tool == nil {
 		return toolFailed(s, fmt.Sprintf("this Worker's agent %q has no tool %q", agent.Name, deref(s.Tool)))
 	}
-	args := s.Arguments
-	if len(args) == 0 || string(args) == "null" {
-		args = json.RawMessage("{}")
+	// invalid arguments: the body never runs; valid ones gain their parameters' defaults
+	args, err := checkArguments(tool.Name, tool.Parameters, s.Arguments)
+	if err != nil {
+		return toolError(s, err)
 	}
 	w.withWorldStopped(func() { failpoint.Hit("worker.before_first_heartbeat") })
 	if s.NeedsStartAck {
@@ -643,7 +703,7 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 	call := &CallContext{
 		SessionID: s.SessionID, CallID: deref(s.CallID), Tool: tool.Name,
 		IdempotencyKey: deref(s.IdempotencyKey), Attempt: s.Attempt,
-		Answers: s.Answers, SleepsDone: s.SleepsDone,
+		Answers: s.Answers, SleepsDone: s.SleepsDone, Traceparent: deref(s.Traceparent),
 	}
 	switch s.StepType {
 	case StepPollToolTask:

@@ -1,18 +1,20 @@
 """Workers written with the TypeScript SDK (``sdk/typescript``) and the Go SDK
 (``sdk/go``) against a real server, each serving its port of the test agents: a whole
 turn, a server SIGKILLed and restarted while the Worker holds an attempt, a drain on
-SIGTERM, a refused token, and addresses tried in turn. (The crash cells run against them
+SIGTERM, a refused token, addresses tried in turn, and the history cache that keeps a
+long session's hand-outs short. (The crash cells run against them
 too: the ``worker-kill-typescript`` and ``worker-kill-go`` cases of ``tests/crash``.)"""
 
 from __future__ import annotations
 
 import signal
+import urllib.request
 
 import pytest
 
 import dex
 from dex.testing import SdkWorkerProcess, free_port, wait_until
-from tests.support.rig import Rig, attempts, results, sdk_command
+from tests.support.rig import Rig, attempts, metric, results, sdk_command
 
 LANGUAGES = pytest.mark.parametrize("language", ["typescript", "go"])
 
@@ -121,3 +123,45 @@ def test_the_worker_tries_the_addresses_in_turn(rig: Rig, language: str) -> None
     sid = rig.session()
     assert rig.wait_turn(sid, rig.client.send_message(sid, "hi")["turn"])["text"] == "echo: hi"
     assert nobody in worker.output()  # it did try the first address, and said so
+
+
+def handed_back(rig: Rig, step_type: str) -> float:
+    """How many attempts of ``step_type`` Workers handed back (``dex_attempts``)."""
+    with urllib.request.urlopen(rig.server.address + "/metrics", timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    wanted = ('outcome="handed_back"', f'step_type="{step_type}"')
+    return sum(
+        float(line.split()[-1])
+        for line in lines
+        if line.startswith("dex_attempts_total{") and all(w in line for w in wanted)
+    )
+
+
+@LANGUAGES
+def test_the_worker_keeps_the_history_so_a_long_sessions_hand_outs_stay_short(
+    rig: Rig, language: str
+) -> None:
+    rig.start_server()
+    rig.start_worker(language=language)
+    sid = rig.session()
+    long = "x" * 20_000  # its echo doubles it: the whole view is over 40 kB from here on
+    assert rig.wait_turn(sid, rig.client.send_message(sid, long)["turn"])["text"] == f"echo: {long}"
+
+    def sent_bytes() -> float:
+        return metric(rig, "dex_worker_sent_bytes_total")
+
+    # turn 2: two RunModel hand-outs, each building on the view the Worker kept (the
+    # first carries the 20 kB echo, which the Worker made but was never handed); the model
+    # finds the turn's message and the tool's result only if the Worker joined them right
+    before = sent_bytes()
+    t = rig.wait_turn(sid, rig.call(sid, ("lookup", {"key": "k"})))
+    second = sent_bytes() - before
+    before = sent_bytes()
+    follow = rig.wait_turn(sid, rig.client.send_message(sid, "and now?")["turn"])
+    third = sent_bytes() - before
+
+    assert results(t)[0]["result"] == {"key": "k", "value": "K"}
+    assert follow["text"] == "echo: and now?"
+    # whole views would be over 80 kB for turn 2 and over 40 kB for turn 3
+    assert second < 30_000 and third < 5_000, f"bytes sent per turn: {second}, {third}"
+    assert handed_back(rig, "RunModel") == 0  # the Worker never lacked what a delta built on

@@ -19,6 +19,9 @@ export interface ModelRequest {
   tools: ToolSpec[];
   attempt: number;
   signal: AbortSignal;
+  /** With tracing on at the server: the W3C ``traceparent`` of the attempt's span there.
+   * Make your spans of the call children of it (OpenTelemetry: propagation.extract). */
+  traceparent: string | null;
 }
 
 /**
@@ -69,6 +72,8 @@ export interface ToolContext {
   attempt: number;
   /** Aborted when the server stops or cancels the attempt, or the Worker stops. */
   signal: AbortSignal;
+  /** With tracing on at the server: the W3C ``traceparent`` of the attempt's span there. */
+  traceparent: string | null;
   answers: string[];
   sleepsDone: number;
   /** Ask the user; the call runs again with the answer (let the Interrupt through). */
@@ -99,7 +104,8 @@ export interface ToolOptions<A extends Args = Args> {
   parameters: Record<string, unknown>;
   run: (args: A, ctx: ToolContext) => unknown;
   retry?: RetryPolicy;
-  /** Ask a person before running: always, or when the predicate says so. */
+  /** Ask a person before running: always, or when the predicate says so (one that
+   * throws says yes). */
   approval?: boolean | ((args: A) => boolean);
   /** A task's poll: the result, or PENDING. */
   poll?: (ctx: ToolContext, handle: unknown) => unknown;

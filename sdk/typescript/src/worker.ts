@@ -8,13 +8,16 @@ import WebSocket from "ws";
 
 import { Agent, Interrupt, PENDING, ToolContext, ToolError } from "./agent";
 import * as failpoints from "./failpoints";
+import { HistoryCache, HistoryError, checkItems } from "./history";
 import * as p from "./protocol";
+import { checkArguments } from "./schema";
 
 export interface WorkerOptions {
   /** One node's address, several comma-separated, or a list: tried in turn. */
   address?: string | string[];
   agents: Agent[];
-  /** How many attempts the server may hand this Worker at once. */
+  /** How many attempts the server may hand this Worker at once, and how many it runs at
+   * once: one beyond it (a stopped attempt's code may still run) waits for a slot. */
   capacity?: number;
   /** The server's worker token (default: DEX_WORKER_TOKEN). */
   token?: string;
@@ -75,6 +78,17 @@ function log(action: string, message: string, ids: Record<string, unknown> = {})
 const sleep = (seconds: number): Promise<void> =>
   new Promise((resolve) => setTimeout(resolve, seconds * 1000));
 
+/** The pause before the next connection attempt after ``failures`` failed in a row:
+ * exponential from ``initial`` up to ``max`` seconds, with full jitter. */
+export function backoff(
+  failures: number,
+  initial: number,
+  max: number,
+  random: () => number = Math.random,
+): number {
+  return random() * Math.min(max, initial * 2 ** failures);
+}
+
 export class Worker {
   readonly id: string;
   private readonly addresses: string[];
@@ -90,8 +104,10 @@ export class Worker {
   private readonly handleSignals: boolean;
 
   private readonly attempts = new Map<string, Attempt>();
-  private readonly histories = new Map<string, p.Item[]>();
-  private readonly historySessions = 1024;
+  private readonly histories = new HistoryCache();
+  /** Attempts whose code runs now (never more than capacity), and those waiting. */
+  private slotsTaken = 0;
+  private readonly slotWaiters: (() => void)[] = [];
   private link: Link | null = null;
   private resume: string | null = null;
   private heartbeatInterval: number;
@@ -184,9 +200,7 @@ export class Worker {
       } catch (e) {
         if (e instanceof WorkerRefusedError) throw e;
         log("worker.connect_failed", `cannot reach ${base}: ${String(e)}`);
-        // exponential backoff with full jitter
-        const cap = Math.min(this.reconnectMax, this.reconnectInitial * 2 ** failures++);
-        await this.pause(Math.random() * cap);
+        await this.pause(backoff(failures++, this.reconnectInitial, this.reconnectMax));
         continue;
       }
       failures = 0;
@@ -259,7 +273,7 @@ export class Worker {
       // on a reconnect: re-claim what this process still holds
       attempts: [...this.attempts.keys()],
       resume: this.resume,
-      history_cache: this.historySessions,
+      history_cache: this.histories.sessions,
       protocol: p.PROTOCOL_VERSION,
     });
     if (this.draining) this.put(link, { t: "drain" });
@@ -355,6 +369,7 @@ export class Worker {
         this.heartbeatInterval = Math.min(this.heartbeatMax, timeout / 4);
         this.startWindow = Math.min(5, timeout / 2);
         this.resume = message.resume;
+        this.histories.clear(); // the server sends each session's whole view first
         for (const id of message.stop ?? []) {
           const stopped = this.attempts.get(id);
           if (stopped !== undefined) this.abandon(stopped, "the server no longer runs this attempt");
@@ -415,35 +430,57 @@ export class Worker {
       startSentAt: 0,
     };
     this.attempts.set(step.attempt_id, attempt);
-    if (step.step_type === "RunModel") {
-      const view = this.view(step.session_id, step.history_base ?? 0, step.history ?? []);
-      if (view === null) {
-        // we lack what it builds on: the server sends it whole next time
-        attempt.result = { t: "back", attempt_id: step.attempt_id, reason: "history" };
-        this.send(attempt.result);
-        return;
+    try {
+      if (step.step_type === "RunModel") {
+        const base = step.history_base ?? 0;
+        const view = this.histories.view(step.session_id, base, step.history ?? []);
+        if (view === null) {
+          // we lack what it builds on: the server sends it whole next time
+          log("worker.history_missing", "the hand-out builds on a view this Worker lacks", {
+            attempt_id: step.attempt_id,
+            session_id: step.session_id,
+          });
+          attempt.result = { t: "back", attempt_id: step.attempt_id, reason: "history" };
+          this.send(attempt.result);
+          return;
+        }
+        attempt.history = view;
+      } else if (step.step_type === "CompactContext") {
+        attempt.history = checkItems(step.history ?? []); // the whole view, every time
       }
-      attempt.history = view;
-    } else {
-      attempt.history = step.history ?? [];
+    } catch (e) {
+      if (!(e instanceof HistoryError)) throw e;
+      const why = `the hand-out's history does not fit the protocol: ${e.message}`;
+      attempt.result = fail(step, why, false);
+      this.send(attempt.result);
+      return;
     }
-    void this.runAttempt(attempt);
+    step.history = undefined; // kept once, in attempt.history
+    void this.withSlot(attempt, () => this.runAttempt(attempt));
   }
 
-  /** The model's view: the first ``base`` items last handed out for the session, then ``items``. */
-  private view(sessionId: string, base: number, items: p.Item[]): p.Item[] | null {
-    let view = items;
-    if (base > 0) {
-      const kept = this.histories.get(sessionId);
-      if (kept === undefined || kept.length < base) return null;
-      view = kept.slice(0, base).concat(items);
+  /**
+   * Run ``body`` once fewer than ``capacity`` attempts' code runs. The code of an
+   * abandoned attempt may run on (JavaScript cannot stop it): its slot stays taken until
+   * it returns.
+   */
+  private async withSlot(attempt: Attempt, body: () => Promise<void>): Promise<void> {
+    if (this.slotsTaken < this.capacity) {
+      this.slotsTaken++;
+    } else {
+      log("worker.at_capacity", `waiting for a slot (capacity ${this.capacity})`, {
+        attempt_id: attempt.step.attempt_id,
+        session_id: attempt.step.session_id,
+      });
+      await new Promise<void>((resolve) => this.slotWaiters.push(resolve)); // handed a slot
     }
-    this.histories.delete(sessionId);
-    this.histories.set(sessionId, view);
-    while (this.histories.size > this.historySessions) {
-      this.histories.delete(this.histories.keys().next().value as string);
+    try {
+      if (!attempt.abandoned) await body();
+    } finally {
+      const next = this.slotWaiters.shift();
+      if (next !== undefined) next();
+      else this.slotsTaken--;
     }
-    return view;
   }
 
   private abandon(attempt: Attempt, why: string): void {
@@ -516,6 +553,7 @@ export class Worker {
       tools: [...agent.tools.values()].map((t) => t.spec()),
       attempt: step.attempt,
       signal: attempt.abort.signal,
+      traceparent: step.traceparent ?? null,
     };
     failpoints.hit("worker.run_model.before_output");
     let response: p.ModelResponse | null = null;
@@ -533,7 +571,7 @@ export class Worker {
     const approvalRequired = [...(response.approval_required ?? [])];
     for (const call of response.tool_calls ?? []) {
       const approval = agent.tools.get(call.name)?.options.approval;
-      if (typeof approval === "function" && approval(call.arguments ?? {})) {
+      if (typeof approval === "function" && needsApproval(approval, call.arguments ?? {})) {
         approvalRequired.push(call.id);
       }
     }
@@ -560,6 +598,7 @@ export class Worker {
       tools: [],
       attempt: step.attempt,
       signal: attempt.abort.signal,
+      traceparent: step.traceparent ?? null,
     });
   }
 
@@ -569,8 +608,8 @@ export class Worker {
     if (tool === undefined) {
       throw new ToolError(`this Worker's agent ${agent.name} has no tool ${step.tool ?? ""}`);
     }
-    const args = step.arguments ?? {};
-    checkArguments(tool.options.name, tool.options.parameters, args); // invalid: never runs
+    // invalid arguments: the body never runs; valid ones gain their parameters' defaults
+    const args = checkArguments(tool.options.name, tool.options.parameters, step.arguments ?? {});
     failpoints.hit("worker.before_first_heartbeat");
     if (step.needs_start_ack || this.draining) {
       if (!(await this.startAcknowledged(attempt))) {
@@ -598,6 +637,7 @@ export class Worker {
       idempotencyKey: step.idempotency_key ?? "",
       attempt: step.attempt,
       signal: attempt.abort.signal,
+      traceparent: step.traceparent ?? null,
       answers,
       sleepsDone,
       ask(question: string, choices?: string[]): string {
@@ -670,19 +710,16 @@ function fail(step: p.StepMessage, message: string, retryable: boolean): p.Fail 
   };
 }
 
-/** The arguments name every required parameter and no unknown one (when the schema says so). */
-function checkArguments(tool: string, schema: Record<string, unknown>, args: p.ToolOutcome["result"]): void {
-  const given = (args ?? {}) as Record<string, unknown>;
-  const required = Array.isArray(schema.required) ? (schema.required as string[]) : [];
-  const missing = required.filter((name) => !(name in given));
-  if (missing.length > 0) {
-    throw new ToolError(`tool ${tool}: missing argument(s) ${missing.join(", ")}`);
-  }
-  const properties = schema.properties as Record<string, unknown> | undefined;
-  if (schema.additionalProperties === false && properties !== undefined) {
-    const unknown = Object.keys(given).filter((name) => !(name in properties));
-    if (unknown.length > 0) {
-      throw new ToolError(`tool ${tool}: unknown argument(s) ${unknown.join(", ")}`);
-    }
+/** Whether a call waits for a person's approval: a predicate that throws says yes. */
+function needsApproval(
+  predicate: (args: Record<string, unknown>) => boolean,
+  args: Record<string, unknown>,
+): boolean {
+  try {
+    return Boolean(predicate(args));
+  } catch (e) {
+    const why = `the approval predicate threw (a person approves): ${String(e)}`;
+    log("worker.approval_predicate_failed", why);
+    return true;
   }
 }

@@ -1,0 +1,230 @@
+package dex
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// eventually waits for cond, up to a deadline.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// result is the message the Worker keeps for an attempt until its ack (nil: none yet).
+func (w *Worker) result(id string) message {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.results[id]
+}
+
+// lockedBuffer is a log sink the Worker's goroutines may write to while a test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), s)
+}
+
+// viewModel answers with the texts of the history it was asked with, and can be told
+// which tool calls to ask for.
+type viewModel struct{ calls []ModelToolCall }
+
+func (viewModel) Spec() map[string]any { return map[string]any{"provider": "view"} }
+
+func (m viewModel) Stream(ctx context.Context, req ModelRequest, emit func(string)) (ModelResponse, error) {
+	return ModelResponse{Text: strings.Join(texts(req.History), "|"), ToolCalls: m.calls}, nil
+}
+
+func (viewModel) Summarize(ctx context.Context, req ModelRequest) (Summary, error) {
+	return Summary{Text: strings.Join(texts(req.History), "|")}, nil
+}
+
+func modelText(t *testing.T, m message) string {
+	t.Helper()
+	if m["t"] != "done" {
+		t.Fatalf("want a done, got %v", m)
+	}
+	var r ModelResponse
+	if err := json.Unmarshal(m["result"].(json.RawMessage), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r.Text
+}
+
+func runModelStep(id, session string, base int, items ...Item) step {
+	return step{AttemptID: id, SessionID: session, StepType: StepRunModel, Attempt: 1, Agent: "a", HistoryBase: base, History: items}
+}
+
+func TestRunModelHandOutsBuildOnTheHistoryTheWorkerKeeps(t *testing.T) {
+	w := NewWorker(WorkerOptions{Address: "http://127.0.0.1:1", Agents: []Agent{{Name: "a", Model: viewModel{}}}})
+	var hellos []hello
+	if err := json.Unmarshal(w.helloFrame(), &hellos); err != nil || hellos[0].HistoryCache != historySessions {
+		t.Fatalf("hello must announce the history cache: %+v %v", hellos, err)
+	}
+	w.handOut(runModelStep("m1", "s1", 0, Item{Type: "user", Text: "one"}))
+	eventually(t, "the first model call", func() bool { return w.result("m1") != nil })
+	w.handOut(runModelStep("m2", "s1", 1, Item{Type: "assistant", Text: "reply"}, Item{Type: "user", Text: "two"}))
+	eventually(t, "the second model call", func() bool { return w.result("m2") != nil })
+	if got := modelText(t, w.result("m2")); got != "user:one|assistant:reply|user:two" {
+		t.Fatalf("the model must see the kept item then the delta, saw %q", got)
+	}
+
+	// a delta on a view this Worker does not hold goes back, never runs on a guess
+	w.handOut(runModelStep("m3", "s2", 4, Item{Type: "user", Text: "five"}))
+	back := w.result("m3")
+	if back["t"] != "back" || back["reason"] != "history" {
+		t.Fatalf("want back with reason history, got %v", back)
+	}
+	// after a reconnect the server sends whole views first: nothing kept is built on
+	w.welcome(incoming{T: "welcome", Resume: "r"})
+	w.handOut(runModelStep("m4", "s1", 3, Item{Type: "user", Text: "three"}))
+	if r := w.result("m4"); r["t"] != "back" || r["reason"] != "history" {
+		t.Fatalf("a new connection holds no views: %v", r)
+	}
+	w.handOut(runModelStep("m5", "s1", 0, Item{Type: "robot"}))
+	if r := w.result("m5"); r["t"] != "fail" || !strings.Contains(r["error"].(recoveryError).Message, "history item 0") {
+		t.Fatalf("a history item that does not fit fails the attempt for good: %v", r)
+	}
+}
+
+func TestAttemptsNeverRunBeyondTheCapacity(t *testing.T) {
+	var mu sync.Mutex
+	runningNow, most := 0, 0
+	release := make(chan struct{})
+	body := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+		mu.Lock()
+		runningNow++
+		if runningNow > most {
+			most = runningNow
+		}
+		mu.Unlock()
+		<-release // ignores ctx: a stopped attempt's code may run on
+		mu.Lock()
+		runningNow--
+		mu.Unlock()
+		return "ok", nil
+	}
+	logs := &lockedBuffer{}
+	w := NewWorker(WorkerOptions{
+		Address: "http://127.0.0.1:1", Capacity: 2, Logger: log.New(logs, "", 0),
+		Agents: []Agent{{Name: "a", Model: viewModel{}, Tools: []Tool{{Name: "block", Kind: Read, Func: body}}}},
+	})
+	tool := "block"
+	call := func(id string) step {
+		return step{AttemptID: id, SessionID: "s", StepType: StepCallTool, Attempt: 1, Agent: "a", Tool: &tool, CallID: &id}
+	}
+	started := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return runningNow
+	}
+	for _, id := range []string{"t1", "t2", "t3"} {
+		w.handOut(call(id))
+	}
+	eventually(t, "two bodies running and one waiting", func() bool {
+		return started() == 2 && logs.count("action=worker.at_capacity") == 1
+	})
+	// the server stops t1: its code runs on, so its slot stays taken
+	w.mu.Lock()
+	w.abandonLocked("t1", "the server no longer runs this attempt")
+	w.mu.Unlock()
+	w.handOut(call("t4"))
+	eventually(t, "t4 waits too", func() bool { return logs.count("action=worker.at_capacity") == 2 })
+	close(release)
+	eventually(t, "every attempt kept ran", func() bool {
+		return w.result("t2") != nil && w.result("t3") != nil && w.result("t4") != nil
+	})
+	if most != 2 {
+		t.Fatalf("at most 2 bodies may run at once, %d did", most)
+	}
+	if w.result("t1") != nil {
+		t.Fatal("a stopped attempt's result is dropped")
+	}
+}
+
+func TestApprovalIsNeverAlwaysOrDecidedPerCall(t *testing.T) {
+	noop := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) { return nil, nil }
+	big := func(args json.RawMessage) (bool, error) {
+		var a struct{ Amount int }
+		if err := json.Unmarshal(args, &a); err != nil {
+			return false, err
+		}
+		return a.Amount > 100, nil
+	}
+	broken := func(args json.RawMessage) (bool, error) { return false, errors.New("cannot tell") }
+	panics := func(args json.RawMessage) (bool, error) { panic("boom") }
+	tools := []Tool{
+		{Name: "read", Kind: Read, Func: noop},
+		{Name: "always", Kind: Write, Func: noop, Approval: true},
+		{Name: "pay", Kind: Write, Func: noop, NeedsApproval: big},
+		{Name: "broken", Kind: Write, Func: noop, NeedsApproval: broken},
+		{Name: "panics", Kind: Write, Func: noop, NeedsApproval: panics},
+	}
+	calls := []ModelToolCall{
+		{ID: "c1", Name: "read", Arguments: map[string]any{}},
+		{ID: "c2", Name: "pay", Arguments: map[string]any{"amount": 5}},
+		{ID: "c3", Name: "pay", Arguments: map[string]any{"amount": 500}},
+		{ID: "c4", Name: "broken"},
+		{ID: "c5", Name: "panics"},
+		{ID: "c6", Name: "always"}, // the server asks for these itself, from the spec
+	}
+	agent := Agent{Name: "a", Model: viewModel{calls: calls}, Tools: tools}
+	approvals := map[string]string{}
+	for _, tool := range agent.spec().Tools {
+		approvals[tool.Name] = tool.Approval
+	}
+	want := map[string]string{"read": "never", "always": "always", "pay": "predicate", "broken": "predicate", "panics": "predicate"}
+	if !equalMaps(approvals, want) {
+		t.Fatalf("hello.agents approvals: %v, want %v", approvals, want)
+	}
+	w := NewWorker(WorkerOptions{Address: "http://127.0.0.1:1", Agents: []Agent{agent}})
+	w.handOut(runModelStep("m", "s", 0, Item{Type: "user", Text: "pay"}))
+	eventually(t, "the model call", func() bool { return w.result("m") != nil })
+	var r ModelResponse
+	if err := json.Unmarshal(w.result("m")["result"].(json.RawMessage), &r); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(r.ApprovalRequired, ",") != "c3,c4,c5" {
+		t.Fatalf("approval_required lists the calls a predicate (or its failure) asks for: %v", r.ApprovalRequired)
+	}
+	both := Agent{Name: "b", Model: viewModel{}, Tools: []Tool{{Name: "x", Kind: Read, Func: noop, Approval: true, NeedsApproval: big}}}
+	if err := both.validate(); err == nil || !strings.Contains(err.Error(), "not both") {
+		t.Fatalf("Approval and NeedsApproval together are refused: %v", err)
+	}
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,269 @@
+/** The Worker against a fake node (a WebSocket server in this process): what it says in
+ * hello, how it batches a frame and joins deltas, how it builds on the history it kept,
+ * checks arguments, asks for approval and passes the traceparent on. */
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import type { AddressInfo } from "node:net";
+import WebSocket, { WebSocketServer } from "ws";
+
+import { defineAgent, defineTool, ModelRequest, ModelResponse, Worker } from "../src";
+import { backoff } from "../src/worker";
+import type * as p from "../src/protocol";
+
+/** A node that welcomes one Worker, acks every result and keeps every frame it gets. */
+class FakeNode {
+  readonly server = new WebSocketServer({ port: 0, host: "127.0.0.1" });
+  readonly frames: p.WorkerMessage[][] = [];
+  private socket: WebSocket | null = null;
+  private waiters: (() => void)[] = [];
+
+  constructor() {
+    this.server.on("connection", (ws) => {
+      this.socket = ws;
+      ws.on("message", (data) => {
+        const frame = JSON.parse(data.toString()) as p.WorkerMessage[];
+        this.frames.push(frame);
+        const acks = frame
+          .filter((m): m is p.Result => m.t === "done" || m.t === "fail" || m.t === "back")
+          .map((m) => ({ t: "ack", attempt_id: m.attempt_id, ok: true }));
+        if (frame[0]?.t === "hello") {
+          const welcome = { t: "welcome", worker_id: "w", resume: "r1", stop: [] };
+          this.send([{ ...welcome, heartbeat_timeout: 10, reconnect_grace: 5 }]);
+        }
+        if (acks.length > 0) this.send(acks);
+        for (const wake of this.waiters.splice(0)) wake();
+      });
+    });
+  }
+
+  get address(): string {
+    return `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+
+  send(messages: unknown[]): void {
+    assert.ok(this.socket !== null, "no Worker connected");
+    this.socket.send(JSON.stringify(messages));
+  }
+
+  /** The first frame (from ``from`` on) that has a message matching ``match``, within 5 s. */
+  async frameWith(match: (m: p.WorkerMessage) => boolean, from = 0): Promise<p.WorkerMessage[]> {
+    const deadline = Date.now() + 5000;
+    for (;;) {
+      const found = this.frames.slice(from).find((f) => f.some(match));
+      if (found !== undefined) return found;
+      assert.ok(Date.now() < deadline, "timed out waiting for a frame from the Worker");
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 50);
+        this.waiters.push(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+    }
+  }
+
+  /** The message that settles ``attemptId``. */
+  async result(attemptId: string): Promise<p.Result> {
+    const isResult = (m: p.WorkerMessage): boolean =>
+      (m.t === "done" || m.t === "fail" || m.t === "back") && m.attempt_id === attemptId;
+    const frame = await this.frameWith(isResult);
+    return frame.find(isResult) as p.Result;
+  }
+}
+
+/** Answers with the texts of the history it saw, streamed in three pieces. */
+const viewer = {
+  spec: () => ({ provider: "viewer" }),
+  async *stream(request: ModelRequest): AsyncIterable<string | ModelResponse> {
+    const text = request.history.map((i) => `${i.type}:${"text" in i ? i.text : ""}`).join("|");
+    yield "str";
+    yield "eam";
+    yield "ed";
+    const calls = request.history.some((i) => "text" in i && i.text === "pay")
+      ? [
+          { id: "c1", name: "pay", arguments: { amount: 5 } },
+          { id: "c2", name: "pay", arguments: { amount: 500 } },
+          { id: "c3", name: "pay", arguments: { amount: "lots" } },
+        ]
+      : [];
+    yield { text, tool_calls: calls, stop_reason: "end_turn" };
+  },
+};
+
+const pay = defineTool<{ amount: number }>({
+  name: "pay",
+  kind: "write",
+  parameters: {
+    type: "object",
+    properties: { amount: { type: "integer", minimum: 1 }, memo: { type: "string", default: "" } },
+    required: ["amount"],
+    additionalProperties: false,
+  },
+  approval: (args) => {
+    if (typeof args.amount !== "number") throw new Error("not a number");
+    return args.amount > 100;
+  },
+  run: (args, ctx) => ({ args, traceparent: ctx.traceparent }),
+});
+
+/** A tool whose calls wait until released, counting how many run at once. */
+const hold = {
+  running: 0,
+  most: 0,
+  release: (): void => undefined,
+  released: Promise.resolve(),
+};
+hold.released = new Promise<void>((resolve) => (hold.release = resolve));
+const holdTool = defineTool({
+  name: "hold",
+  kind: "read",
+  parameters: { type: "object", properties: {} },
+  async run() {
+    hold.running++;
+    hold.most = Math.max(hold.most, hold.running);
+    await hold.released; // deaf to ctx.signal: a stopped attempt's code runs on
+    hold.running--;
+    return "held";
+  },
+});
+
+/** The Worker's log lines, as it writes them to stderr. */
+const logged: string[] = [];
+const write = process.stderr.write.bind(process.stderr);
+process.stderr.write = ((chunk: string | Uint8Array, ...rest: never[]): boolean => {
+  logged.push(String(chunk));
+  return write(chunk, ...rest);
+}) as typeof process.stderr.write;
+
+async function until(what: string, cond: () => boolean): Promise<void> {
+  const deadline = Date.now() + 5000;
+  while (!cond()) {
+    assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
+const node = new FakeNode();
+let worker: Worker;
+let running: Promise<void>;
+
+before(async () => {
+  await new Promise((resolve) => node.server.once("listening", resolve));
+  worker = new Worker({
+    address: node.address,
+    agents: [defineAgent({ name: "a", model: viewer, tools: [pay, holdTool] })],
+    handleSignals: false,
+    capacity: 3,
+  });
+  running = worker.run();
+});
+
+after(async () => {
+  await worker.shutdown(5);
+  await running;
+  node.server.close();
+});
+
+function runModel(id: string, session: string, base: number, history: unknown[]): p.StepMessage {
+  const step = { t: "step", attempt_id: id, session_id: session, step_id: id, attempt: 1 };
+  const model = { step_type: "RunModel", agent: "a", history_base: base, history };
+  return { ...step, ...model } as p.StepMessage;
+}
+
+test("hello announces the agents, the capacity and the history cache", async () => {
+  const [hello] = (await node.frameWith((m) => m.t === "hello")) as p.Hello[];
+  assert.equal(hello.capacity, 3);
+  assert.equal(hello.history_cache, 1024);
+  assert.equal(hello.agents[0].tools?.[0].approval, "predicate");
+  assert.deepEqual(hello.attempts, []);
+});
+
+test("what is ready in one tick leaves in one frame, the deltas of an attempt joined", async () => {
+  await node.frameWith((m) => m.t === "hello");
+  node.send([runModel("m1", "s1", 0, [{ type: "user", text: "one" }])]);
+  const frame = (await node.frameWith((m) => m.t === "done" && m.attempt_id === "m1")).filter(
+    (m) => m.t !== "hb",
+  );
+  assert.deepEqual(
+    frame.map((m) => m.t),
+    ["delta", "done"],
+  );
+  assert.equal((frame[0] as p.Delta).text, "streamed");
+});
+
+test("a RunModel hand-out builds on the view the Worker kept, or goes back", async () => {
+  await node.result("m1");
+  const delta = [
+    { type: "assistant", text: "reply" },
+    { type: "user", text: "two" },
+  ];
+  node.send([runModel("m2", "s1", 1, delta), runModel("m3", "s-unknown", 4, delta)]);
+  const m2 = (await node.result("m2")) as p.Done;
+  assert.equal((m2.result as ModelResponse).text, "user:one|assistant:reply|user:two");
+  assert.deepEqual(await node.result("m3"), { t: "back", attempt_id: "m3", reason: "history" });
+  node.send([runModel("m4", "s2", 0, [{ type: "robot" }])]);
+  const m4 = (await node.result("m4")) as p.Fail;
+  assert.equal(m4.t, "fail");
+  assert.equal(m4.error.retryable, false);
+  assert.match(m4.error.message, /history item 0 has type "robot"/);
+});
+
+test("approval predicates list their calls; one that throws asks a person", async () => {
+  node.send([runModel("m5", "s3", 0, [{ type: "user", text: "pay" }])]);
+  const done = (await node.result("m5")) as p.Done;
+  assert.deepEqual((done.result as ModelResponse).approval_required, ["c2", "c3"]);
+});
+
+test("arguments are checked before the body, which sees defaults and traceparent", async () => {
+  const call = { t: "step", session_id: "s4", attempt: 1, agent: "a", tool: "pay" };
+  const traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  node.send([
+    { ...call, step_type: "CallTool", attempt_id: "t1", step_id: "t1", call_id: "c1",
+      arguments: { amount: 0, x: 1 } },
+    { ...call, step_type: "CallTool", attempt_id: "t2", step_id: "t2", call_id: "c2",
+      arguments: { amount: 7 }, traceparent },
+  ]);
+  const refused = ((await node.result("t1")) as p.Done).result as p.ToolOutcome;
+  assert.equal(refused.status, "failed");
+  const why = "invalid arguments for tool 'pay': x: not a parameter; amount: must be >= 1";
+  assert.equal(refused.error, why);
+  const ran = ((await node.result("t2")) as p.Done).result as p.ToolOutcome;
+  const result = { args: { amount: 7, memo: "" }, traceparent };
+  assert.deepEqual(ran, { status: "succeeded", result });
+});
+
+test("no more attempts run at once than the capacity, a stopped one's code included", async () => {
+  const call = { t: "step", session_id: "s5", attempt: 1, agent: "a", tool: "hold" };
+  const holds = ["h1", "h2", "h3", "h4", "h5"].map((id) => ({
+    ...call,
+    step_type: "CallTool",
+    attempt_id: id,
+    step_id: id,
+    call_id: id,
+    arguments: {},
+  }));
+  const waiting = (): number => logged.filter((l) => l.includes('"worker.at_capacity"')).length;
+  node.send(holds.slice(0, 4));
+  await until("3 calls running and 1 waiting", () => hold.running === 3 && waiting() === 1);
+  node.send([{ t: "cancel", attempt_id: "h1" }]); // its code runs on: its slot stays taken
+  node.send(holds.slice(4));
+  await until("a second call waiting", () => waiting() === 2);
+  assert.equal(hold.running, 3);
+  hold.release();
+  for (const id of ["h2", "h3", "h4", "h5"]) {
+    const done = (await node.result(id)) as p.Done;
+    assert.deepEqual(done.result, { status: "succeeded", result: "held" });
+  }
+  assert.equal(hold.most, 3);
+});
+
+test("the reconnect backoff grows exponentially to its cap, with full jitter", () => {
+  assert.equal(backoff(0, 0.1, 1, () => 0.999999) < 0.1, true);
+  assert.equal(backoff(3, 0.1, 1, () => 0.5), 0.4);
+  assert.equal(backoff(20, 0.1, 1, () => 0.5), 0.5); // capped at 1 s
+  assert.equal(backoff(20, 0.1, 1, () => 0), 0);
+  for (let n = 0; n < 30; n++) {
+    const pause = backoff(n, 0.1, 1);
+    assert.ok(pause >= 0 && pause <= Math.min(1, 0.1 * 2 ** n), `backoff(${n}) = ${pause}`);
+  }
+});
