@@ -314,7 +314,7 @@ class Sessions:
         self._spec(agent)
         now = self.clock.now()
         state = SessionState(id=_new_id(session_id), agent=agent, created_at=now, updated_at=now)
-        await self._write_new(records.write(session=state, create=True))
+        await self._write_new(records.new_session(state))
         return state
 
     async def fork(self, session_id: str, before: int, new_id: str | None) -> SessionState:
