@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -13,6 +15,7 @@ from starlette.types import Message, Scope
 from starlette.websockets import WebSocketDisconnect
 
 from dex.server.api.errors import BodyLimit
+from dex.testing import wait_until
 from dex.wire import (
     Handout,
     ModelResponse,
@@ -205,6 +208,24 @@ def test_create_session(api_with_agent: Api) -> None:
     snapshot = api_with_agent.snapshot("s1")
     assert snapshot["session"]["status"] == "idle"
     assert snapshot["history"] == [] and snapshot["current_turn"] is None
+
+
+def test_generated_session_ids_sort_in_the_order_the_sessions_were_made(
+    api_with_agent: Api,
+) -> None:
+    """``s_``, the creation's millisecond and 48 random bits, in hex: a session made in a
+    later millisecond has a later id (new sessions go to the end of the id index)."""
+    ids = []
+    for _ in range(4):
+        _next_millisecond()
+        ids.append(api_with_agent.create()["id"])
+    assert all(re.fullmatch(r"s_[0-9a-f]{24}", i) for i in ids), ids
+    assert sorted(ids) == ids and len(set(ids)) == 4
+
+
+def _next_millisecond() -> None:
+    now = time.time_ns() // 1_000_000
+    wait_until(lambda: time.time_ns() // 1_000_000 > now, 1, 0, "the next millisecond")
 
 
 def test_create_session_for_an_unknown_agent_is_404(api_with_agent: Api) -> None:

@@ -413,3 +413,11 @@ def test_a_corrupt_history_item_step_row_turn_or_agent_is_a_corrupt_record_error
         records.turn(StoredTurn('{"number": "one"}', [], []), "s1")
     with pytest.raises(CorruptRecord, match="a stored agent cannot be read"):
         records.agent("\x00")
+
+
+def test_a_new_sessions_write_is_the_general_write_of_it() -> None:
+    state = SessionState(id="s1", agent="a", created_at=T0, updated_at=T0)
+    new = records.new_session(state)
+    assert new == records.write(session=state, create=True)
+    assert new.session is not None and (new.session.status, new.session.turn) == ("idle", None)
+    assert new.size() == len(new.session.state)

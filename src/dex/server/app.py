@@ -243,6 +243,7 @@ def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
             access_log=False,
             # no access log; a rate limit with auth off keys on the peer's own address
             proxy_headers=False,
+            server_header=False,  # uvicorn checks each header of every response
             ws_max_size=WS_MAX_SIZE,
             timeout_graceful_shutdown=5,
             ssl_certfile=config.tls_cert,

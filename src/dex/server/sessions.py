@@ -24,6 +24,7 @@ import functools
 import logging
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -314,7 +315,7 @@ class Sessions:
         self._spec(agent)
         now = self.clock.now()
         state = SessionState(id=_new_id(session_id), agent=agent, created_at=now, updated_at=now)
-        await self._write_new(records.write(session=state, create=True))
+        await self._write_new(records.new_session(state))
         return state
 
     async def fork(self, session_id: str, before: int, new_id: str | None) -> SessionState:
@@ -764,8 +765,13 @@ def _give_up(waiter: asyncio.Future[Turn | None]) -> None:
 
 
 def _new_id(session_id: str | None) -> str:
+    """The client's id, checked, or a new one: ``s_``, the milliseconds of the Unix time
+    (12 hex digits) and 48 random bits (12 more). An id made in a later millisecond sorts
+    later, so new sessions go to the end of the primary key's index as they do in the
+    indexes on ``created_at``: a group commit of 64 creations writes a few pages of that
+    index, not one each."""
     if session_id is None:
-        return "s_" + secrets.token_hex(8)
+        return f"s_{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
     if not ID_PATTERN.fullmatch(session_id):
         raise InvalidInput("a session id is 1-128 letters, digits or _.:-", session_id=session_id)
     return session_id

@@ -46,7 +46,7 @@ class HotRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send_: Send) -> None:
         if scope["type"] == "websocket" and scope["path"] == workers.PATH:
-            node = self.app.state.node
+            node = self.app.state["node"]
             if node is not None and node.serving:  # else the app's gate refuses it
                 await workers.serve(self.app, scope, receive, send_)
                 return
@@ -74,7 +74,7 @@ class HotRoutes:
         model: type[M],
         call: Callable[[M], Awaitable[tuple[dict[str, Any], int]]],
     ) -> None:
-        node = self.app.state.node
+        node = self.app.state["node"]  # by key: by attribute, State raises and catches first
         messages, body = await _read(receive)
         if body is None or node is None or not node.serving:
             await self._fallback(scope, messages, receive, send_)

@@ -128,7 +128,7 @@ async def create_session(body: CreateSession, request: Request) -> ORJSONRespons
 async def create(app: Any, body: CreateSession) -> tuple[dict[str, Any], int]:
     """The session creation, as this route and ``hot.HotRoutes`` both answer it: the body
     and the status."""
-    sessions: Sessions = app.state.sessions
+    sessions: Sessions = app.state["sessions"]
     state = await sessions.create(body.agent, body.session_id)
     return views.session_row(state), 201
 
@@ -241,7 +241,7 @@ async def send_message(session_id: str, body: SendMessage, request: Request) -> 
 async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, Any], int]:
     """The message send, as this route and ``hot.HotRoutes`` both answer it: the body and
     the status."""
-    sessions: Sessions = app.state.sessions
+    sessions: Sessions = app.state["sessions"]
     number, created = await sessions.send(session_id, body.text, body.message_id)
     turn: Turn | None = None
     waits: list[dict[str, Any]] = []
