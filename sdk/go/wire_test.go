@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,14 +62,57 @@ func TestDecodeFrameReadsMessagesInOrder(t *testing.T) {
 	}
 }
 
-func TestBackoffGrowsWithJitterUpToACap(t *testing.T) {
-	for n := 1; n < 20; n++ {
+func TestBackoffGrowsWithJitterUpToReconnectMax(t *testing.T) {
+	w := testWorker() // the defaults: 100ms doubling up to 1s, as the Python Worker
+	for n := 1; n < 40; n++ {
+		ceiling := 100 * time.Millisecond << uint(n-1)
+		if n > 4 {
+			ceiling = time.Second
+		}
 		for i := 0; i < 50; i++ {
-			d := backoff(n)
-			if d <= 0 || d > 5*time.Second || d > 100*time.Millisecond<<uint(min(n, 6)) {
-				t.Fatalf("backoff(%d) = %v", n, d)
+			if d := w.backoff(n); d <= 0 || d > ceiling {
+				t.Fatalf("backoff(%d) = %v, want within (0, %v]", n, d, ceiling)
 			}
 		}
+	}
+}
+
+// logged signals once a log line naming action is written.
+type logged struct {
+	action string
+	seen   chan struct{}
+	once   sync.Once
+}
+
+func (l *logged) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), l.action) {
+		l.once.Do(func() { close(l.seen) })
+	}
+	return len(p), nil
+}
+
+func TestRunStopsDuringTheBackoffWhenItsContextEnds(t *testing.T) {
+	failed := &logged{action: "worker.disconnected", seen: make(chan struct{})}
+	w := NewWorker(WorkerOptions{
+		Address: "http://127.0.0.1:1", Agents: []Agent{{Name: "a", Model: echoModel{}}},
+		ReconnectInitial: time.Minute, ReconnectMax: time.Minute, Logger: log.New(failed, "", 0),
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	select { // nothing listens on port 1: once the try failed, Run waits in its backoff
+	case <-failed.seen:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the Worker never reported its failed connection")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run still waited out its backoff after its context ended")
 	}
 }
 

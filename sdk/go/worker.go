@@ -34,7 +34,12 @@ type WorkerOptions struct {
 	WorkerID string
 	// DrainTimeout bounds how long a stopping Worker waits for running attempts (default 30s).
 	DrainTimeout time.Duration
-	Logger       *log.Logger
+	// ReconnectInitial is the first wait before connecting again (default 100ms); it
+	// doubles, with full jitter, up to ReconnectMax (default 1s), as in the Python and
+	// TypeScript Workers.
+	ReconnectInitial time.Duration
+	ReconnectMax     time.Duration
+	Logger           *log.Logger
 }
 
 // ErrRefused is returned by Run when the server refuses this Worker for good
@@ -79,6 +84,12 @@ func NewWorker(opts WorkerOptions) *Worker {
 	}
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 30 * time.Second
+	}
+	if opts.ReconnectInitial <= 0 {
+		opts.ReconnectInitial = 100 * time.Millisecond
+	}
+	if opts.ReconnectMax <= 0 {
+		opts.ReconnectMax = time.Second
 	}
 	if opts.WorkerID == "" {
 		host, _ := os.Hostname()
@@ -131,7 +142,11 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 		}
 		failures++
-		time.Sleep(backoff(failures))
+		// the pause ends early when the Worker is told to stop
+		select {
+		case <-stopCtx.Done():
+		case <-time.After(w.backoff(failures)):
+		}
 		if w.stopping(stopCtx) {
 			return nil
 		}
@@ -151,21 +166,17 @@ func (w *Worker) stopping(ctx context.Context) bool {
 	return late || w.isDrained()
 }
 
-// backoff is the pause before the n-th round of connection attempts: exponential,
-// capped at 5 s, with full jitter.
-func backoff(n int) time.Duration {
-	ceiling := 100 * time.Millisecond << uint(min(n, 6))
-	if ceiling > 5*time.Second {
-		ceiling = 5 * time.Second
+// backoff is the pause before the n-th round of connection attempts: ReconnectInitial
+// doubled n-1 times, capped at ReconnectMax, with full jitter.
+func (w *Worker) backoff(n int) time.Duration {
+	ceiling := w.opts.ReconnectInitial
+	for i := 1; i < n && ceiling < w.opts.ReconnectMax; i++ {
+		ceiling *= 2
+	}
+	if ceiling > w.opts.ReconnectMax {
+		ceiling = w.opts.ReconnectMax
 	}
 	return time.Duration(rand.Int63n(int64(ceiling)) + 1)
-}
-
-func min(a, b int) int {
-	if a < b {
-		return a
-	}
-	return b
 }
 
 func (w *Worker) logf(action, format string, args ...any) {

@@ -46,7 +46,7 @@ def assert_nothing_ran_again(before: dict[str, Any], after: dict[str, Any]) -> N
 ONE = [(1, "succeeded")]
 
 
-@columns("await_tool_approval.waiting", takeover=True)
+@columns("await_tool_approval.waiting", takeover=True, typescript=True, go=True)
 def test_approval_wait_survives_and_a_later_approval_runs_the_tool_once(
     rig: Rig, column: str
 ) -> None:
@@ -83,7 +83,9 @@ def test_approval_wait_survives_and_a_later_approval_runs_the_tool_once(
     ]
 
 
-@columns("await_question_answer.waiting", takeover=True)
+@columns(
+    "await_question_answer.waiting", takeover=True, typescript=True, go=True, sdk_takeover=True
+)
 def test_question_wait_survives_and_a_later_answer_resumes_the_turn(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()
@@ -145,7 +147,7 @@ def assert_timer_fired_once(t: dict[str, Any], rig: Rig) -> dict[str, Any]:
     return dict(timer["wait"])
 
 
-@columns("await_timer.waiting", takeover=True)
+@columns("await_timer.waiting", takeover=True, typescript=True, go=True)
 def test_timer_wait_survives_and_the_timer_fires_once(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()
@@ -250,7 +252,7 @@ WAIT_STEPS = {
 
 
 @pytest.mark.parametrize("wait", ["approval", "answer", "timer"])
-@columns("wait_handler.running", takeover=True)
+@columns("wait_handler.running", takeover=True, typescript=True, go=True)
 def test_wait_handler_interrupted_runs_again_and_the_resolution_stays_recorded(
     rig: Rig, column: str, wait: str
 ) -> None:
@@ -309,7 +311,7 @@ def test_wait_handler_interrupted_runs_again_and_the_resolution_stays_recorded(
 # --- an idle session -------------------------------------------------------------------------
 
 
-@columns("idle.waiting_for_message", takeover=True)
+@columns("idle.waiting_for_message", takeover=True, typescript=True, go=True)
 def test_idle_session_interrupted_runs_nothing_and_the_next_message_starts_a_turn(
     rig: Rig, column: str
 ) -> None:

@@ -1,9 +1,9 @@
 """Workers written with the TypeScript SDK (``sdk/typescript``) and the Go SDK
 (``sdk/go``) against a real server, each serving its port of the test agents: a whole
 turn, a server SIGKILLed and restarted while the Worker holds an attempt, a drain on
-SIGTERM, a refused token, addresses tried in turn, and the history cache that keeps a
-long session's hand-outs short. (The crash cells run against them
-too: the ``worker-kill-typescript`` and ``worker-kill-go`` cases of ``tests/crash``.)"""
+SIGTERM, a SIGTERM while the server is down, a refused token, addresses tried in turn,
+and the history cache that keeps a long session's hand-outs short. (The crash cells run
+against them too: the ``-typescript`` and ``-go`` cases of ``tests/crash``.)"""
 
 from __future__ import annotations
 
@@ -91,6 +91,26 @@ def test_the_worker_drains_on_sigterm(rig: Rig, language: str) -> None:
     t = rig.wait_turn(sid, turn)
     assert attempts(t, "CallTool") == [[(1, "succeeded")]]
     assert [e["attempt"] for e in rig.ledger.entries("upsert")] == [1]
+
+
+FAILED_TRY = {"typescript": "worker.connect_failed", "go": "worker.disconnected"}
+"""The log action of each SDK's Worker for a connection try that failed."""
+
+
+@LANGUAGES
+def test_a_worker_whose_server_is_down_stops_at_once_on_sigterm(rig: Rig, language: str) -> None:
+    rig.start_server()
+    worker = rig.start_worker(language=language)
+    wait_until(lambda: metric(rig, "dex_workers_connected") == 1, 20, what="the Worker connected")
+    rig.server.kill()
+    # tries that failed one after another: the wait before the next one has grown
+    wait_until(
+        lambda: worker.output().count(FAILED_TRY[language]) >= 6,
+        20,
+        what="the Worker retried the dead server",
+    )
+
+    assert worker.terminate(timeout=2) == 0  # it does not wait out its backoff first
 
 
 @LANGUAGES

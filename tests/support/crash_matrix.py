@@ -192,10 +192,18 @@ moment and checks the outcome against the tool's own ledger of side effects:
   it by themselves (they know both addresses), and the killed node rejoins as the standby.
 
 The Server restart cells are tested on SQLite and again on PostgreSQL (one node,
-`--database postgresql://...`). A Worker kill test file marked with other Workers, as
-in "(Workers: Python, TypeScript, Go)", runs the same test again against a Worker written
-with the [TypeScript SDK](typescript-worker.md) or the [Go SDK](go-worker.md), each
-serving its port of the same test agents.
+`--database postgresql://...`).
+
+A cell names the Workers its test ran against: a test file followed by "(Workers:
+Python, TypeScript, Go)" runs the same test, with the same assertions, against a Worker
+written with the [TypeScript SDK](typescript-worker.md) and one written with the
+[Go SDK](go-worker.md) too, each serving its port of the same test agents; a file
+without the note runs against the Python Worker only. Every SDK cell runs the Worker
+kill and the Server restart (on SQLite; the restart on PostgreSQL differs only on the
+server's side, and runs against the Python Worker). The Takeover runs against the SDK
+Workers in a representative subset, at least one cell per test file and SDK: all of
+them would add about 3.5 minutes to the suite, and a Takeover asks of a Worker what a
+restart asks, plus moving on to the second address.
 
 "Not tested" means no test covers the cell yet, so its text states the design, not a
 checked result. "Decided by" names the functions whose code decides the row (handlers

@@ -274,6 +274,66 @@ const exportReport = defineTool({
   },
 });
 
+// --- waits: approvals, questions, timers ----------------------------------------------
+
+const deleteAll = defineTool({
+  name: "delete_all",
+  description: "Always needs approval.",
+  kind: "write",
+  approval: true,
+  parameters: keyed({}),
+  run(_args: Args, ctx: ToolContext) {
+    record("delete_all", { idempotency_key: ctx.idempotencyKey, attempt: ctx.attempt });
+    return "deleted";
+  },
+});
+
+const order = defineTool({
+  name: "order",
+  description: "Asks which size, then orders.",
+  kind: "idempotent_write",
+  retry: FAST,
+  parameters: keyed({ item: { type: "string" } }),
+  run(args: Args, ctx: ToolContext) {
+    const item = String(args.item);
+    record("order.before_ask", { attempt: ctx.attempt, answers: ctx.answers.length });
+    const size = ctx.ask(`Which size of ${item}?`, ["S", "M", "L"]);
+    record("order", { item, size, idempotency_key: ctx.idempotencyKey });
+    return `ordered ${item} in ${size}`;
+  },
+});
+
+const remind = defineTool({
+  name: "remind",
+  description: "Sleeps durably, then reminds.",
+  kind: "read",
+  retry: FAST,
+  parameters: keyed({ seconds: { type: "number" } }),
+  run(args: Args, ctx: ToolContext) {
+    record("remind.before_sleep", { sleeps_done: ctx.sleepsDone });
+    ctx.sleep(Number(args.seconds));
+    record("remind", { idempotency_key: ctx.idempotencyKey });
+    return "time is up";
+  },
+});
+
+const publish = defineTool({
+  name: "publish",
+  description: "Needs approval; a keyed write, so it may run again after a crash.",
+  kind: "idempotent_write",
+  retry: FAST,
+  approval: true,
+  parameters: keyed({ post: { type: "string" } }),
+  run(args: Args, ctx: ToolContext) {
+    record("publish", {
+      post: args.post,
+      idempotency_key: ctx.idempotencyKey,
+      attempt: ctx.attempt,
+    });
+    return `published ${String(args.post)}`;
+  },
+});
+
 export const assistant = defineAgent({
   name: "assistant",
   model: new Scripted(script),
@@ -289,12 +349,12 @@ export const streamer = defineAgent({
   modelRetry: FAST,
 });
 
-/** The task tools of agents.py's ``waiter`` (its approvals, questions and timers are not
- * ported). */
+/** agents.py's ``waiter``: its approvals, questions, timers and tasks (not its
+ * predicate approval, check probe or timer tool). */
 export const waiter = defineAgent({
   name: "waiter",
   model: new Scripted(script),
-  tools: [render, exportReport, lookup, charge],
+  tools: [deleteAll, order, remind, render, lookup, charge, publish, exportReport],
   modelRetry: FAST,
 });
 

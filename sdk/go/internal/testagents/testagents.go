@@ -177,7 +177,7 @@ func params(required string, typ string) map[string]any {
 	}
 }
 
-// Agents returns the assistant and streamer agents, writing to ledger and gates.
+// Agents returns the assistant, streamer and waiter agents, writing to ledger and gates.
 func Agents(ledger Ledger, gates Gates) []dex.Agent {
 	fast := &dex.RetryPolicy{MaxAttempts: 3, InitialBackoffSeconds: 0.05}
 	tool := func(name string, kind dex.ToolKind, param, typ string, body func(gated) (any, map[string]any)) dex.Tool {
@@ -235,5 +235,83 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 			Name: "streamer", Model: Scripted{ChunkChars: 4, Delay: 10 * time.Millisecond},
 			Tools: []dex.Tool{lookup}, ModelRetry: fast,
 		},
+		{
+			Name: "waiter", Model: Scripted{},
+			Tools: append(waits(ledger, fast), lookup, charge), ModelRetry: fast,
+		},
 	}
+}
+
+// waits are the tools of agents.py's waiter that wait in Dex: an approval (delete_all,
+// publish), a question (order) and a durable sleep (remind).
+func waits(ledger Ledger, fast *dex.RetryPolicy) []dex.Tool {
+	decode := func(args json.RawMessage, into any) error {
+		if err := json.Unmarshal(args, into); err != nil {
+			return &dex.ToolError{Message: err.Error()}
+		}
+		return nil
+	}
+	deleteAll := dex.Tool{
+		Name: "delete_all", Kind: dex.Write, Approval: true, Description: "Always needs approval.",
+		Parameters: map[string]any{"type": "object", "properties": map[string]any{}},
+		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+			err := ledger.Record("delete_all", map[string]any{"idempotency_key": call.IdempotencyKey, "attempt": call.Attempt})
+			return "deleted", err
+		},
+	}
+	order := dex.Tool{
+		Name: "order", Kind: dex.IdempotentWrite, Retry: fast, Parameters: params("item", "string"),
+		Description: "Asks which size, then orders.",
+		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+			var a struct {
+				Item string `json:"item"`
+			}
+			if err := decode(args, &a); err != nil {
+				return nil, err
+			}
+			if err := ledger.Record("order.before_ask", map[string]any{"attempt": call.Attempt, "answers": len(call.Answers)}); err != nil {
+				return nil, err
+			}
+			size, err := call.Ask(fmt.Sprintf("Which size of %s?", a.Item), "S", "M", "L")
+			if err != nil {
+				return nil, err
+			}
+			fields := map[string]any{"item": a.Item, "size": size, "idempotency_key": call.IdempotencyKey}
+			return fmt.Sprintf("ordered %s in %s", a.Item, size), ledger.Record("order", fields)
+		},
+	}
+	remind := dex.Tool{
+		Name: "remind", Kind: dex.Read, Retry: fast, Parameters: params("seconds", "number"),
+		Description: "Sleeps durably, then reminds.",
+		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+			var a struct {
+				Seconds float64 `json:"seconds"`
+			}
+			if err := decode(args, &a); err != nil {
+				return nil, err
+			}
+			if err := ledger.Record("remind.before_sleep", map[string]any{"sleeps_done": call.SleepsDone}); err != nil {
+				return nil, err
+			}
+			if err := call.Sleep(a.Seconds); err != nil {
+				return nil, err
+			}
+			return "time is up", ledger.Record("remind", map[string]any{"idempotency_key": call.IdempotencyKey})
+		},
+	}
+	publish := dex.Tool{
+		Name: "publish", Kind: dex.IdempotentWrite, Retry: fast, Approval: true, Parameters: params("post", "string"),
+		Description: "Needs approval; a keyed write, so it may run again after a crash.",
+		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+			var a struct {
+				Post string `json:"post"`
+			}
+			if err := decode(args, &a); err != nil {
+				return nil, err
+			}
+			fields := map[string]any{"post": a.Post, "idempotency_key": call.IdempotencyKey, "attempt": call.Attempt}
+			return "published " + a.Post, ledger.Record("publish", fields)
+		},
+	}
+	return []dex.Tool{deleteAll, order, remind, publish}
 }
