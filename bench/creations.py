@@ -36,6 +36,7 @@ import aiohttp
 from dex.testing import ServerProcess, WorkerProcess, wait_until_async
 
 from . import agents, creator
+from .instructions import baseline_tree
 from .turns import cpu_seconds, machine_busy_seconds, metrics, render_table
 
 AGENT = agents.bench.name
@@ -214,29 +215,9 @@ def report(codes: list[Code], args: argparse.Namespace, busy: float) -> str:
     )
 
 
-def _baseline_tree(rev: str, tmp: Path) -> Path:
-    path = tmp / "baseline-tree"
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return path
-
-
 def run(args: argparse.Namespace, tmp: Path) -> str:
-    tree = _baseline_tree(args.baseline, tmp) if args.baseline else None
-    try:
+    with baseline_tree(args.baseline, tmp) as tree:
         codes, busy = asyncio.run(bench(args, tmp, tree))
-    finally:
-        if tree is not None:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                check=False,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
     return report(codes, args, busy)
 
 

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,15 +212,20 @@ async def measure(code: str, src: Path | None, args: argparse.Namespace, tmp: Pa
     return counts
 
 
-def _baseline_tree(rev: str, tmp: Path) -> Path:
+@contextlib.contextmanager
+def baseline_tree(rev: str | None, tmp: Path) -> Iterator[Path | None]:
+    """A temporary worktree of ``rev`` under ``tmp``, removed on the way out; None when
+    no baseline is asked for."""
+    if not rev:
+        yield None
+        return
     path = tmp / "baseline-tree"
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return path
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run([*git, "add", "--detach", str(path), rev], check=True, capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run([*git, "remove", "--force", str(path)], check=False, capture_output=True)
 
 
 def report(counts: list[Count], args: argparse.Namespace) -> str:
@@ -268,18 +274,8 @@ async def bench(args: argparse.Namespace, tmp: Path, baseline: Path | None) -> s
 
 
 def run(args: argparse.Namespace, tmp: Path) -> str:
-    if not args.baseline:
-        return asyncio.run(bench(args, tmp, None))
-    tree = _baseline_tree(args.baseline, tmp)
-    try:
+    with baseline_tree(args.baseline, tmp) as tree:
         return asyncio.run(bench(args, tmp, tree))
-    finally:
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-            check=False,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
