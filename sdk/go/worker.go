@@ -62,7 +62,7 @@ var ErrRefused = errors.New("dex: the server refused this Worker")
 // Worker connects to Dex, runs the Steps it is handed and sends their results.
 type Worker struct {
 	opts   WorkerOptions
-	config error // an option the environment gave that does not parse: Run returns it
+	config error // what is wrong with the options (a variable that does not parse, no address): Run returns it
 	agents map[string]*Agent
 	log    *log.Logger
 
@@ -92,7 +92,7 @@ type attempt struct {
 }
 
 // NewWorker returns a Worker; Run checks the agents and the options, and starts it.
-// Options not set in code are read from the environment now (see WorkerOptions).
+// It reads the options not set in code from the environment (see WorkerOptions).
 func NewWorker(opts WorkerOptions) *Worker {
 	opts, config := opts.resolve(os.Getenv)
 	if opts.WorkerID == "" {
