@@ -19,27 +19,40 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-// WorkerOptions configure a Worker.
+// WorkerOptions configure a Worker. An option left at its zero value is read from its
+// environment variable, the one the Python and TypeScript Workers read (durations in
+// seconds, such as DEX_DRAIN_TIMEOUT=2.5), or else takes its default: options set in
+// code win. Run returns an error naming any variable that does not parse.
 type WorkerOptions struct {
-	// Address is the server's URL, or several comma-separated, tried in turn.
+	// Address is the server's URL, or several comma-separated, tried in turn
+	// (DEX_ADDRESS).
 	Address string
 	Agents  []Agent
 	// Capacity is how many attempts the server may hand this Worker at once, and how
-	// many it runs at once (default 16): an attempt beyond it, which a stopped attempt's
-	// code still running can cause, waits for a slot.
+	// many it runs at once (DEX_WORKER_CAPACITY, default 16): an attempt beyond it, which
+	// a stopped attempt's code still running can cause, waits for a slot.
 	Capacity int
-	// Token is the worker token, sent as Authorization: Bearer.
+	// Token is the worker token, sent as Authorization: Bearer (DEX_WORKER_TOKEN).
 	Token string
-	// WorkerID names this Worker (default: host-pid-random).
+	// WorkerID names this Worker (DEX_WORKER_ID, default: host-pid-random).
 	WorkerID string
-	// DrainTimeout bounds how long a stopping Worker waits for running attempts (default 30s).
+	// HeartbeatInterval is the longest gap between two heartbeats of running attempts
+	// (DEX_WORKER_HEARTBEAT_INTERVAL, default 1s); they come at least five times per
+	// heartbeat timeout of the server.
+	HeartbeatInterval time.Duration
+	// DrainTimeout bounds how long a stopping Worker waits for running attempts
+	// (DEX_DRAIN_TIMEOUT, default 30s; 0 there waits for none).
 	DrainTimeout time.Duration
-	// ReconnectInitial is the first wait before connecting again (default 100ms); it
-	// doubles, with full jitter, up to ReconnectMax (default 1s), as in the Python and
+	// ReconnectInitial is the first wait before connecting again
+	// (DEX_WORKER_RECONNECT_INITIAL, default 100ms); it doubles, with full jitter, up to
+	// ReconnectMax (DEX_WORKER_RECONNECT_MAX, default 1s), as in the Python and
 	// TypeScript Workers.
 	ReconnectInitial time.Duration
 	ReconnectMax     time.Duration
-	Logger           *log.Logger
+	// ConnectTimeout bounds one connection attempt, the WebSocket upgrade included,
+	// before the next address is tried (DEX_WORKER_CONNECT_TIMEOUT, default 3s).
+	ConnectTimeout time.Duration
+	Logger         *log.Logger
 }
 
 // ErrRefused is returned by Run when the server refuses this Worker for good
@@ -49,6 +62,7 @@ var ErrRefused = errors.New("dex: the server refused this Worker")
 // Worker connects to Dex, runs the Steps it is handed and sends their results.
 type Worker struct {
 	opts   WorkerOptions
+	config error // what is wrong with the options (a variable that does not parse, no address): Run returns it
 	agents map[string]*Agent
 	log    *log.Logger
 
@@ -77,20 +91,10 @@ type attempt struct {
 	start    chan bool // the start acknowledgement (needs_start_ack), buffered
 }
 
-// NewWorker checks the agents and returns a Worker; Run starts it.
+// NewWorker returns a Worker; Run checks the agents and the options, and starts it.
+// It reads the options not set in code from the environment (see WorkerOptions).
 func NewWorker(opts WorkerOptions) *Worker {
-	if opts.Capacity <= 0 {
-		opts.Capacity = 16
-	}
-	if opts.DrainTimeout <= 0 {
-		opts.DrainTimeout = 30 * time.Second
-	}
-	if opts.ReconnectInitial <= 0 {
-		opts.ReconnectInitial = 100 * time.Millisecond
-	}
-	if opts.ReconnectMax <= 0 {
-		opts.ReconnectMax = time.Second
-	}
+	opts, config := opts.resolve(os.Getenv)
 	if opts.WorkerID == "" {
 		host, _ := os.Hostname()
 		opts.WorkerID = fmt.Sprintf("%s-%d-%06x", host, os.Getpid(), rand.Intn(1<<24))
@@ -100,7 +104,7 @@ func NewWorker(opts WorkerOptions) *Worker {
 		logger = log.New(os.Stderr, "dex-worker ", log.LstdFlags|log.Lmicroseconds)
 	}
 	w := &Worker{
-		opts: opts, agents: map[string]*Agent{}, log: logger,
+		opts: opts, config: config, agents: map[string]*Agent{}, log: logger,
 		running: map[string]*attempt{}, results: map[string]message{},
 		history: newHistoryCache(historySessions),
 		wake:    make(chan struct{}, 1), timeout: 10 * time.Second,
@@ -114,8 +118,12 @@ func NewWorker(opts WorkerOptions) *Worker {
 
 // Run serves until ctx is done or SIGTERM/SIGINT arrives, then drains: it sends drain,
 // lets running attempts finish (up to DrainTimeout) and hands back those not started.
-// It returns an error wrapping ErrRefused when the server refuses the Worker for good.
+// It returns an error wrapping ErrRefused when the server refuses the Worker for good,
+// and an error at once when an agent or an option (from code or the environment) is wrong.
 func (w *Worker) Run(ctx context.Context) error {
+	if w.config != nil {
+		return w.config
+	}
 	for i := range w.opts.Agents {
 		if err := w.opts.Agents[i].validate(); err != nil {
 			return err
@@ -123,11 +131,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	stopCtx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	addresses := strings.Split(w.opts.Address, ",")
+	addresses := addressList(w.opts.Address)
 	failures := 0
 	for {
 		for _, address := range addresses {
-			welcomed, err := w.session(stopCtx, strings.TrimSpace(address))
+			welcomed, err := w.session(stopCtx, address)
 			if errors.Is(err, ErrRefused) {
 				return err
 			}
@@ -208,7 +216,7 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 	if w.opts.Token != "" {
 		header.Set("Authorization", "Bearer "+w.opts.Token)
 	}
-	dialer := websocket.Dialer{HandshakeTimeout: 10 * time.Second}
+	dialer := websocket.Dialer{HandshakeTimeout: w.opts.ConnectTimeout}
 	conn, resp, err := dialer.Dial(wsURL(address), header) // not ctx: a draining Worker still delivers
 	if err != nil {
 		if resp != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
@@ -422,12 +430,16 @@ func (w *Worker) writeLoop(conn *websocket.Conn, done <-chan struct{}) error {
 	}
 }
 
-// heartbeatLoop names every running attempt five times per heartbeat timeout.
+// heartbeatLoop names every running attempt each HeartbeatInterval, and at least five
+// times per heartbeat timeout.
 func (w *Worker) heartbeatLoop(done <-chan struct{}) {
 	for {
 		w.mu.Lock()
 		interval := w.timeout / 5
 		w.mu.Unlock()
+		if interval > w.opts.HeartbeatInterval {
+			interval = w.opts.HeartbeatInterval
+		}
 		select {
 		case <-done:
 			return
@@ -637,15 +649,16 @@ func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message
 		History: a.history, Tools: agent.Tools, Attempt: s.Attempt,
 		Traceparent: deref(s.Traceparent),
 	}
-	w.withWorldStopped(func() { failpoint.Hit("worker.run_model.before_output") })
 	if s.StepType == StepCompactContext {
 		req.Tools = nil
+		w.withWorldStopped(func() { failpoint.Hit("worker.compact_context.running") })
 		summary, err := agent.Model.Summarize(ctx, req)
 		if err != nil {
 			return modelFailure(s, err)
 		}
 		return done(s, summary)
 	}
+	w.withWorldStopped(func() { failpoint.Hit("worker.run_model.before_output") })
 	emit := func(text string) {
 		if text != "" {
 			w.send(message{"t": "delta", "attempt_id": s.AttemptID, "text": text})

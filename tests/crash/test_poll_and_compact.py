@@ -24,7 +24,7 @@ def step_of(turn: dict[str, Any], type_: str) -> dict[str, Any]:
 # --- PollToolTask ----------------------------------------------------------------------------
 
 
-@columns("poll_tool_task.between_polls", takeover=True, typescript=True)
+@columns("poll_tool_task.between_polls", takeover=True, typescript=True, go=True)
 def test_task_interrupted_between_polls_goes_on_polling_the_same_task(
     rig: Rig, column: str
 ) -> None:
@@ -69,7 +69,7 @@ def test_task_interrupted_between_polls_goes_on_polling_the_same_task(
     ]
 
 
-@columns("poll_tool_task.during_poll", takeover=True, typescript=True, sdk_takeover=True)
+@columns("poll_tool_task.during_poll", takeover=True, typescript=True, go=True, sdk_takeover=True)
 def test_task_interrupted_during_a_poll_polls_again_and_starts_no_second_task(
     rig: Rig, column: str
 ) -> None:
@@ -107,7 +107,7 @@ def test_task_interrupted_during_a_poll_polls_again_and_starts_no_second_task(
     ]
 
 
-@columns("read_poll_compact.before_heartbeat", takeover=True, typescript=True)
+@columns("read_poll_compact.before_heartbeat", takeover=True, typescript=True, go=True)
 def test_poll_interrupted_before_first_heartbeat_polls_again(rig: Rig, column: str) -> None:
     rig.start_server()
     # the 1st tool Step is the task's start, the 2nd its first poll
@@ -166,7 +166,7 @@ def assert_compacted_once(
     return dict(summary)
 
 
-@columns("compact_context.during_summary", takeover=True, typescript=True)
+@columns("compact_context.during_summary", takeover=True, typescript=True, go=True)
 def test_compaction_interrupted_during_the_summary_call_runs_only_the_summary_again(
     rig: Rig, column: str
 ) -> None:
@@ -191,7 +191,7 @@ def test_compaction_interrupted_during_the_summary_call_runs_only_the_summary_ag
     assert_compacted_once(rig, sid, first, t)
 
 
-@columns("read_poll_compact.before_heartbeat", takeover=True, typescript=True)
+@columns("read_poll_compact.before_heartbeat", takeover=True, typescript=True, go=True)
 def test_compaction_interrupted_before_first_heartbeat_runs_the_summary_again(
     rig: Rig, column: str
 ) -> None:

@@ -74,8 +74,45 @@ func (m Scripted) Spec() map[string]any {
 	return map[string]any{"provider": "scripted", "name": "scripted"}
 }
 
+// Summarize is dex.models.Scripted's deterministic digest: how much there was, and what
+// the user asked.
 func (m Scripted) Summarize(ctx context.Context, req dex.ModelRequest) (dex.Summary, error) {
-	return dex.Summary{Text: fmt.Sprintf("Summary of %d items.", len(req.History))}, nil
+	var asked, earlier []string
+	for _, item := range req.History {
+		switch item.Type {
+		case "user":
+			asked = append(asked, item.Text)
+		case "summary":
+			earlier = append(earlier, item.Text)
+		}
+	}
+	parts := []string{fmt.Sprintf("Summary of %d items.", len(req.History))}
+	if len(earlier) > 0 {
+		parts = append(parts, "Before that: "+earlier[len(earlier)-1])
+	}
+	if len(asked) > 0 {
+		parts = append(parts, "The user said: "+strings.Join(asked, " | "))
+	}
+	return dex.Summary{Text: strings.Join(parts, " ")}, nil
+}
+
+// GatedSummaries is Scripted, whose summary call records "summary" in the ledger and
+// then waits behind the gate "summary", so a test can interrupt a CompactContext while
+// it runs.
+type GatedSummaries struct {
+	Scripted
+	Ledger Ledger
+	Gates  Gates
+}
+
+func (m GatedSummaries) Summarize(ctx context.Context, req dex.ModelRequest) (dex.Summary, error) {
+	if err := m.Ledger.Record("summary", map[string]any{"attempt": req.Attempt}); err != nil {
+		return dex.Summary{}, err
+	}
+	if err := m.Gates.Wait(ctx, "summary", req.Attempt); err != nil {
+		return dex.Summary{}, err
+	}
+	return m.Scripted.Summarize(ctx, req)
 }
 
 func (m Scripted) Stream(ctx context.Context, req dex.ModelRequest, emit func(string)) (dex.ModelResponse, error) {
@@ -177,7 +214,8 @@ func params(required string, typ string) map[string]any {
 	}
 }
 
-// Agents returns the assistant, streamer and waiter agents, writing to ledger and gates.
+// Agents returns the assistant, streamer, waiter, compactor and slow_summaries agents,
+// writing to ledger and gates.
 func Agents(ledger Ledger, gates Gates) []dex.Agent {
 	fast := &dex.RetryPolicy{MaxAttempts: 3, InitialBackoffSeconds: 0.05}
 	tool := func(name string, kind dex.ToolKind, param, typ string, body func(gated) (any, map[string]any)) dex.Tool {
@@ -237,9 +275,83 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 		},
 		{
 			Name: "waiter", Model: Scripted{},
-			Tools: append(waits(ledger, fast), lookup, charge), ModelRetry: fast,
+			Tools: append(waits(ledger, fast), append(tasks(ledger, gates, fast), lookup, charge)...), ModelRetry: fast,
+		},
+		{
+			Name: "compactor", Model: Scripted{}, Tools: []dex.Tool{lookup}, ModelRetry: fast,
+			CompactThresholdChars: 400,
+		},
+		{
+			Name: "slow_summaries", Model: GatedSummaries{Ledger: ledger, Gates: gates},
+			Tools: []dex.Tool{lookup}, ModelRetry: fast, CompactThresholdChars: 400,
 		},
 	}
+}
+
+// tasks are the task tools of agents.py's waiter, each handle its idempotency key:
+// render, polled every 0.05 s, whose poll holds while <handle>.pause exists (writing
+// <handle>.polling) until <handle>.open, and export, polled once a second. A task is
+// done once <handle>.done exists; in gate file names the handle's slashes are
+// underscores.
+func tasks(ledger Ledger, gates Gates, fast *dex.RetryPolicy) []dex.Tool {
+	gate := func(handle, suffix string) string {
+		return filepath.Join(gates.Dir, strings.ReplaceAll(handle, "/", "_")+"."+suffix)
+	}
+	exists := func(path string) bool {
+		_, err := os.Stat(path)
+		return err == nil
+	}
+	task := func(name, param, description string, interval float64, poll func(ctx context.Context, handle string) (any, error)) dex.Tool {
+		return dex.Tool{
+			Name: name, Kind: dex.Task, Retry: fast, PollIntervalSeconds: interval,
+			Parameters: params(param, "string"), Description: description,
+			Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+				var a map[string]any
+				if err := json.Unmarshal(args, &a); err != nil {
+					return nil, &dex.ToolError{Message: err.Error()}
+				}
+				fields := map[string]any{param: a[param], "idempotency_key": call.IdempotencyKey, "attempt": call.Attempt}
+				return call.IdempotencyKey, ledger.Record(name+".start", fields)
+			},
+			Poll: func(ctx context.Context, call *dex.CallContext, raw json.RawMessage) (any, error) {
+				var handle string
+				if err := json.Unmarshal(raw, &handle); err != nil {
+					return nil, fmt.Errorf("the handle %s is not a string: %w", raw, err)
+				}
+				if err := ledger.Record(name+".poll", map[string]any{"handle": handle, "attempt": call.Attempt}); err != nil {
+					return nil, err
+				}
+				return poll(ctx, handle)
+			},
+		}
+	}
+	render := task("render", "scene", "Starts a render job; the handle is the idempotency key.", 0.05,
+		func(ctx context.Context, handle string) (any, error) {
+			if exists(gate(handle, "pause")) {
+				if err := os.WriteFile(gate(handle, "polling"), nil, 0o644); err != nil {
+					return nil, err
+				}
+				for !exists(gate(handle, "open")) {
+					select {
+					case <-ctx.Done():
+						return nil, ctx.Err()
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+			}
+			if exists(gate(handle, "done")) {
+				return "rendered " + handle, nil
+			}
+			return dex.Pending, nil
+		})
+	export := task("export", "report", "Starts an export job polled once a second; the handle is the idempotency key.", 1.0,
+		func(ctx context.Context, handle string) (any, error) {
+			if exists(gate(handle, "done")) {
+				return "exported " + handle, nil
+			}
+			return dex.Pending, nil
+		})
+	return []dex.Tool{render, export}
 }
 
 // waits are the tools of agents.py's waiter that wait in Dex: an approval (delete_all,
