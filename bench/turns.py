@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import shutil
 import sqlite3
@@ -285,6 +286,8 @@ class Phase:
     latencies: list[float] = field(default_factory=list)
     commits: float = 0.0
     operations: float = 0.0
+    busy: float = float("nan")
+    """Seconds the store's writer spent committing (``dex_store_busy_seconds_total``)."""
     cpu: dict[str, float] = field(default_factory=dict)
     errors: Counter[str] = field(default_factory=Counter)
 
@@ -373,6 +376,8 @@ async def run_phase(
     after = await metrics(http, server.address)
     phase.commits = after["dex_store_commits_total"] - before["dex_store_commits_total"]
     phase.operations = after["dex_store_operations_total"] - before["dex_store_operations_total"]
+    busy = "dex_store_busy_seconds_total"  # a baseline revision may not have it
+    phase.busy = after.get(busy, float("nan")) - before.get(busy, float("nan"))
     phase.cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after}
     for profiler in profilers:
         profiler.finish()
@@ -447,11 +452,13 @@ def report(
                 f"{1 / max(p.turns_per_s, 1e-9) / commit_p50:.1f}",
                 f"{p.commits / n:.2f}",
                 f"{p.operations / n:.2f}",
+                "-" if math.isnan(p.busy) else f"{p.busy / p.seconds:.0%}",
+                "-" if math.isnan(p.busy) else ms(p.busy / max(p.operations, 1)),
             ]
         )
     header = ["sessions", "turns", "turns/s", "Steps/s", "p50 ms", "p99 ms"]
     header += ["p50/floor", "p50 in commits", "1/(turns/s) in commits"]
-    header += ["commits/turn", "store ops/turn"]
+    header += ["commits/turn", "store ops/turn", "writer busy", "writer ms/op"]
     out.append(render_table(rows, header))
     out += [
         "",
@@ -460,7 +467,10 @@ def report(
         "  per turn at that throughput. commits/turn: dex_store_commits_total delta / turns;",
         "  store ops/turn: dex_store_operations_total delta / turns (each op is one transition",
         "  or read run by the store's writer thread). Both include the session creations:",
-        f"  one per {args.turns_per_session} turns.",
+        f"  one per {args.turns_per_session} turns. writer busy: the share of the phase the",
+        "  store's one writer spent committing (dex_store_busy_seconds_total); near 100 % it",
+        "  sets the pace, whatever CPU is left. writer ms/op: its wall time per op (compare",
+        "  the CPU table's 'other threads', nearly all of them the writer).",
         "",
         "CPU per turn (ms of CPU time over the phase / turns) and machine load",
     ]

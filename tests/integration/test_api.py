@@ -156,6 +156,8 @@ def test_metrics_is_prometheus_text(api_with_agent: Api) -> None:
     api_with_agent.create("m1")
     after = _metrics(api_with_agent)
     assert after["dex_store_commits_total"] > before["dex_store_commits_total"]
+    # the writer spent time on that commit (wall time: never less than nothing)
+    assert after["dex_store_busy_seconds_total"] > before["dex_store_busy_seconds_total"]
 
 
 def test_metrics_count_attempts_turns_and_unknown_outcomes(

@@ -147,6 +147,12 @@ def node_gauges(node: Node) -> Iterator[Metric]:
         getattr(store, "operations", 0),
     )
     yield counter(
+        "dex_store_busy_seconds",
+        "Wall time the store's one writer spent committing batches. Its rate is how busy "
+        "the writer is: near 1, commits queue behind it and it sets the node's pace.",
+        getattr(store, "busy_seconds", 0.0),
+    )
+    yield counter(
         "dex_store_commit_failures",
         "Group commits that failed (a full disk, an I/O error): every write in them was "
         "refused, nothing of them written.",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, LiteralString
 
@@ -82,6 +83,8 @@ class PostgresStore(SqlStore):
         ``lose`` here)."""
         self.commits = 0
         self.operations = 0
+        self.busy_seconds = 0.0
+        """Wall time the writer spent on batches (it commits in series)."""
         self._conn: Conn | None = None
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._queue: asyncio.Queue[Pending | None] = asyncio.Queue()
@@ -167,11 +170,13 @@ class PostgresStore(SqlStore):
                     stop = True
                     break
                 batch.append(item)
+            started = time.perf_counter()
             try:
                 results = await self._commit(batch)
             except Exception as e:  # a bug here must not leave callers waiting forever
                 log.exception("group commit failed", extra={"action": "store.commit_failed"})
                 results = [StorageError(f"commit failed: {e}")] * len(batch)
+            self.busy_seconds += time.perf_counter() - started
             fatal = next((e for e in results if isinstance(e, Fenced | CommitUnknown)), None)
             if fatal is not None and self.on_fatal is not None:
                 self.on_fatal(fatal)

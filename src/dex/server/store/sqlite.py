@@ -47,6 +47,9 @@ class SqliteStore(SqlStore):
         self.commits = 0
         """How many transactions committed: with ``operations``, shows how well commits group."""
         self.operations = 0
+        self.busy_seconds = 0.0
+        """Wall time the writer spent on batches: over elapsed time, how busy the one
+        writer is (it commits in series, so at 1.0 it sets the node's pace)."""
         self.commit_failures = 0
         """Batches whose commit failed (a full disk, an I/O error): nothing of them written."""
         self.failing_since: float | None = None
@@ -148,6 +151,7 @@ class SqliteStore(SqlStore):
                     stop = True
                     break
                 batch.append(item)
+            started = time.perf_counter()
             try:
                 results = self._commit(batch)
             except Exception as e:  # a bug: the writer must still answer, and live on
@@ -155,6 +159,7 @@ class SqliteStore(SqlStore):
                 self._roll_back()
                 failed = StorageError(f"the store failed: {e!r}", retryable=True)
                 results = [(fut, None, failed) for _, _, fut in batch]
+            self.busy_seconds += time.perf_counter() - started
             loop.call_soon_threadsafe(_deliver, results)
         if self._conn is not None:
             self._conn.close()
