@@ -257,7 +257,7 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 		return frame, nil
 	}
 	go func() {
-		if err := w.pingLoop(conn, &answered, done); err != nil {
+		if err := w.pingLoop(conn, address, &answered, done); err != nil {
 			errs <- err
 			conn.Close() // ends the read that waits, and a write blocked on a full buffer
 		}
@@ -470,7 +470,7 @@ func (w *Worker) writeLoop(conn *websocket.Conn, done <-chan struct{}) error {
 // closes. A tick that comes late means this process did not run (a failpoint paused the
 // Worker, or the process was stopped): the answer may wait unread, so that tick only
 // pings again, as in the TypeScript Worker.
-func (w *Worker) pingLoop(conn *websocket.Conn, answered *atomic.Bool, done <-chan struct{}) error {
+func (w *Worker) pingLoop(conn *websocket.Conn, address string, answered *atomic.Bool, done <-chan struct{}) error {
 	interval := w.opts.PingInterval
 	answered.Store(true) // the upgrade just succeeded
 	last := time.Now()
@@ -485,7 +485,7 @@ func (w *Worker) pingLoop(conn *websocket.Conn, answered *atomic.Bool, done <-ch
 		late := time.Since(last) > interval*3/2
 		last = time.Now()
 		if !answered.Swap(false) && !late {
-			w.logf("worker.ping_timeout", "interval=%s the node answered no ping in time: giving it up", interval)
+			w.logf("worker.ping_timeout", "address=%s interval=%s the node answered no ping in time: giving it up", address, interval)
 			return fmt.Errorf("the node answered no ping within %s: it hung, or the network to it did", interval)
 		}
 		// an error (a write that blocks past the deadline) leaves this ping unanswered
