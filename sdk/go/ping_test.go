@@ -105,7 +105,7 @@ func TestANodeThatAnswersNoPingIsGivenUpForTheNextAddress(t *testing.T) {
 	}
 	if logs.count("action=worker.ping_timeout address="+hung.URL+" interval=100ms") != 1 ||
 		logs.count("action=worker.disconnected address="+hung.URL+" error=the node answered no ping within 100ms") != 1 {
-		t.Fatalf("giving the hung node up is logged, naming it:\n%s", logs.buf.String())
+		t.Fatalf("giving the hung node up is logged, naming it:\n%s", logs)
 	}
 	// a node that answers is kept however long it has nothing to say
 	eventually(t, "pings answered by the live node", func() bool {
@@ -113,6 +113,6 @@ func TestANodeThatAnswersNoPingIsGivenUpForTheNextAddress(t *testing.T) {
 		return pings >= 5
 	})
 	if hellos, _ := live.counts(); hellos != 1 || logs.count("action=worker.ping_timeout") != 1 {
-		t.Fatalf("the live node is never given up: %d hellos there\n%s", hellos, logs.buf.String())
+		t.Fatalf("the live node is never given up: %d hellos there\n%s", hellos, logs)
 	}
 }
