@@ -74,12 +74,12 @@ function badVariable(name: string, value: string, want: string): Error {
 }
 
 /** Seconds from the variable ``name`` (decimals allowed), or ``fallback`` when it is
- * unset: above 0, or 0 or more with ``zeroOk``, as the Python Worker's settings take
+ * unset or blank: above 0, or 0 or more with ``zeroOk``, as the Python Worker's settings take
  * them. A value that is no number, or out of range, throws an error naming both. */
 function envSeconds(name: string, fallback: number, zeroOk = false): number {
-  const value = env(name);
-  if (value === undefined) return fallback;
-  const seconds = DECIMAL.test(value.trim()) ? Number(value) : NaN; // NaN fails below
+  const value = env(name)?.trim();
+  if (value === undefined || value === "") return fallback;
+  const seconds = DECIMAL.test(value) ? Number(value) : NaN; // NaN fails below
   const inRange = (zeroOk ? seconds >= 0 : seconds > 0) && seconds <= MAX_SECONDS;
   if (!inRange) {
     const want = `a number of seconds${zeroOk ? ", 0 or more" : " above 0"} (at most ${MAX_SECONDS})`;
@@ -90,9 +90,9 @@ function envSeconds(name: string, fallback: number, zeroOk = false): number {
 
 /** The Worker's capacity from the variable ``name``: a whole number from 1 to 100,000. */
 function envCapacity(name: string, fallback: number): number {
-  const value = env(name);
-  if (value === undefined) return fallback;
-  const count = /^[+]?\d+$/.test(value.trim()) ? Number(value) : NaN;
+  const value = env(name)?.trim();
+  if (value === undefined || value === "") return fallback;
+  const count = /^[+]?\d+$/.test(value) ? Number(value) : NaN;
   if (!(count >= 1 && count <= MAX_CAPACITY)) {
     throw badVariable(name, value, `want a whole number from 1 to ${MAX_CAPACITY}`);
   }

@@ -23,6 +23,9 @@ afterEach(() => {
   }
 });
 
+/** A Worker's private fields, where it keeps the options it read. */
+const fields = (w: Worker): Record<string, number> => w as unknown as Record<string, number>;
+
 const worker = (options: Partial<ConstructorParameters<typeof Worker>[0]> = {}): Worker =>
   new Worker({ address: "http://127.0.0.1:1", agents: [], handleSignals: false, ...options });
 
@@ -63,7 +66,7 @@ test("good values are read; options set in code leave the variables unread", () 
     DEX_WORKER_PING_INTERVAL: "0.75",
     DEX_DRAIN_TIMEOUT: "0", // a drain that waits for none
   });
-  const read = worker() as unknown as Record<string, number>; // its private fields
+  const read = fields(worker());
   assert.deepEqual(
     {
       capacity: read.capacity,
@@ -84,6 +87,8 @@ test("good values are read; options set in code leave the variables unread", () 
       drainTimeout: 0,
     },
   );
+  process.env.DEX_WORKER_CAPACITY = " "; // blank: unset, as in the Go Worker
+  assert.equal(fields(worker()).capacity, 16);
   for (const name of VARIABLES) process.env[name] = "bad";
   assert.doesNotThrow(() =>
     worker({
