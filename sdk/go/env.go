@@ -21,6 +21,7 @@ const (
 	envReconnectInitial  = "DEX_WORKER_RECONNECT_INITIAL"
 	envReconnectMax      = "DEX_WORKER_RECONNECT_MAX"
 	envConnectTimeout    = "DEX_WORKER_CONNECT_TIMEOUT"
+	envPingInterval      = "DEX_WORKER_PING_INTERVAL"
 	envDrainTimeout      = "DEX_DRAIN_TIMEOUT"
 )
 
@@ -31,6 +32,7 @@ const (
 	defaultReconnectInitial  = 100 * time.Millisecond
 	defaultReconnectMax      = time.Second
 	defaultConnectTimeout    = 3 * time.Second
+	defaultPingInterval      = 2 * time.Second
 	defaultDrainTimeout      = 30 * time.Second
 	maxCapacity              = 100_000 // as the Python Worker's
 )
@@ -54,6 +56,7 @@ func (o WorkerOptions) resolve(getenv func(string) string) (WorkerOptions, error
 	o.ReconnectInitial = env.seconds(o.ReconnectInitial, envReconnectInitial, defaultReconnectInitial, false)
 	o.ReconnectMax = env.seconds(o.ReconnectMax, envReconnectMax, defaultReconnectMax, false)
 	o.ConnectTimeout = env.seconds(o.ConnectTimeout, envConnectTimeout, defaultConnectTimeout, false)
+	o.PingInterval = env.seconds(o.PingInterval, envPingInterval, defaultPingInterval, false)
 	// a drain that waits for nothing is a choice: DEX_DRAIN_TIMEOUT=0 holds
 	o.DrainTimeout = env.seconds(o.DrainTimeout, envDrainTimeout, defaultDrainTimeout, true)
 	if len(addressList(o.Address)) == 0 {

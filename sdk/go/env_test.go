@@ -11,7 +11,7 @@ import (
 
 var workerEnv = []string{
 	envAddress, envCapacity, envToken, envWorkerID, envHeartbeatInterval,
-	envReconnectInitial, envReconnectMax, envConnectTimeout, envDrainTimeout,
+	envReconnectInitial, envReconnectMax, envConnectTimeout, envPingInterval, envDrainTimeout,
 }
 
 // setEnv sets the Worker's variables for one test: those not named are empty (unset).
@@ -37,7 +37,7 @@ func TestOptionsNotSetInCodeComeFromTheEnvironment(t *testing.T) {
 	setEnv(t, map[string]string{
 		envAddress: "http://dex-a:8000, http://dex-b:8000", envCapacity: "3", envToken: "w-secret",
 		envWorkerID: "worker-7", envHeartbeatInterval: "0.25", envReconnectInitial: "0.05",
-		envReconnectMax: "2", envConnectTimeout: "1.5", envDrainTimeout: "0",
+		envReconnectMax: "2", envConnectTimeout: "1.5", envPingInterval: "0.75", envDrainTimeout: "0",
 	})
 	w := NewWorker(WorkerOptions{Agents: testAgents})
 	if w.config != nil {
@@ -55,6 +55,7 @@ func TestOptionsNotSetInCodeComeFromTheEnvironment(t *testing.T) {
 		envReconnectInitial:  {o.ReconnectInitial, 50 * time.Millisecond},
 		envReconnectMax:      {o.ReconnectMax, 2 * time.Second},
 		envConnectTimeout:    {o.ConnectTimeout, 1500 * time.Millisecond},
+		envPingInterval:      {o.PingInterval, 750 * time.Millisecond},
 		envDrainTimeout:      {o.DrainTimeout, 0}, // 0 there is a drain that waits for none
 	}
 	for name, got := range want {
@@ -70,7 +71,7 @@ func TestOptionsSetNowhereTakeTheDefaults(t *testing.T) {
 	o := w.opts
 	if w.config != nil || o.Capacity != 16 || o.HeartbeatInterval != time.Second ||
 		o.ReconnectInitial != 100*time.Millisecond || o.ReconnectMax != time.Second ||
-		o.ConnectTimeout != 3*time.Second || o.DrainTimeout != 30*time.Second || o.Token != "" {
+		o.ConnectTimeout != 3*time.Second || o.PingInterval != 2*time.Second || o.DrainTimeout != 30*time.Second || o.Token != "" {
 		t.Fatalf("the defaults of the Python and TypeScript Workers, got %+v (%v)", o, w.config)
 	}
 	if o.WorkerID == "" {
@@ -82,12 +83,12 @@ func TestOptionsSetInCodeWinOverTheEnvironment(t *testing.T) {
 	setEnv(t, map[string]string{
 		envAddress: "http://from-env:1", envCapacity: "3", envToken: "env-token", envWorkerID: "env-id",
 		envHeartbeatInterval: "9", envReconnectInitial: "9", envReconnectMax: "9",
-		envConnectTimeout: "9", envDrainTimeout: "9",
+		envConnectTimeout: "9", envPingInterval: "9", envDrainTimeout: "9",
 	})
 	code := WorkerOptions{
 		Address: "http://from-code:1", Agents: testAgents, Capacity: 5, Token: "code-token", WorkerID: "code-id",
 		HeartbeatInterval: time.Millisecond, ReconnectInitial: 2 * time.Millisecond, ReconnectMax: 3 * time.Millisecond,
-		ConnectTimeout: 4 * time.Millisecond, DrainTimeout: 5 * time.Millisecond,
+		ConnectTimeout: 4 * time.Millisecond, DrainTimeout: 5 * time.Millisecond, PingInterval: 6 * time.Millisecond,
 	}
 	w := NewWorker(code)
 	got := w.opts
@@ -100,7 +101,7 @@ func TestOptionsSetInCodeWinOverTheEnvironment(t *testing.T) {
 func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 	setEnv(t, map[string]string{
 		envCapacity: "sixteen", envReconnectMax: "1s", envDrainTimeout: "-1", envHeartbeatInterval: "0",
-		envConnectTimeout: "NaN",
+		envConnectTimeout: "NaN", envPingInterval: "2s",
 	})
 	w := NewWorker(WorkerOptions{Address: "http://127.0.0.1:1", Agents: testAgents})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -115,6 +116,7 @@ func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 		`DEX_DRAIN_TIMEOUT="-1": want a number of seconds, 0 or more`,
 		`DEX_WORKER_HEARTBEAT_INTERVAL="0": want a number of seconds above 0`,
 		`DEX_WORKER_CONNECT_TIMEOUT="NaN"`,
+		`DEX_WORKER_PING_INTERVAL="2s": want a number of seconds above 0`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error must say %s: %v", want, err)
@@ -124,6 +126,7 @@ func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 	ok := NewWorker(WorkerOptions{
 		Address: "http://127.0.0.1:1", Agents: testAgents, Capacity: 1, ReconnectMax: time.Second,
 		DrainTimeout: time.Second, HeartbeatInterval: time.Second, ConnectTimeout: time.Second,
+		PingInterval: time.Second,
 	})
 	if ok.config != nil {
 		t.Fatalf("options set in code leave the environment unread: %v", ok.config)

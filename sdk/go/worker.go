@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -52,7 +53,12 @@ type WorkerOptions struct {
 	// ConnectTimeout bounds one connection attempt, the WebSocket upgrade included,
 	// before the next address is tried (DEX_WORKER_CONNECT_TIMEOUT, default 3s).
 	ConnectTimeout time.Duration
-	Logger         *log.Logger
+	// PingInterval is the time between two WebSocket pings (DEX_WORKER_PING_INTERVAL,
+	// default 2s). A node that answers a ping with nothing, neither its pong nor any
+	// frame, before the next one is due is given up, and the next address tried: a node
+	// that hung (stopped, frozen, cut off) keeps the connection open and silent.
+	PingInterval time.Duration
+	Logger       *log.Logger
 }
 
 // ErrRefused is returned by Run when the server refuses this Worker for good
@@ -227,12 +233,42 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 	defer conn.Close()
 	conn.SetReadLimit(64 << 20)
 
+	done := make(chan struct{})
+	defer close(done)
+	errs := make(chan error, 4)
+	// a pong or any frame from the node is an answer to the pings; pongs arrive while a
+	// read waits for a frame
+	var answered atomic.Bool
+	conn.SetPongHandler(func(string) error {
+		answered.Store(true)
+		return nil
+	})
+	read := func() ([]incoming, error) {
+		frame, err := readFrame(conn)
+		if err != nil {
+			select {
+			case gaveUp := <-errs: // the pings gave the node up, and closed the connection
+				return nil, gaveUp
+			default:
+				return nil, closeError(err)
+			}
+		}
+		answered.Store(true)
+		return frame, nil
+	}
+	go func() {
+		if err := w.pingLoop(conn, address, &answered, done); err != nil {
+			errs <- err
+			conn.Close() // ends the read that waits, and a write blocked on a full buffer
+		}
+	}()
+
 	if err := conn.WriteMessage(websocket.TextMessage, w.helloFrame()); err != nil {
 		return false, err
 	}
-	frame, err := readFrame(conn)
+	frame, err := read()
 	if err != nil {
-		return false, closeError(err)
+		return false, err
 	}
 	if len(frame) == 0 || frame[0].T != "welcome" {
 		return false, errors.New("the server did not answer hello with welcome")
@@ -243,16 +279,13 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 		return true, err
 	}
 
-	done := make(chan struct{})
-	defer close(done)
-	errs := make(chan error, 3)
 	go func() { errs <- w.writeLoop(conn, done) }()
 	go w.heartbeatLoop(done)
 	go func() {
 		for {
-			frame, err := readFrame(conn)
+			frame, err := read()
 			if err != nil {
-				errs <- closeError(err)
+				errs <- err
 				return
 			}
 			if err := w.handle(ctx, frame); err != nil {
@@ -427,6 +460,36 @@ func (w *Worker) writeLoop(conn *websocket.Conn, done <-chan struct{}) error {
 		if results {
 			failpoint.Hit("worker.after_send_result")
 		}
+	}
+}
+
+// pingLoop sends a WebSocket ping every PingInterval, and gives the node up when it did
+// not answer the last one in time (no pong, no frame): a node that hung (a stopped
+// process, a frozen VM, a partition) keeps the TCP connection open and silent, and a
+// read on it would wait forever. It returns the reason once it gives up, nil when done
+// closes. A tick that comes late means this process did not run (a failpoint paused the
+// Worker, or the process was stopped): the answer may wait unread, so that tick only
+// pings again, as in the TypeScript Worker.
+func (w *Worker) pingLoop(conn *websocket.Conn, address string, answered *atomic.Bool, done <-chan struct{}) error {
+	interval := w.opts.PingInterval
+	answered.Store(true) // the upgrade just succeeded
+	last := time.Now()
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-time.After(interval):
+		}
+		w.mu.Lock() // a paused failpoint blocks the whole Worker: the pings too
+		w.mu.Unlock()
+		late := time.Since(last) > interval*3/2
+		last = time.Now()
+		if !answered.Swap(false) && !late {
+			w.logf("worker.ping_timeout", "address=%s interval=%s the node answered no ping in time: giving it up", address, interval)
+			return fmt.Errorf("the node answered no ping within %s: it hung, or the network to it did", interval)
+		}
+		// an error (a write that blocks past the deadline) leaves this ping unanswered
+		_ = conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(interval))
 	}
 }
 

@@ -43,6 +43,12 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 	return b.buf.Write(p)
 }
 
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 func (b *lockedBuffer) count(s string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()

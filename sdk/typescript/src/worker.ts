@@ -64,9 +64,39 @@ function env(name: string): string | undefined {
   return value === undefined || value === "" ? undefined : value;
 }
 
-function envNumber(name: string, fallback: number): number {
-  const value = env(name);
-  return value === undefined ? fallback : Number(value);
+/** Node's longest timer (2^31 - 1 ms): a longer one would fire at once. */
+const MAX_SECONDS = 2_147_483;
+const MAX_CAPACITY = 100_000; // as the Python and Go Workers'
+const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
+
+function badVariable(name: string, value: string, want: string): Error {
+  return new Error(`${name}=${JSON.stringify(value)}: ${want}`);
+}
+
+/** Seconds from the variable ``name`` (decimals allowed), or ``fallback`` when it is
+ * unset or blank: above 0, or 0 or more with ``zeroOk``, as the Python Worker's settings take
+ * them. A value that is no number, or out of range, throws an error naming both. */
+function envSeconds(name: string, fallback: number, zeroOk = false): number {
+  const value = env(name)?.trim();
+  if (value === undefined || value === "") return fallback;
+  const seconds = DECIMAL.test(value) ? Number(value) : NaN; // NaN fails below
+  const inRange = (zeroOk ? seconds >= 0 : seconds > 0) && seconds <= MAX_SECONDS;
+  if (!inRange) {
+    const want = `a number of seconds${zeroOk ? ", 0 or more" : " above 0"} (at most ${MAX_SECONDS})`;
+    throw badVariable(name, value, `want ${want}, such as 0.5`);
+  }
+  return seconds;
+}
+
+/** The Worker's capacity from the variable ``name``: a whole number from 1 to 100,000. */
+function envCapacity(name: string, fallback: number): number {
+  const value = env(name)?.trim();
+  if (value === undefined || value === "") return fallback;
+  const count = /^[+]?\d+$/.test(value) ? Number(value) : NaN;
+  if (!(count >= 1 && count <= MAX_CAPACITY)) {
+    throw badVariable(name, value, `want a whole number from 1 to ${MAX_CAPACITY}`);
+  }
+  return count;
 }
 
 function log(action: string, message: string, ids: Record<string, unknown> = {}): void {
@@ -126,21 +156,21 @@ export class Worker {
       .map((a) => a.trim().replace(/\/+$/, ""))
       .filter((a) => a !== "");
     for (const agent of options.agents) this.agents.set(agent.name, agent);
-    this.capacity = options.capacity ?? envNumber("DEX_WORKER_CAPACITY", 16);
+    this.capacity = options.capacity ?? envCapacity("DEX_WORKER_CAPACITY", 16);
     this.token = options.token ?? env("DEX_WORKER_TOKEN");
     this.id =
       options.workerId ??
       env("DEX_WORKER_ID") ??
       `${os.hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
     this.heartbeatMax =
-      options.heartbeatInterval ?? envNumber("DEX_WORKER_HEARTBEAT_INTERVAL", 1.0);
+      options.heartbeatInterval ?? envSeconds("DEX_WORKER_HEARTBEAT_INTERVAL", 1.0);
     this.heartbeatInterval = this.heartbeatMax;
     this.reconnectInitial =
-      options.reconnectInitial ?? envNumber("DEX_WORKER_RECONNECT_INITIAL", 0.1);
-    this.reconnectMax = options.reconnectMax ?? envNumber("DEX_WORKER_RECONNECT_MAX", 1.0);
-    this.connectTimeout = options.connectTimeout ?? envNumber("DEX_WORKER_CONNECT_TIMEOUT", 3.0);
-    this.pingInterval = options.pingInterval ?? envNumber("DEX_WORKER_PING_INTERVAL", 2.0);
-    this.drainTimeout = options.drainTimeout ?? envNumber("DEX_DRAIN_TIMEOUT", 30.0);
+      options.reconnectInitial ?? envSeconds("DEX_WORKER_RECONNECT_INITIAL", 0.1);
+    this.reconnectMax = options.reconnectMax ?? envSeconds("DEX_WORKER_RECONNECT_MAX", 1.0);
+    this.connectTimeout = options.connectTimeout ?? envSeconds("DEX_WORKER_CONNECT_TIMEOUT", 3.0);
+    this.pingInterval = options.pingInterval ?? envSeconds("DEX_WORKER_PING_INTERVAL", 2.0);
+    this.drainTimeout = options.drainTimeout ?? envSeconds("DEX_DRAIN_TIMEOUT", 30.0, true);
     this.handleSignals = options.handleSignals ?? true;
   }
 

@@ -1,0 +1,104 @@
+/** The Worker's options from the environment: read when not set in code, and a value
+ * that is no number, or out of range, refused by name (as the Python and Go Workers). */
+import { afterEach, test } from "node:test";
+import assert from "node:assert/strict";
+
+import { Worker } from "../src";
+
+const VARIABLES = [
+  "DEX_WORKER_CAPACITY",
+  "DEX_WORKER_HEARTBEAT_INTERVAL",
+  "DEX_WORKER_RECONNECT_INITIAL",
+  "DEX_WORKER_RECONNECT_MAX",
+  "DEX_WORKER_CONNECT_TIMEOUT",
+  "DEX_WORKER_PING_INTERVAL",
+  "DEX_DRAIN_TIMEOUT",
+];
+const saved = new Map(VARIABLES.map((name) => [name, process.env[name]]));
+
+afterEach(() => {
+  for (const [name, value] of saved) {
+    if (value === undefined) delete process.env[name];
+    else process.env[name] = value;
+  }
+});
+
+/** A Worker's private fields, where it keeps the options it read. */
+const fields = (w: Worker): Record<string, number> => w as unknown as Record<string, number>;
+
+const worker = (options: Partial<ConstructorParameters<typeof Worker>[0]> = {}): Worker =>
+  new Worker({ address: "http://127.0.0.1:1", agents: [], handleSignals: false, ...options });
+
+test("a bad or out-of-range variable throws, naming it and its value", () => {
+  const bad: [string, string, string][] = [
+    ["DEX_WORKER_CAPACITY", "abc", "want a whole number from 1 to 100000"],
+    ["DEX_WORKER_CAPACITY", "0", "want a whole number from 1 to 100000"],
+    ["DEX_WORKER_CAPACITY", "2.5", "want a whole number from 1 to 100000"],
+    ["DEX_WORKER_CAPACITY", "100001", "want a whole number from 1 to 100000"],
+    ["DEX_WORKER_HEARTBEAT_INTERVAL", "0", "want a number of seconds above 0"],
+    ["DEX_WORKER_RECONNECT_INITIAL", "-1", "want a number of seconds above 0"],
+    ["DEX_WORKER_RECONNECT_MAX", "1s", "want a number of seconds above 0"],
+    ["DEX_WORKER_CONNECT_TIMEOUT", "NaN", "want a number of seconds above 0"],
+    ["DEX_WORKER_PING_INTERVAL", "Infinity", "want a number of seconds above 0"],
+    ["DEX_WORKER_PING_INTERVAL", "0x10", "want a number of seconds above 0"],
+    ["DEX_WORKER_PING_INTERVAL", "1e9", "(at most 2147483)"], // Node's longest timer
+    ["DEX_DRAIN_TIMEOUT", "-0.5", "want a number of seconds, 0 or more"],
+  ];
+  for (const [name, value, want] of bad) {
+    process.env[name] = value;
+    assert.throws(
+      () => worker(),
+      (e: Error) =>
+        e.message.startsWith(`${name}=${JSON.stringify(value)}: `) && e.message.includes(want),
+      `${name}=${value}`,
+    );
+    delete process.env[name];
+  }
+});
+
+test("good values are read; options set in code leave the variables unread", () => {
+  Object.assign(process.env, {
+    DEX_WORKER_CAPACITY: " 3 ",
+    DEX_WORKER_HEARTBEAT_INTERVAL: "0.25",
+    DEX_WORKER_RECONNECT_INITIAL: ".05",
+    DEX_WORKER_RECONNECT_MAX: "2",
+    DEX_WORKER_CONNECT_TIMEOUT: "1.5e0",
+    DEX_WORKER_PING_INTERVAL: "0.75",
+    DEX_DRAIN_TIMEOUT: "0", // a drain that waits for none
+  });
+  const read = fields(worker());
+  assert.deepEqual(
+    {
+      capacity: read.capacity,
+      heartbeatInterval: read.heartbeatMax,
+      reconnectInitial: read.reconnectInitial,
+      reconnectMax: read.reconnectMax,
+      connectTimeout: read.connectTimeout,
+      pingInterval: read.pingInterval,
+      drainTimeout: read.drainTimeout,
+    },
+    {
+      capacity: 3,
+      heartbeatInterval: 0.25,
+      reconnectInitial: 0.05,
+      reconnectMax: 2,
+      connectTimeout: 1.5,
+      pingInterval: 0.75,
+      drainTimeout: 0,
+    },
+  );
+  process.env.DEX_WORKER_CAPACITY = " "; // blank: unset, as in the Go Worker
+  assert.equal(fields(worker()).capacity, 16);
+  for (const name of VARIABLES) process.env[name] = "bad";
+  assert.doesNotThrow(() =>
+    worker({
+      capacity: 1,
+      heartbeatInterval: 1,
+      reconnectInitial: 1,
+      reconnectMax: 1,
+      connectTimeout: 1,
+      pingInterval: 1,
+      drainTimeout: 1,
+    }),
+  );
+});
