@@ -11,7 +11,7 @@ import * as failpoints from "./failpoints";
 import { HistoryCache, HistoryError, checkItems } from "./history";
 import * as p from "./protocol";
 import { checkArguments } from "./schema";
-import { AttemptTracing } from "./tracing";
+import type { AttemptTracing } from "./tracing";
 
 export interface WorkerOptions {
   /** One node's address, several comma-separated, or a list: tried in turn. */
@@ -116,6 +116,17 @@ function envCapacity(name: string, fallback: number): number {
   return count;
 }
 
+/** The tracing module, loaded only when tracing is on: with it off the Worker needs no
+ * OpenTelemetry (an optional peer dependency). */
+function loadTracing(): typeof import("./tracing") {
+  try {
+    require.resolve("@opentelemetry/api");
+  } catch {
+    throw new Error("tracing (DEX_TRACING) needs @opentelemetry/api: npm install @opentelemetry/api");
+  }
+  return require("./tracing") as typeof import("./tracing");
+}
+
 function log(action: string, message: string, ids: Record<string, unknown> = {}): void {
   process.stderr.write(
     JSON.stringify({ time: new Date().toISOString(), action, message, ...ids }) + "\n",
@@ -192,7 +203,7 @@ export class Worker {
     this.drainTimeout = options.drainTimeout ?? envSeconds("DEX_DRAIN_TIMEOUT", 30.0, true);
     this.handleSignals = options.handleSignals ?? true;
     const tracing = options.tracing ?? envSwitch("DEX_TRACING", false);
-    this.tracing = tracing ? new AttemptTracing(this.id) : null;
+    this.tracing = tracing ? new (loadTracing().AttemptTracing)(this.id) : null;
   }
 
   /** Serve until shutdown(). Rejects with WorkerRefusedError if the server refuses us. */
