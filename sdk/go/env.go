@@ -23,6 +23,7 @@ const (
 	envConnectTimeout    = "DEX_WORKER_CONNECT_TIMEOUT"
 	envPingInterval      = "DEX_WORKER_PING_INTERVAL"
 	envDrainTimeout      = "DEX_DRAIN_TIMEOUT"
+	envTracing           = "DEX_TRACING"
 )
 
 // The defaults of the options that neither code nor the environment sets.
@@ -59,6 +60,9 @@ func (o WorkerOptions) resolve(getenv func(string) string) (WorkerOptions, error
 	o.PingInterval = env.seconds(o.PingInterval, envPingInterval, defaultPingInterval, false)
 	// a drain that waits for nothing is a choice: DEX_DRAIN_TIMEOUT=0 holds
 	o.DrainTimeout = env.seconds(o.DrainTimeout, envDrainTimeout, defaultDrainTimeout, true)
+	if !o.Tracing {
+		o.Tracing = env.on(envTracing)
+	}
 	if len(addressList(o.Address)) == 0 {
 		env.problems = append(env.problems, "no server address: set WorkerOptions.Address or "+envAddress)
 	}
@@ -131,4 +135,21 @@ func (e *envReader) seconds(set time.Duration, name string, fallback time.Durati
 		return fallback
 	}
 	return time.Duration(s * float64(time.Second))
+}
+
+// on is whether the variable turns a switch on: the words the Python Worker's settings
+// take, in any case ("true", "1", "yes", "on", "t", "y"; or "false", "0", "no", "off",
+// "f", "n"). Another value is off, and noted.
+func (e *envReader) on(name string) bool {
+	value := e.text(name)
+	switch strings.ToLower(value) {
+	case "":
+		return false
+	case "1", "true", "t", "yes", "y", "on":
+		return true
+	case "0", "false", "f", "no", "n", "off":
+		return false
+	}
+	e.bad(name, value, "want true or false (or 1/0, yes/no, on/off)")
+	return false
 }

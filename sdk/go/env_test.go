@@ -12,6 +12,7 @@ import (
 var workerEnv = []string{
 	envAddress, envCapacity, envToken, envWorkerID, envHeartbeatInterval,
 	envReconnectInitial, envReconnectMax, envConnectTimeout, envPingInterval, envDrainTimeout,
+	envTracing,
 }
 
 // setEnv sets the Worker's variables for one test: those not named are empty (unset).
@@ -38,6 +39,7 @@ func TestOptionsNotSetInCodeComeFromTheEnvironment(t *testing.T) {
 		envAddress: "http://dex-a:8000, http://dex-b:8000", envCapacity: "3", envToken: "w-secret",
 		envWorkerID: "worker-7", envHeartbeatInterval: "0.25", envReconnectInitial: "0.05",
 		envReconnectMax: "2", envConnectTimeout: "1.5", envPingInterval: "0.75", envDrainTimeout: "0",
+		envTracing: " Yes ",
 	})
 	w := NewWorker(WorkerOptions{Agents: testAgents})
 	if w.config != nil {
@@ -49,6 +51,9 @@ func TestOptionsNotSetInCodeComeFromTheEnvironment(t *testing.T) {
 	o := w.opts
 	if got := addressList(o.Address); strings.Join(got, " ") != "http://dex-a:8000 http://dex-b:8000" || o.Token != "w-secret" {
 		t.Fatalf("address %q, token %q", got, o.Token)
+	}
+	if !o.Tracing || w.tracer == nil {
+		t.Fatal("DEX_TRACING=Yes turns tracing on")
 	}
 	want := map[string][2]time.Duration{
 		envHeartbeatInterval: {o.HeartbeatInterval, 250 * time.Millisecond},
@@ -71,7 +76,8 @@ func TestOptionsSetNowhereTakeTheDefaults(t *testing.T) {
 	o := w.opts
 	if w.config != nil || o.Capacity != 16 || o.HeartbeatInterval != time.Second ||
 		o.ReconnectInitial != 100*time.Millisecond || o.ReconnectMax != time.Second ||
-		o.ConnectTimeout != 3*time.Second || o.PingInterval != 2*time.Second || o.DrainTimeout != 30*time.Second || o.Token != "" {
+		o.ConnectTimeout != 3*time.Second || o.PingInterval != 2*time.Second || o.DrainTimeout != 30*time.Second || o.Token != "" ||
+		o.Tracing || w.tracer != nil {
 		t.Fatalf("the defaults of the Python and TypeScript Workers, got %+v (%v)", o, w.config)
 	}
 	if o.WorkerID == "" {
@@ -83,12 +89,13 @@ func TestOptionsSetInCodeWinOverTheEnvironment(t *testing.T) {
 	setEnv(t, map[string]string{
 		envAddress: "http://from-env:1", envCapacity: "3", envToken: "env-token", envWorkerID: "env-id",
 		envHeartbeatInterval: "9", envReconnectInitial: "9", envReconnectMax: "9",
-		envConnectTimeout: "9", envPingInterval: "9", envDrainTimeout: "9",
+		envConnectTimeout: "9", envPingInterval: "9", envDrainTimeout: "9", envTracing: "9",
 	})
 	code := WorkerOptions{
 		Address: "http://from-code:1", Agents: testAgents, Capacity: 5, Token: "code-token", WorkerID: "code-id",
 		HeartbeatInterval: time.Millisecond, ReconnectInitial: 2 * time.Millisecond, ReconnectMax: 3 * time.Millisecond,
 		ConnectTimeout: 4 * time.Millisecond, DrainTimeout: 5 * time.Millisecond, PingInterval: 6 * time.Millisecond,
+		Tracing: true,
 	}
 	w := NewWorker(code)
 	got := w.opts
@@ -101,7 +108,7 @@ func TestOptionsSetInCodeWinOverTheEnvironment(t *testing.T) {
 func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 	setEnv(t, map[string]string{
 		envCapacity: "sixteen", envReconnectMax: "1s", envDrainTimeout: "-1", envHeartbeatInterval: "0",
-		envConnectTimeout: "NaN", envPingInterval: "2s",
+		envConnectTimeout: "NaN", envPingInterval: "2s", envTracing: "maybe",
 	})
 	w := NewWorker(WorkerOptions{Address: "http://127.0.0.1:1", Agents: testAgents})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -117,6 +124,7 @@ func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 		`DEX_WORKER_HEARTBEAT_INTERVAL="0": want a number of seconds above 0`,
 		`DEX_WORKER_CONNECT_TIMEOUT="NaN"`,
 		`DEX_WORKER_PING_INTERVAL="2s": want a number of seconds above 0`,
+		`DEX_TRACING="maybe": want true or false (or 1/0, yes/no, on/off)`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error must say %s: %v", want, err)
@@ -126,7 +134,7 @@ func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 	ok := NewWorker(WorkerOptions{
 		Address: "http://127.0.0.1:1", Agents: testAgents, Capacity: 1, ReconnectMax: time.Second,
 		DrainTimeout: time.Second, HeartbeatInterval: time.Second, ConnectTimeout: time.Second,
-		PingInterval: time.Second,
+		PingInterval: time.Second, Tracing: true,
 	})
 	if ok.config != nil {
 		t.Fatalf("options set in code leave the environment unread: %v", ok.config)

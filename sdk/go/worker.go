@@ -18,6 +18,8 @@ import (
 
 	"github.com/dex-run/dex/sdk/go/internal/failpoint"
 	"github.com/gorilla/websocket"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // WorkerOptions configure a Worker. An option left at its zero value is read from its
@@ -58,7 +60,12 @@ type WorkerOptions struct {
 	// frame, before the next one is due is given up, and the next address tried: a node
 	// that hung (stopped, frozen, cut off) keeps the connection open and silent.
 	PingInterval time.Duration
-	Logger       *log.Logger
+	// Tracing turns on OpenTelemetry spans of the attempts it runs, under the server's
+	// (DEX_TRACING: true or false, 1 or 0, yes or no, on or off; default off), sent to the
+	// global tracer provider (otel.SetTracerProvider). The ctx a model or tool gets
+	// carries its attempt's span.
+	Tracing bool
+	Logger  *log.Logger
 }
 
 // ErrRefused is returned by Run when the server refuses this Worker for good
@@ -86,6 +93,8 @@ type Worker struct {
 	// slots holds one token per attempt whose code runs: never more than Capacity,
 	// even while the code of an attempt the server stopped has not returned yet.
 	slots chan struct{}
+	// tracer makes the attempts' spans (nil: Tracing off)
+	tracer trace.Tracer
 }
 
 type attempt struct {
@@ -118,6 +127,9 @@ func NewWorker(opts WorkerOptions) *Worker {
 	}
 	for i := range opts.Agents {
 		w.agents[opts.Agents[i].Name] = &opts.Agents[i]
+	}
+	if opts.Tracing {
+		w.tracer = otel.Tracer(tracerName)
 	}
 	return w
 }
@@ -687,15 +699,20 @@ func (w *Worker) run(ctx context.Context, a *attempt) {
 // execute runs a hand-out and returns the message that settles it (nil: none).
 func (w *Worker) execute(ctx context.Context, a *attempt) (result message) {
 	s := a.step
+	agent, ok := w.agents[s.Agent]
+	if !ok {
+		return failMessage(s, fmt.Sprintf("this Worker serves no agent %q", s.Agent), false)
+	}
+	if w.tracer != nil {
+		var span trace.Span
+		ctx, span = w.startSpan(ctx, agent, s)
+		defer func() { endSpan(ctx, span, s, result) }() // runs after the recover below
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			result = failMessage(s, fmt.Sprintf("panic: %v", r), true)
 		}
 	}()
-	agent, ok := w.agents[s.Agent]
-	if !ok {
-		return failMessage(s, fmt.Sprintf("this Worker serves no agent %q", s.Agent), false)
-	}
 	switch s.StepType {
 	case StepRunModel, StepCompactContext:
 		return w.runModel(ctx, agent, a)

@@ -11,6 +11,7 @@ import * as failpoints from "./failpoints";
 import { HistoryCache, HistoryError, checkItems } from "./history";
 import * as p from "./protocol";
 import { checkArguments } from "./schema";
+import type { AttemptTracing } from "./tracing";
 
 export interface WorkerOptions {
   /** One node's address, several comma-separated, or a list: tried in turn. */
@@ -34,6 +35,9 @@ export interface WorkerOptions {
   drainTimeout?: number;
   /** Drain on SIGTERM and SIGINT (default true). */
   handleSignals?: boolean;
+  /** OpenTelemetry spans of the attempts it runs, under the server's, sent to the global
+   * tracer provider (default: DEX_TRACING, else off). */
+  tracing?: boolean;
 }
 
 /** The server refused this Worker for good (a token, or a worker_id in use): do not retry. */
@@ -88,6 +92,19 @@ function envSeconds(name: string, fallback: number, zeroOk = false): number {
   return seconds;
 }
 
+const TRUE = ["1", "true", "t", "yes", "y", "on"];
+const FALSE = ["0", "false", "f", "no", "n", "off"];
+
+/** A switch from the variable ``name``, or ``fallback`` when it is unset or blank: the
+ * words the Python Worker's settings take, in any case. */
+function envSwitch(name: string, fallback: boolean): boolean {
+  const value = env(name)?.trim();
+  if (value === undefined || value === "") return fallback;
+  if (TRUE.includes(value.toLowerCase())) return true;
+  if (FALSE.includes(value.toLowerCase())) return false;
+  throw badVariable(name, value, "want true or false (or 1/0, yes/no, on/off)");
+}
+
 /** The Worker's capacity from the variable ``name``: a whole number from 1 to 100,000. */
 function envCapacity(name: string, fallback: number): number {
   const value = env(name)?.trim();
@@ -97,6 +114,17 @@ function envCapacity(name: string, fallback: number): number {
     throw badVariable(name, value, `want a whole number from 1 to ${MAX_CAPACITY}`);
   }
   return count;
+}
+
+/** The tracing module, loaded only when tracing is on: with it off the Worker needs no
+ * OpenTelemetry (an optional peer dependency). */
+function loadTracing(): typeof import("./tracing") {
+  try {
+    require.resolve("@opentelemetry/api");
+  } catch {
+    throw new Error("tracing (DEX_TRACING) needs @opentelemetry/api: npm install @opentelemetry/api");
+  }
+  return require("./tracing") as typeof import("./tracing");
 }
 
 function log(action: string, message: string, ids: Record<string, unknown> = {}): void {
@@ -132,6 +160,8 @@ export class Worker {
   private readonly pingInterval: number;
   private readonly drainTimeout: number;
   private readonly handleSignals: boolean;
+  /** The attempts' spans, when tracing is on. */
+  private readonly tracing: AttemptTracing | null;
 
   private readonly attempts = new Map<string, Attempt>();
   private readonly histories = new HistoryCache();
@@ -172,6 +202,8 @@ export class Worker {
     this.pingInterval = options.pingInterval ?? envSeconds("DEX_WORKER_PING_INTERVAL", 2.0);
     this.drainTimeout = options.drainTimeout ?? envSeconds("DEX_DRAIN_TIMEOUT", 30.0, true);
     this.handleSignals = options.handleSignals ?? true;
+    const tracing = options.tracing ?? envSwitch("DEX_TRACING", false);
+    this.tracing = tracing ? new (loadTracing().AttemptTracing)(this.id) : null;
   }
 
   /** Serve until shutdown(). Rejects with WorkerRefusedError if the server refuses us. */
@@ -535,10 +567,15 @@ export class Worker {
     try {
       const agent = this.agents.get(step.agent);
       if (agent === undefined) throw new ToolError(`this Worker does not serve agent ${step.agent}`);
-      let value: p.Done["result"] | null;
-      if (step.step_type === "RunModel") value = await this.runModel(agent, attempt);
-      else if (step.step_type === "CompactContext") value = await this.compact(agent, attempt);
-      else value = await this.runTool(agent, attempt);
+      const run = (): Promise<p.Done["result"] | null> => {
+        if (step.step_type === "RunModel") return this.runModel(agent, attempt);
+        if (step.step_type === "CompactContext") return this.compact(agent, attempt);
+        return this.runTool(agent, attempt);
+      };
+      const value =
+        this.tracing === null
+          ? await run()
+          : await this.tracing.span(step, agent.model.spec(), () => attempt.abandoned, run);
       if (value === null) return;
       failpoints.hit("worker.before_send_result");
       result = { t: "done", attempt_id: step.attempt_id, result: value };

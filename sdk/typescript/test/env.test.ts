@@ -13,6 +13,7 @@ const VARIABLES = [
   "DEX_WORKER_CONNECT_TIMEOUT",
   "DEX_WORKER_PING_INTERVAL",
   "DEX_DRAIN_TIMEOUT",
+  "DEX_TRACING",
 ];
 const saved = new Map(VARIABLES.map((name) => [name, process.env[name]]));
 
@@ -43,6 +44,8 @@ test("a bad or out-of-range variable throws, naming it and its value", () => {
     ["DEX_WORKER_PING_INTERVAL", "0x10", "want a number of seconds above 0"],
     ["DEX_WORKER_PING_INTERVAL", "1e9", "(at most 2147483)"], // Node's longest timer
     ["DEX_DRAIN_TIMEOUT", "-0.5", "want a number of seconds, 0 or more"],
+    ["DEX_TRACING", "maybe", "want true or false (or 1/0, yes/no, on/off)"],
+    ["DEX_TRACING", "2", "want true or false"],
   ];
   for (const [name, value, want] of bad) {
     process.env[name] = value;
@@ -99,6 +102,27 @@ test("good values are read; options set in code leave the variables unread", () 
       connectTimeout: 1,
       pingInterval: 1,
       drainTimeout: 1,
+      tracing: false,
     }),
   );
+});
+
+test("DEX_TRACING takes the Python Worker's words for on and off, in any case", () => {
+  const tracing = (w: Worker): boolean => (w as unknown as { tracing: unknown }).tracing !== null;
+  assert.equal(tracing(worker()), false); // off unless asked
+  for (const [value, on] of [
+    ["true", true],
+    [" YES ", true],
+    ["1", true],
+    ["On", true],
+    ["false", false],
+    ["no", false],
+    ["0", false],
+    ["", false],
+  ] as const) {
+    process.env.DEX_TRACING = value;
+    assert.equal(tracing(worker()), on, `DEX_TRACING=${value}`);
+  }
+  process.env.DEX_TRACING = "false";
+  assert.equal(tracing(worker({ tracing: true })), true); // the option wins
 });

@@ -1,0 +1,82 @@
+/** A fake node for the Worker's tests: a WebSocket server in this process. */
+import assert from "node:assert/strict";
+import type { AddressInfo } from "node:net";
+import WebSocket, { WebSocketServer } from "ws";
+
+import type * as p from "../src/protocol";
+
+/** A node that welcomes one Worker, acks every result and keeps every frame it gets. */
+export class FakeNode {
+  readonly server = new WebSocketServer({ port: 0, host: "127.0.0.1" });
+  readonly frames: p.WorkerMessage[][] = [];
+  private socket: WebSocket | null = null;
+  private waiters: (() => void)[] = [];
+
+  constructor() {
+    this.server.on("connection", (ws) => {
+      this.socket = ws;
+      ws.on("message", (data) => {
+        const frame = JSON.parse(data.toString()) as p.WorkerMessage[];
+        this.frames.push(frame);
+        const acks = frame
+          .filter((m): m is p.Result => m.t === "done" || m.t === "fail" || m.t === "back")
+          .map((m) => ({ t: "ack", attempt_id: m.attempt_id, ok: true }));
+        if (frame[0]?.t === "hello") {
+          const welcome = { t: "welcome", worker_id: "w", resume: "r1", stop: [] };
+          this.send([{ ...welcome, heartbeat_timeout: 10, reconnect_grace: 5 }]);
+        }
+        if (acks.length > 0) this.send(acks);
+        for (const wake of this.waiters.splice(0)) wake();
+      });
+    });
+  }
+
+  /** Resolves once the server listens (at once if it already does). */
+  listening(): Promise<void> {
+    if (this.server.address() !== null) return Promise.resolve();
+    return new Promise((resolve) => this.server.once("listening", resolve));
+  }
+
+  get address(): string {
+    return `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+
+  send(messages: unknown[]): void {
+    assert.ok(this.socket !== null, "no Worker connected");
+    this.socket.send(JSON.stringify(messages));
+  }
+
+  /** The first frame (from ``from`` on) that has a message matching ``match``, within 5 s. */
+  async frameWith(match: (m: p.WorkerMessage) => boolean, from = 0): Promise<p.WorkerMessage[]> {
+    const deadline = Date.now() + 5000;
+    for (;;) {
+      const found = this.frames.slice(from).find((f) => f.some(match));
+      if (found !== undefined) return found;
+      assert.ok(Date.now() < deadline, "timed out waiting for a frame from the Worker");
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, 50);
+        this.waiters.push(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+    }
+  }
+
+  /** The message that settles ``attemptId``. */
+  async result(attemptId: string): Promise<p.Result> {
+    const isResult = (m: p.WorkerMessage): boolean =>
+      (m.t === "done" || m.t === "fail" || m.t === "back") && m.attempt_id === attemptId;
+    const frame = await this.frameWith(isResult);
+    return frame.find(isResult) as p.Result;
+  }
+}
+
+/** Wait until ``cond`` holds, failing after 5 s with ``what`` it waited for. */
+export async function until(what: string, cond: () => boolean): Promise<void> {
+  const deadline = Date.now() + 5000;
+  while (!cond()) {
+    assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
