@@ -21,25 +21,17 @@ def columns(
     takeover: bool = False,
     typescript: bool = False,
     go: bool = False,
-    sdk_takeover: bool = False,
 ) -> pytest.MarkDecorator:
     """Parametrize a test over the failures, each marked as its cell of the matrix:
     Worker kill and Server restart (SQLite), and with ``takeover`` the Server restart of a
     node on PostgreSQL and the Takeover of a hot standby (two nodes on PostgreSQL).
 
-    With ``typescript`` and ``go`` the Worker kill and the Server restart (SQLite) run once
-    more against a Worker written with that SDK (its port of the test agents,
-    ``tests.support.rig.SDK_AGENTS``; case ids such as ``worker-kill-typescript``,
-    ``server-restart-go``): the same test, the same assertions, each mark naming its
-    Worker. With ``sdk_takeover`` too, so does the Takeover (``takeover-typescript``).
-
-    The Takeover runs against the SDK Workers in a representative subset of cells only, at
-    least one per crash-test file and language, because every one of them would add about
-    3.5 minutes to the suite (measured: the SDK cells of the Server restart about 2.5). It
-    asks of a Worker what the SQLite restart asks (reconnect, give up a refused attempt,
-    run the next one) plus moving on to the second address, which any cell proves. The
-    Server restart on PostgreSQL stays Python's: it differs from the SQLite restart only on
-    the server's side.
+    With ``typescript`` and ``go`` the Worker kill, the Server restart (SQLite) and, with
+    ``takeover``, the Takeover run once more against a Worker written with that SDK (its
+    port of the test agents, ``tests.support.rig.SDK_AGENTS``; case ids such as
+    ``worker-kill-typescript``, ``takeover-go``): the same test, the same assertions, each
+    mark naming its Worker. The Server restart on PostgreSQL stays Python's: it differs
+    from the SQLite restart only on the server's side.
 
     The rig reads the language from the ``worker_language`` fixture, parametrized
     indirectly, and only such tests get that parameter."""
@@ -53,8 +45,6 @@ def columns(
             (TAKEOVER, TAKEOVER, "takeover"),
         ]
     languages = [name for name, wanted in (("typescript", typescript), ("go", go)) if wanted]
-    if sdk_takeover and not (takeover and languages):
-        raise ValueError(f"{row}: sdk_takeover needs takeover and a Worker SDK (typescript, go)")
     if not languages:
         return pytest.mark.parametrize(
             "column",
@@ -68,7 +58,7 @@ def columns(
     params = []
     for failure, cell, id_ in python:
         params.append(pytest.param(failure, "python", marks=pytest.mark.crash(row, cell), id=id_))
-        if failure == SERVER_RESTART_POSTGRES or (failure == TAKEOVER and not sdk_takeover):
+        if failure == SERVER_RESTART_POSTGRES:
             continue
         params += [
             pytest.param(

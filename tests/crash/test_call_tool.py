@@ -8,7 +8,7 @@ from tests.crash.helpers import columns, interrupt
 from tests.support.rig import Rig, attempts, results
 
 
-@columns("idempotent_write.running", takeover=True, typescript=True, go=True, sdk_takeover=True)
+@columns("idempotent_write.running", takeover=True, typescript=True, go=True)
 def test_idempotent_write_interrupted_while_running_runs_again_with_same_key(
     rig: Rig, column: str
 ) -> None:

@@ -69,7 +69,7 @@ def test_task_interrupted_between_polls_goes_on_polling_the_same_task(
     ]
 
 
-@columns("poll_tool_task.during_poll", takeover=True, typescript=True, go=True, sdk_takeover=True)
+@columns("poll_tool_task.during_poll", takeover=True, typescript=True, go=True)
 def test_task_interrupted_during_a_poll_polls_again_and_starts_no_second_task(
     rig: Rig, column: str
 ) -> None:

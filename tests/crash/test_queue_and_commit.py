@@ -37,7 +37,7 @@ def test_queued_step_uses_no_attempt_and_runs_as_attempt_1(rig: Rig, column: str
     assert [e["attempt"] for e in rig.ledger.entries("lookup")] == [1]
 
 
-@columns("any_step.result_sent", takeover=True, typescript=True, go=True, sdk_takeover=True)
+@columns("any_step.result_sent", takeover=True, typescript=True, go=True)
 def test_sent_result_is_committed_or_its_attempt_fails(rig: Rig, column: str) -> None:
     if column in SERVER_SIDE:
         # the server dies on receiving the tool's result (the 2nd result of the turn)

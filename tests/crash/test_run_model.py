@@ -26,7 +26,7 @@ def test_model_call_interrupted_before_output_runs_again(rig: Rig, column: str) 
     assert [i["type"] for i in history] == ["user", "assistant"]  # no duplicate answer
 
 
-@columns("run_model.after_output", takeover=True, typescript=True, go=True, sdk_takeover=True)
+@columns("run_model.after_output", takeover=True, typescript=True, go=True)
 def test_model_call_interrupted_after_output_reached_dex_runs_again(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()

@@ -7,7 +7,7 @@ from tests.crash.helpers import SERVER_SIDE, columns, interrupt
 from tests.support.rig import Rig, attempts, results
 
 
-@columns("single_attempt.running", takeover=True, typescript=True, go=True, sdk_takeover=True)
+@columns("single_attempt.running", takeover=True, typescript=True, go=True)
 def test_write_interrupted_while_running_is_unknown_and_never_runs_again(
     rig: Rig, column: str
 ) -> None:

@@ -83,9 +83,7 @@ def test_approval_wait_survives_and_a_later_approval_runs_the_tool_once(
     ]
 
 
-@columns(
-    "await_question_answer.waiting", takeover=True, typescript=True, go=True, sdk_takeover=True
-)
+@columns("await_question_answer.waiting", takeover=True, typescript=True, go=True)
 def test_question_wait_survives_and_a_later_answer_resumes_the_turn(rig: Rig, column: str) -> None:
     rig.start_server()
     worker = rig.start_worker()

@@ -199,11 +199,9 @@ Python, TypeScript, Go)" runs the same test, with the same assertions, against a
 written with the [TypeScript SDK](typescript-worker.md) and one written with the
 [Go SDK](go-worker.md) too, each serving its port of the same test agents; a file
 without the note runs against the Python Worker only. Every SDK cell runs the Worker
-kill and the Server restart (on SQLite; the restart on PostgreSQL differs only on the
-server's side, and runs against the Python Worker). The Takeover runs against the SDK
-Workers in a representative subset, at least one cell per test file and SDK: all of
-them would add about 3.5 minutes to the suite, and a Takeover asks of a Worker what a
-restart asks, plus moving on to the second address.
+kill, the Server restart (on SQLite; the restart on PostgreSQL differs only on the
+server's side, and runs against the Python Worker) and, in the rows that have it, the
+Takeover.
 
 "Not tested" means no test covers the cell yet, so its text states the design, not a
 checked result. "Decided by" names the functions whose code decides the row (handlers
