@@ -116,6 +116,29 @@ function envCapacity(name: string, fallback: number): number {
   return count;
 }
 
+/** An option given in code, checked as its variable is: ``seconds`` above 0 (or 0 or more
+ * with ``zeroOk``), ``capacity`` a whole number from 1 to 100,000. */
+function optionSeconds(name: string, value: number | undefined, zeroOk = false): number | undefined {
+  if (value === undefined) return undefined;
+  const inRange =
+    typeof value === "number" && (zeroOk ? value >= 0 : value > 0) && value <= MAX_SECONDS;
+  if (!inRange) {
+    const want = `a number of seconds${zeroOk ? ", 0 or more" : " above 0"} (at most ${MAX_SECONDS})`;
+    throw new Error(`WorkerOptions.${name}=${JSON.stringify(value)}: want ${want}`);
+  }
+  return value;
+}
+
+function optionCapacity(value: number | undefined): number | undefined {
+  if (value === undefined) return undefined;
+  if (!(Number.isInteger(value) && value >= 1 && value <= MAX_CAPACITY)) {
+    throw new Error(
+      `WorkerOptions.capacity=${JSON.stringify(value)}: want a whole number from 1 to ${MAX_CAPACITY}`,
+    );
+  }
+  return value;
+}
+
 /** The tracing module, loaded only when tracing is on: with it off the Worker needs no
  * OpenTelemetry (an optional peer dependency). */
 function loadTracing(): typeof import("./tracing") {
@@ -186,21 +209,27 @@ export class Worker {
       .map((a) => a.trim().replace(/\/+$/, ""))
       .filter((a) => a !== "");
     for (const agent of options.agents) this.agents.set(agent.name, agent);
-    this.capacity = options.capacity ?? envCapacity("DEX_WORKER_CAPACITY", 16);
+    this.capacity = optionCapacity(options.capacity) ?? envCapacity("DEX_WORKER_CAPACITY", 16);
     this.token = options.token ?? env("DEX_WORKER_TOKEN");
     this.id =
       options.workerId ??
       env("DEX_WORKER_ID") ??
       `${os.hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
     this.heartbeatMax =
-      options.heartbeatInterval ?? envSeconds("DEX_WORKER_HEARTBEAT_INTERVAL", 1.0);
+      optionSeconds("heartbeatInterval", options.heartbeatInterval) ??
+      envSeconds("DEX_WORKER_HEARTBEAT_INTERVAL", 1.0);
     this.heartbeatInterval = this.heartbeatMax;
     this.reconnectInitial =
-      options.reconnectInitial ?? envSeconds("DEX_WORKER_RECONNECT_INITIAL", 0.1);
-    this.reconnectMax = options.reconnectMax ?? envSeconds("DEX_WORKER_RECONNECT_MAX", 1.0);
-    this.connectTimeout = options.connectTimeout ?? envSeconds("DEX_WORKER_CONNECT_TIMEOUT", 3.0);
-    this.pingInterval = options.pingInterval ?? envSeconds("DEX_WORKER_PING_INTERVAL", 2.0);
-    this.drainTimeout = options.drainTimeout ?? envSeconds("DEX_DRAIN_TIMEOUT", 30.0, true);
+      optionSeconds("reconnectInitial", options.reconnectInitial) ??
+      envSeconds("DEX_WORKER_RECONNECT_INITIAL", 0.1);
+    this.reconnectMax = optionSeconds("reconnectMax", options.reconnectMax) ??
+      envSeconds("DEX_WORKER_RECONNECT_MAX", 1.0);
+    this.connectTimeout = optionSeconds("connectTimeout", options.connectTimeout) ??
+      envSeconds("DEX_WORKER_CONNECT_TIMEOUT", 3.0);
+    this.pingInterval = optionSeconds("pingInterval", options.pingInterval) ??
+      envSeconds("DEX_WORKER_PING_INTERVAL", 2.0);
+    this.drainTimeout = optionSeconds("drainTimeout", options.drainTimeout, true) ??
+      envSeconds("DEX_DRAIN_TIMEOUT", 30.0, true);
     this.handleSignals = options.handleSignals ?? true;
     const tracing = options.tracing ?? envSwitch("DEX_TRACING", false);
     this.tracing = tracing ? new (loadTracing().AttemptTracing)(this.id) : null;

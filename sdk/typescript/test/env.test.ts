@@ -126,3 +126,22 @@ test("DEX_TRACING takes the Python Worker's words for on and off, in any case", 
   process.env.DEX_TRACING = "false";
   assert.equal(tracing(worker({ tracing: true })), true); // the option wins
 });
+
+test("a bad option given in code throws too, naming it and its value", () => {
+  const bad: [Partial<ConstructorParameters<typeof Worker>[0]>, string][] = [
+    [{ capacity: 0 }, "WorkerOptions.capacity=0: want a whole number from 1 to 100000"],
+    [{ capacity: 2.5 }, "WorkerOptions.capacity=2.5"],
+    [{ heartbeatInterval: 0 }, "WorkerOptions.heartbeatInterval=0: want a number of seconds above 0"],
+    [{ reconnectMax: Number.NaN }, "WorkerOptions.reconnectMax=null"],
+    [{ pingInterval: -1 }, "WorkerOptions.pingInterval=-1"],
+    [{ drainTimeout: -0.5 }, "WorkerOptions.drainTimeout=-0.5: want a number of seconds, 0 or more"],
+  ];
+  for (const [options, message] of bad) {
+    assert.throws(() => worker(options), (e: Error) => e.message.startsWith(message), message);
+  }
+  // in range, they are kept as given
+  const w = fields(worker({ capacity: 3, drainTimeout: 0, pingInterval: 0.25 }));
+  assert.equal(w.capacity, 3);
+  assert.equal(w.drainTimeout, 0);
+  assert.equal(w.pingInterval, 0.25);
+});
