@@ -80,12 +80,7 @@ func callStep(id, tool, traceparent string) step {
 
 func TestAToolsAttemptIsASpanUnderTheHandOutsTraceparentWithTheToolsOwnInside(t *testing.T) {
 	recorder := recordSpans(t)
-	lookup := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
-		_, span := otel.Tracer("user code").Start(ctx, "query the table")
-		span.End()
-		return "value", nil
-	}
-	w := tracedWorker(t, true, Tool{Name: "lookup", Kind: Read, Func: lookup})
+	w := tracedWorker(t, true, Tool{Name: "lookup", Kind: Read, Func: lookupWithASpan})
 	w.handOut(callStep("t1", "lookup", testTraceparent))
 	span := spanOf(t, recorder, "t1")
 	if span.Name() != "dex.tool lookup" || span.SpanKind() != trace.SpanKindConsumer || span.InstrumentationLibrary().Name != "dex.worker" {
@@ -203,12 +198,7 @@ func TestAQuestionPausesTheSpanAndACancellationMarksItNeitherAnError(t *testing.
 
 func TestAWorkerWithTracingOffMakesNoSpansAndTheToolsOwnAreRoots(t *testing.T) {
 	recorder := recordSpans(t)
-	lookup := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
-		_, span := otel.Tracer("user code").Start(ctx, "query the table")
-		span.End()
-		return "value", nil
-	}
-	w := tracedWorker(t, false, Tool{Name: "lookup", Kind: Read, Func: lookup})
+	w := tracedWorker(t, false, Tool{Name: "lookup", Kind: Read, Func: lookupWithASpan})
 	w.handOut(callStep("t1", "lookup", testTraceparent))
 	eventually(t, "the call's result", func() bool { return w.result("t1") != nil })
 	ended := recorder.Ended()
@@ -224,4 +214,12 @@ func mapsEqual(a, b map[string]any) bool {
 		}
 	}
 	return len(a) == len(b)
+}
+
+// lookupWithASpan is a tool whose code makes a span of its own ("query the table") in
+// the ctx it gets.
+func lookupWithASpan(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	_, span := otel.Tracer("user code").Start(ctx, "query the table")
+	span.End()
+	return "value", nil
 }

@@ -5,6 +5,14 @@ import WebSocket, { WebSocketServer } from "ws";
 
 import type * as p from "../src/protocol";
 
+/** The Worker's log lines, as it writes them to stderr (from this module's import on). */
+export const logged: string[] = [];
+const write = process.stderr.write.bind(process.stderr);
+process.stderr.write = ((chunk: string | Uint8Array, ...rest: never[]): boolean => {
+  logged.push(String(chunk));
+  return write(chunk, ...rest);
+}) as typeof process.stderr.write;
+
 /** A node that welcomes one Worker, acks every result and keeps every frame it gets. */
 export class FakeNode {
   readonly server = new WebSocketServer({ port: 0, host: "127.0.0.1" });

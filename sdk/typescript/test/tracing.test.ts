@@ -14,21 +14,13 @@ import {
 
 import { defineAgent, defineTool, ModelRequest, ModelResponse, ToolError, Worker } from "../src";
 import type * as p from "../src/protocol";
-import { FakeNode, until } from "./fake-node";
+import { FakeNode, logged, until } from "./fake-node";
 
 // what an application does (NodeSDK does both): before the Worker starts
 const exporter = new InMemorySpanExporter();
 const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
 trace.setGlobalTracerProvider(provider);
 context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
-
-/** The Worker's log lines, as it writes them to stderr. */
-const logged: string[] = [];
-const write = process.stderr.write.bind(process.stderr);
-process.stderr.write = ((chunk: string | Uint8Array, ...rest: never[]): boolean => {
-  logged.push(String(chunk));
-  return write(chunk, ...rest);
-}) as typeof process.stderr.write;
 
 const TRACE_ID = "0af7651916cd43dd8448eb211c80319c";
 const PARENT_ID = "b7ad6b7169203331";

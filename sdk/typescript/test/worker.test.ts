@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { defineAgent, defineTool, ModelRequest, ModelResponse, Worker } from "../src";
 import { backoff } from "../src/worker";
 import type * as p from "../src/protocol";
-import { FakeNode, until } from "./fake-node";
+import { FakeNode, logged, until } from "./fake-node";
 
 /** Answers with the texts of the history it saw, streamed in three pieces. */
 const viewer = {
@@ -64,14 +64,6 @@ const holdTool = defineTool({
     return "held";
   },
 });
-
-/** The Worker's log lines, as it writes them to stderr. */
-const logged: string[] = [];
-const write = process.stderr.write.bind(process.stderr);
-process.stderr.write = ((chunk: string | Uint8Array, ...rest: never[]): boolean => {
-  logged.push(String(chunk));
-  return write(chunk, ...rest);
-}) as typeof process.stderr.write;
 
 const node = new FakeNode();
 let worker: Worker;
