@@ -6,12 +6,16 @@ fills a real filesystem."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dex import _failpoints as failpoints
+from dex.errors import StorageError
 from dex.testing import wait_until
 from tests.integration.conftest import Api, connect_fake_worker
 from tests.integration.test_api import _metrics, assert_error, everything, model_done
@@ -105,3 +109,54 @@ def test_a_hand_out_that_cannot_be_recorded_is_offered_again_when_the_disk_frees
         assert step["attempt"] == 1
         assert worker.done(step["attempt_id"], model_done("handed out"))["ok"] is True
     assert api.turn("s1", 1, wait=10)["text"] == "handed out"
+
+
+class HeldWrite:
+    """The store's next write stays in flight until the test fails it."""
+
+    def __init__(self, api: Api) -> None:
+        self.store = api.sessions.store
+        self.real = self.store.submit
+        self.hold_next = False
+        self.held: asyncio.Future[None] | None = None
+
+    def submit(self, write: Any) -> asyncio.Future[None]:
+        if self.hold_next:
+            self.hold_next = False
+            self.held = asyncio.get_running_loop().create_future()
+            return self.held
+        return self.real(write)
+
+    def fail(self) -> None:
+        held = self.held
+        assert held is not None
+        error = StorageError("the disk is full (injected)", retryable=True)
+        held.get_loop().call_soon_threadsafe(held.set_exception, error)
+
+
+def test_a_snapshot_shows_what_is_stored_not_a_hand_out_whose_commit_is_in_flight(
+    api_with_agent: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hand-out changes the session in memory before its commit. A snapshot read
+    meanwhile waits for the commit: had it shown the attempt, a failed commit would leave
+    the user looking at an attempt that never was."""
+    api = api_with_agent
+    api.create("s1")
+    api.send("s1", "hello")  # queued: no Worker yet
+    write = HeldWrite(api)
+    monkeypatch.setattr(write.store, "submit", write.submit)
+    write.hold_next = True
+    with connect_fake_worker(api):
+        wait_until(lambda: write.held is not None, 10, what="the hand-out's commit in flight")
+        snapshots: list[dict[str, Any]] = []
+        reader = threading.Thread(target=lambda: snapshots.append(api.snapshot("s1")))
+        reader.start()
+        actor = api.sessions.actors._actors["s1"]  # the one whose commit is in flight
+        wait_until(lambda: actor._next or snapshots, 10, what="the snapshot asked")
+        assert not snapshots, "the snapshot did not wait for the commit in flight"
+        write.fail()
+        reader.join(10)
+    (snapshot,) = snapshots
+    (step,) = snapshot["current_turn"]["steps"]
+    assert step["status"] == "queued" and step["attempts"] == []  # as storage holds it
+    assert [w["step_id"] for w in snapshot["waiting"]] == [step["id"]]

@@ -459,11 +459,27 @@ class Sessions:
         """The snapshot, and every turn in order (the ended ones, then the current one):
         the console's session page shows each turn's Steps, which the snapshot holds for
         the current turn only. One read of storage for both."""
-        actor = await self.actors.get(session_id)
-        state = actor.state
-        ended = [records.turn(t, session_id) for t in await self.store.load_turns(session_id)]
-        snapshot = views.snapshot(state, actor.history_json, ended, self.dispatcher)
-        return snapshot, [*ended, *filter(None, [state.turn])]
+        actor = await self._hold_as_stored(session_id)
+        try:
+            state = actor.state
+            ended = [records.turn(t, session_id) for t in await self.store.load_turns(session_id)]
+            snapshot = views.snapshot(state, actor.history_json, ended, self.dispatcher)
+            turns = [*ended, *filter(None, [state.turn])]
+        finally:
+            actor.release()
+        return snapshot, turns
+
+    async def _hold_as_stored(self, session_id: str) -> Actor:
+        """The session's actor, held once no commit of it is in flight: its state is what
+        storage holds. The caller releases it. (A handler changes the state in memory
+        before its commit; a read between the two would show what may never be committed,
+        such as a hand-out whose commit then fails.)"""
+        while True:
+            actor = await self.actors.get(session_id)
+            await actor.acquire()
+            if self.actors.owns(actor):
+                return actor
+            actor.release()  # its commit failed and it was dropped: load the session again
 
     # --- waits: approvals, answers, timers, cancel, reconcile ------------------------------
 
