@@ -17,8 +17,10 @@ import pytest
 from dex import _failpoints as failpoints
 from dex.errors import StorageError
 from dex.testing import wait_until
+from dex.wire import ModelToolCall
 from tests.integration.conftest import Api, connect_fake_worker
 from tests.integration.test_api import _metrics, assert_error, everything, model_done
+from tests.integration.test_api_errors import GATED
 
 
 class FullDisk:
@@ -160,3 +162,33 @@ def test_a_snapshot_shows_what_is_stored_not_a_hand_out_whose_commit_is_in_fligh
     (step,) = snapshot["current_turn"]["steps"]
     assert step["status"] == "queued" and step["attempts"] == []  # as storage holds it
     assert [w["step_id"] for w in snapshot["waiting"]] == [step["id"]]
+
+
+def test_the_approvals_list_waits_for_the_commit_of_the_wait_it_would_show(
+    api_with_agent: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's call of a gated tool makes an approval wait in memory first: the
+    approvals list, asked while that commit is in flight, answers once it is done, with
+    what storage holds (here nothing: the commit failed)."""
+    api = api_with_agent
+    api.create("s1")
+    api.send("s1", "charge 5")
+    write = HeldWrite(api)
+    monkeypatch.setattr(write.store, "submit", write.submit)
+    with connect_fake_worker(api, agents=[GATED]) as worker:
+        model = worker.step(session_id="s1")
+        calls = [ModelToolCall(id="c1", name="charge", arguments={"amount": 5})]
+        write.hold_next = True
+        result = model_done(tool_calls=calls)
+        worker.send({"t": "done", "attempt_id": model["attempt_id"], "result": result})
+        wait_until(lambda: write.held is not None, 10, what="the wait's commit in flight")
+        answers: list[Any] = []
+        url = "/v1/sessions/s1/approvals"
+        reader = threading.Thread(target=lambda: answers.append(api.http.get(url).json()))
+        reader.start()
+        actor = api.sessions.actors._actors["s1"]
+        wait_until(lambda: actor._next or answers, 10, what="the approvals list asked")
+        assert not answers, "the approvals list did not wait for the commit in flight"
+        write.fail()
+        reader.join(10)
+    assert answers == [{"approvals": []}]  # the wait was never stored

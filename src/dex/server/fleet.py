@@ -18,8 +18,6 @@ from typing import Any
 import orjson
 
 from dex.errors import InvalidInput
-from dex.server import views
-from dex.server.engine.state import SessionState
 from dex.server.store.base import SessionQuery, SessionRow, Store
 
 OUTCOME_UNKNOWN = "outcome_unknown"
@@ -92,7 +90,7 @@ async def list_sessions(
 
 async def inbox(
     store: Store,
-    state_of: Callable[[str], Awaitable[SessionState]],
+    waits_of: Callable[[str], Awaitable[list[dict[str, Any]]]],
     limit: int,
     cursor: str | None,
 ) -> tuple[list[dict[str, Any]], str | None]:
@@ -105,7 +103,7 @@ async def inbox(
     items = []
     for session_id, _ in page:
         # the session may have moved on since the page was read: then it shows nothing
-        items.extend(views.person_waits(await state_of(session_id)))
+        items.extend(await waits_of(session_id))
     if len(found) <= limit:
         return items, None
     session_id, since = page[-1]

@@ -355,10 +355,7 @@ class Sessions:
     ) -> tuple[list[dict[str, Any]], str | None]:
         """What waits for a person (approvals, questions) across sessions, one page."""
 
-        async def state_of(session_id: str) -> SessionState:
-            return (await self.actors.get(session_id)).state
-
-        return await fleet.inbox(self.store, state_of, limit, cursor)
+        return await fleet.inbox(self.store, self.person_waits, limit, cursor)
 
     async def send(self, session_id: str, text: str, message_id: str | None) -> tuple[int, bool]:
         """Returns (message number, whether this call created it)."""
@@ -607,11 +604,19 @@ class Sessions:
         return views.workers(self.dispatcher, self.agents)
 
     async def approvals(self, session_id: str) -> list[dict[str, Any]]:
-        return views.pending_approvals((await self.actors.get(session_id)).state)
+        actor = await self._hold_as_stored(session_id)
+        try:
+            return views.pending_approvals(actor.state)
+        finally:
+            actor.release()
 
     async def person_waits(self, session_id: str) -> list[dict[str, Any]]:
         """What the session's turn waits for a person to do, as the inbox lists it."""
-        return views.person_waits((await self.actors.get(session_id)).state)
+        actor = await self._hold_as_stored(session_id)
+        try:
+            return views.person_waits(actor.state)
+        finally:
+            actor.release()
 
     # --- Worker inputs -------------------------------------------------------------------
 
