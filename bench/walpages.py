@@ -91,7 +91,6 @@ class Snapshots:
         self.pid = pid
         self.database = database
         self.seen: dict[tuple[bytes, int], tuple[int, ...]] = {}
-        self.taken = 0
 
     def take(self, copy_to: Path | None = None) -> None:
         os.kill(self.pid, signal.SIGSTOP)
@@ -102,7 +101,6 @@ class Snapshots:
                 Path(f"{copy_to}-wal").write_bytes(wal)
         finally:
             os.kill(self.pid, signal.SIGCONT)
-        self.taken += 1
         for salts, first, pages in commits(wal):
             self.seen[(salts, first)] = pages
 

@@ -20,6 +20,7 @@ commit without a task each.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
@@ -456,27 +457,28 @@ class Sessions:
         """The snapshot, and every turn in order (the ended ones, then the current one):
         the console's session page shows each turn's Steps, which the snapshot holds for
         the current turn only. One read of storage for both."""
-        actor = await self._hold_as_stored(session_id)
-        try:
+        async with self._as_stored(session_id) as actor:
             state = actor.state
             ended = [records.turn(t, session_id) for t in await self.store.load_turns(session_id)]
             snapshot = views.snapshot(state, actor.history_json, ended, self.dispatcher)
-            turns = [*ended, *filter(None, [state.turn])]
-        finally:
-            actor.release()
-        return snapshot, turns
+            return snapshot, [*ended, *filter(None, [state.turn])]
 
-    async def _hold_as_stored(self, session_id: str) -> Actor:
-        """The session's actor, held once no commit of it is in flight: its state is what
-        storage holds. The caller releases it. (A handler changes the state in memory
+    @contextlib.asynccontextmanager
+    async def _as_stored(self, session_id: str) -> AsyncIterator[Actor]:
+        """The session's actor, held while the block reads it, once no commit of it is in
+        flight: its state is what storage holds. (A handler changes the state in memory
         before its commit; a read between the two would show what may never be committed,
         such as a hand-out whose commit then fails.)"""
         while True:
             actor = await self.actors.get(session_id)
             await actor.acquire()
             if self.actors.owns(actor):
-                return actor
+                break
             actor.release()  # its commit failed and it was dropped: load the session again
+        try:
+            yield actor
+        finally:
+            actor.release()
 
     # --- waits: approvals, answers, timers, cancel, reconcile ------------------------------
 
@@ -604,19 +606,13 @@ class Sessions:
         return views.workers(self.dispatcher, self.agents)
 
     async def approvals(self, session_id: str) -> list[dict[str, Any]]:
-        actor = await self._hold_as_stored(session_id)
-        try:
+        async with self._as_stored(session_id) as actor:
             return views.pending_approvals(actor.state)
-        finally:
-            actor.release()
 
     async def person_waits(self, session_id: str) -> list[dict[str, Any]]:
         """What the session's turn waits for a person to do, as the inbox lists it."""
-        actor = await self._hold_as_stored(session_id)
-        try:
+        async with self._as_stored(session_id) as actor:
             return views.person_waits(actor.state)
-        finally:
-            actor.release()
 
     # --- Worker inputs -------------------------------------------------------------------
 
