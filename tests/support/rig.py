@@ -35,6 +35,11 @@ def sdk_command(language: str) -> list[str | Path]:
 
 
 HEARTBEAT_TIMEOUT = 1.0
+CLOCK_READING_ERROR = 0.02
+"""How far a node on PostgreSQL may set its clock from this host's: it corrects its clock
+to the database's from the middle of a query's round trip (``dex.server.clock``), so on
+one host it reads up to half a round trip off (a millisecond under load). A time a node
+records can only be compared with the test's own to within this."""
 
 
 class Rig:
@@ -74,6 +79,12 @@ class Rig:
     @property
     def ha(self) -> bool:
         return len(self.nodes) > 1
+
+    @property
+    def clock_error(self) -> float:
+        """How far a time the nodes record may be from this host's ``time.time()``: 0 on
+        SQLite (the node reads the host's clock), ``CLOCK_READING_ERROR`` on PostgreSQL."""
+        return CLOCK_READING_ERROR if self.nodes[0].database else 0.0
 
     @property
     def address(self) -> str:
