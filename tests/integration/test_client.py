@@ -74,6 +74,25 @@ async def test_tool_calls_succeed(client: dex.Client, dex_worker: dex.Worker) ->
     assert _results(refused) == [["refuse", "failed", None, "not today"]]
 
 
+async def test_a_result_json_cannot_carry_fails_the_attempt_and_the_worker_goes_on(
+    client: dex.Client, dex_worker: dex.Worker
+) -> None:
+    """A result with an integer beyond 64 bits (here the model's tool call arguments) once
+    killed the Worker: its writer failed and took the whole Worker down. Now the attempt
+    fails like any exception, retries, and the Worker goes on serving."""
+    session = await client.create_session("helper")
+    huge = await asyncio.wait_for(
+        client.send_message(session["id"], f"add {2**69} {2**69}", wait=True), 30
+    )
+    assert huge["status"] == "failed"
+    assert huge["error"] == (
+        "RunModel failed: the result cannot be sent as JSON: Integer exceeds 64-bit range"
+    )
+    assert len(huge["steps"][0]["attempts"]) == 3  # retried like any other exception
+    fine = await client.send_message(session["id"], "add 2 40", wait=True)
+    assert _results(fine) == [["add", "succeeded", 42, None]]
+
+
 async def test_send_without_waiting_then_wait_turn(
     client: dex.Client, dex_worker: dex.Worker
 ) -> None:

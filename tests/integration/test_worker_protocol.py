@@ -8,8 +8,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from dex.errors import StorageError
+from dex.server.api.workers import Outbox
 from dex.testing import wait_until
 from dex.wire import ModelToolCall
 from tests.integration.conftest import (
@@ -196,6 +198,76 @@ def test_a_result_that_cannot_be_stored_is_refused_with_an_ack(
     assert api.turn("s1", 1, wait=10)["text"] == "fine"
 
 
+@pytest.mark.parametrize("where", ["heartbeat seq", "result"])
+def test_an_integer_beyond_64_bits_closes_the_connection_and_changes_nothing(
+    api_with_agent: Api, where: str
+) -> None:
+    """Python parses such an integer, but it can be neither stored nor sent on: once it
+    silenced the connection it was echoed to, or stored a tool call that silenced every
+    Worker it was handed to."""
+    api = api_with_agent
+    api.create("s1")
+    api.send("s1", "hello")
+    with connect_fake_worker(api, "big") as big:
+        aid = big.step(session_id="s1")["attempt_id"]
+        before = everything(api)
+        if where == "heartbeat seq":
+            message: dict[str, Any] = {"t": "hb", "attempts": [aid], "seq": 2**64}
+        else:
+            calls = [{"id": "c", "name": "lookup", "arguments": {"key": -(2**63) - 1}}]
+            message = {"t": "done", "attempt_id": aid, "result": {"text": "", "tool_calls": calls}}
+        big.ws.send_bytes(json.dumps([message]).encode())
+        with pytest.raises(ConnectionError, match=r"'code': 4400.*integer beyond 64 bits"):
+            big.expect(lambda m: m.get("t") in ("hb", "ack"), timeout=5)
+    assert everything(api) == before
+
+
+def test_the_largest_integers_that_fit_go_both_ways(api: Api, worker: FakeWorker) -> None:
+    api.create("s1")
+    api.send("s1", "hello")
+    aid = worker.step(session_id="s1")["attempt_id"]
+    arguments = {"key": 2**64 - 1, "low": -(2**63)}
+    calls = [{"id": "c", "name": "lookup", "arguments": arguments}]
+    assert worker.done(aid, {"text": "", "tool_calls": calls})["ok"] is True
+    assert worker.step(session_id="s1", step_type="CallTool")["arguments"] == arguments
+
+
+def test_a_message_json_cannot_carry_is_dropped_and_logged_not_the_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Were such a value to get past the door, the connection's writer drops its message
+    and goes on sending, instead of dying and leaving the Worker waiting for ever."""
+    sent: list[bytes] = []
+
+    class Wire:
+        async def send(self, frame: bytes) -> None:
+            sent.append(frame)
+
+    async def run() -> None:
+        outbox = Outbox(Wire(), SimpleNamespace(bytes_sent=0))  # type: ignore[arg-type]
+        writer = asyncio.create_task(outbox.run())
+        outbox.put({"t": "hb", "status": {}, "seq": 2**70})
+        outbox.put({"t": "ack", "attempt_id": "s1/1.1/1", "ok": True})
+        await asyncio.wait_for(_until(lambda: len(sent) == 1), 5)
+        outbox.put({"t": "hb", "status": {}})
+        await asyncio.wait_for(_until(lambda: len(sent) == 2), 5)
+        writer.cancel()
+
+    asyncio.run(run())
+    assert [orjson.loads(f) for f in sent] == [
+        [{"t": "ack", "attempt_id": "s1/1.1/1", "ok": True}],
+        [{"t": "hb", "status": {}}],
+    ]
+    action = "worker.message_unencodable"
+    (dropped,) = [r for r in caplog.records if r.__dict__.get("action") == action]
+    assert dropped.__dict__["message_type"] == "hb"
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0)
+
+
 def test_a_socket_closed_before_hello_logs_one_quiet_line(
     api: Api, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -217,7 +289,8 @@ json_values = st.recursive(
 attempt_ids = st.one_of(st.just("s1/1.1/1"), st.text(max_size=12), st.integers(), st.none())
 messages = st.one_of(
     st.fixed_dictionaries(
-        {"t": st.just("hb"), "attempts": st.lists(attempt_ids, max_size=3) | json_values}
+        {"t": st.just("hb"), "attempts": st.lists(attempt_ids, max_size=3) | json_values},
+        optional={"seq": json_values},
     ),
     st.fixed_dictionaries(
         {"t": st.just("delta"), "attempt_id": attempt_ids, "text": st.text() | json_values}

@@ -75,7 +75,9 @@ RULES = """\
 6. **Draining.** To stop, send `drain` (no new hand-outs), let running attempts finish,
    and send `back` for any you had not started.
 7. **Refusals.** A frame that does not fit this page closes the connection with code
-   4400 and the problem as the reason. A `worker_id` that a live connection uses
+   4400 and the problem as the reason. An integer anywhere in a frame lies between
+   -2^63 and 2^64-1 (JSON here carries no larger one: a frame that holds one does not
+   fit). A `worker_id` that a live connection uses
    already, without its `resume` token, is closed with code 4409.
 8. **Order.** Messages of one frame are read in order; results of one frame commit
    together (their acks may come in any order).

@@ -360,9 +360,38 @@ class Worker:
             link.ready.clear()
             batch, link.pending = link.pending, []
             if batch:
-                await link.ws.send_bytes(orjson.dumps(batch))
+                try:
+                    frame = orjson.dumps(batch)
+                except orjson.JSONEncodeError:
+                    frame = self._encodable(batch)
+                await link.ws.send_bytes(frame)
                 if any(m["t"] == "done" for m in batch):
                     failpoints.hit("worker.after_send_result")
+
+    def _encodable(self, batch: list[dict[str, Any]]) -> bytes:
+        """The frame of ``batch``, where a result JSON cannot carry (an integer beyond 64
+        bits) becomes the attempt's failure: its code ran, so the server decides, as for
+        any exception, whether the call is retried or its outcome is unknown."""
+        parts = []
+        for message in batch:
+            try:
+                parts.append(orjson.dumps(message))
+                continue
+            except orjson.JSONEncodeError as e:
+                problem = f"the result cannot be sent as JSON: {e}"
+            attempt = self._attempts.get(message.get("attempt_id", ""))
+            log.warning(
+                "%s",
+                problem,
+                extra={
+                    "action": "worker.result_unencodable",
+                    "attempt_id": message.get("attempt_id"),
+                },
+            )
+            if message["t"] == "done" and attempt is not None:
+                attempt.result = _fail(attempt.handout, problem, retryable=True)
+                parts.append(orjson.dumps(attempt.result))
+        return b"[" + b",".join(parts) + b"]"
 
     async def _heartbeat(self, link: _Link) -> None:
         while True:

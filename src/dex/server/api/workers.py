@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, FastAPI, Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
@@ -117,9 +118,34 @@ class Outbox:
             self.ready.clear()
             batch, self.pending = self.pending, []
             if batch:
-                frame = orjson.dumps(batch)
+                try:
+                    frame = orjson.dumps(batch)
+                except orjson.JSONEncodeError:
+                    frame = _encodable(batch)
                 self.dispatcher.bytes_sent += len(frame)
                 await self.ws.send(frame)
+
+
+def _encodable(batch: list[dict[str, Any]]) -> bytes:
+    """The frame of ``batch`` without the messages JSON cannot carry, each one logged.
+
+    The door keeps such values out (``_parse``); were one to get past it, dropping its
+    message beats a writer that dies and leaves the connection silent for good."""
+    parts = []
+    for message in batch:
+        try:
+            parts.append(orjson.dumps(message))
+        except orjson.JSONEncodeError as e:
+            log.error(
+                "dropped a message JSON cannot carry: %s",
+                e,
+                extra={
+                    "action": "worker.message_unencodable",
+                    "message_type": message.get("t"),
+                    "attempt_id": message.get("attempt_id"),
+                },
+            )
+    return b"[" + b",".join(parts) + b"]"
 
 
 class BadFrame(Exception):
@@ -130,15 +156,43 @@ HOLD_AT_MOST = 0.001
 """Seconds one Worker's channel may run frames before it lets the rest of the node run."""
 
 
+_NINETEEN_DIGITS = re.compile(rb"\d{19}")
+_NINETEEN_DIGITS_TEXT = re.compile(r"\d{19}")
+"""2**63 has 19 digits: a frame without such a run of digits holds no integer beyond 64
+bits, and skips the walk that looks for one."""
+
+
 def _parse(raw: bytes | str) -> list[WorkerMessage]:
     if not raw:
         raise BadFrame("an empty frame")
     try:
-        return WORKER_FRAME.validate_json(raw)
+        messages = WORKER_FRAME.validate_json(raw)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise BadFrame(f"{where}: {first['msg']}" if where else first["msg"]) from None
+    digits = _NINETEEN_DIGITS if isinstance(raw, bytes) else _NINETEEN_DIGITS_TEXT
+    if digits.search(raw) is not None and _has_huge_integer(messages):  # type: ignore[arg-type]
+        raise BadFrame("an integer beyond 64 bits (JSON here carries -2**63 to 2**64-1)")
+    return messages
+
+
+def _has_huge_integer(messages: list[WorkerMessage]) -> bool:
+    """Whether any integer in ``messages`` is beyond 64 bits: Python parses it, but it
+    could be neither stored nor sent on, and would silence whoever it is sent to."""
+    stack: list[Any] = list(messages)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int):
+            if not -(2**63) <= item < 2**64:
+                return True
+        elif isinstance(item, BaseModel):
+            stack.extend(item.__dict__.values())
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _joined(messages: list[WorkerMessage]) -> list[WorkerMessage]:
