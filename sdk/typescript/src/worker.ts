@@ -441,12 +441,38 @@ export class Worker {
         link.pending = [];
         if (batch.length > 0 && link.ws.readyState === WebSocket.OPEN) {
           const results = batch.some((m) => m.t === "done");
-          link.ws.send(JSON.stringify(batch), (error) => {
+          link.ws.send(this.encode(batch), (error) => {
             // written to the socket: a crash from here on loses nothing the server got
             if (results && error == null) failpoints.hit("worker.after_send_result");
           });
         }
       });
+    }
+  }
+
+  /** The frame of `batch`, where a result JSON cannot carry (a BigInt, a cycle) becomes the
+   * attempt's failure: its code ran, so the server decides, as for any exception, whether
+   * the call is retried or its outcome is unknown. Thrown here, it would end the process. */
+  private encode(batch: p.WorkerMessage[]): string {
+    try {
+      return JSON.stringify(batch);
+    } catch {
+      const parts: string[] = [];
+      for (const message of batch) {
+        try {
+          parts.push(JSON.stringify(message));
+          continue;
+        } catch (e) {
+          const problem = `the result cannot be sent as JSON: ${e instanceof Error ? e.message : e}`;
+          const attempt = "attempt_id" in message ? this.attempts.get(message.attempt_id) : undefined;
+          log("worker.result_unencodable", problem, { attempt_id: attempt?.step.attempt_id });
+          if (message.t === "done" && attempt !== undefined) {
+            attempt.result = fail(attempt.step, problem, true);
+            parts.push(JSON.stringify(attempt.result));
+          }
+        }
+      }
+      return `[${parts.join(",")}]`;
     }
   }
 

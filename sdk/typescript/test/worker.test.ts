@@ -65,6 +65,14 @@ const holdTool = defineTool({
   },
 });
 
+/** Returns what JSON cannot carry. */
+const hugeTool = defineTool({
+  name: "huge",
+  kind: "read",
+  parameters: { type: "object", properties: {} },
+  run: () => ({ n: 10n ** 30n }),
+});
+
 const node = new FakeNode();
 let worker: Worker;
 let running: Promise<void>;
@@ -73,7 +81,7 @@ before(async () => {
   await node.listening();
   worker = new Worker({
     address: node.address,
-    agents: [defineAgent({ name: "a", model: viewer, tools: [pay, holdTool] })],
+    agents: [defineAgent({ name: "a", model: viewer, tools: [pay, holdTool, hugeTool] })],
     handleSignals: false,
     capacity: 3,
   });
@@ -152,6 +160,22 @@ test("arguments are checked before the body, which sees defaults and traceparent
   const ran = ((await node.result("t2")) as p.Done).result as p.ToolOutcome;
   const result = { args: { amount: 7, memo: "" }, traceparent };
   assert.deepEqual(ran, { status: "succeeded", result });
+});
+
+test("a result JSON cannot carry fails its attempt; the Worker goes on", async () => {
+  const call = { t: "step", session_id: "s6", attempt: 1, agent: "a", step_type: "CallTool" };
+  node.send([
+    { ...call, tool: "huge", attempt_id: "u1", step_id: "u1", call_id: "c1", arguments: {} },
+    { ...call, tool: "pay", attempt_id: "u2", step_id: "u2", call_id: "c2",
+      arguments: { amount: 3 } },
+  ]);
+  const failed = (await node.result("u1")) as p.Fail;
+  assert.equal(failed.t, "fail");
+  assert.match(failed.error.message, /^the result cannot be sent as JSON: .*BigInt/);
+  assert.equal(failed.error.retryable, true);
+  assert.equal(failed.error.attempt_progress, "NOT_COMPLETED");
+  const ran = ((await node.result("u2")) as p.Done).result as p.ToolOutcome;
+  assert.equal(ran.status, "succeeded");
 });
 
 test("no more attempts run at once than the capacity, a stopped one's code included", async () => {
