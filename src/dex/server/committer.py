@@ -109,10 +109,12 @@ class Committer:
         state.history_length += len(t.history)  # before encoding: the stored state counts them
         state.updated_at = now
         try:
+            plain = records.plain_history(t.history)
             write = records.write(
                 session=state,
                 rows=actor.rows,
                 history=t.history,
+                history_plain=plain,
                 history_start=start,
                 ended_turn=t.ended_turn,
                 message=(message_id, state.messages_received) if message_id else None,
@@ -124,7 +126,7 @@ class Committer:
             return done
         grown = sum(map(len, write.history))
         stored.add_done_callback(
-            functools.partial(self._committed, actor, t, handed, release, done, grown)
+            functools.partial(self._committed, actor, t, handed, release, done, plain, grown)
         )
         return done
 
@@ -163,6 +165,7 @@ class Committer:
         handed: list[tuple[Step, WorkerConn]],
         release: str | None,
         done: asyncio.Future[Transition],
+        plain: list[dict[str, Any]],
         grown: int,
         stored: asyncio.Future[None],
     ) -> None:
@@ -171,7 +174,7 @@ class Committer:
             self._failed(actor, handed, error, done)
             return
         try:
-            actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
+            actor.history_json.extend(plain)
             self.actors.grew(actor, grown)
             if release is not None:
                 self.dispatcher.unhold(release)
