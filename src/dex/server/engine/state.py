@@ -211,20 +211,26 @@ class Turn:
 
     def step(self, step_id: str) -> Step | None:
         """A Step by id (``{turn}.{n}``: the n-th Step of the turn)."""
-        step = _nth(self.steps, step_id, self.number)
+        steps = self.steps
+        if steps and steps[-1].id == step_id:  # most often the latest
+            return steps[-1]
+        step = _nth(steps, step_id, self.number)
         if step is not None and step.id == step_id:
             return step
-        for step in reversed(self.steps):
+        for step in reversed(steps):
             if step.id == step_id:
                 return step
         return None
 
     def tool_call(self, call_id: str) -> ToolCall | None:
         """A tool call by id (``{turn}.{n}``: the n-th call of the turn)."""
-        call = _nth(self.tool_calls, call_id, self.number)
+        calls = self.tool_calls
+        if calls and calls[-1].id == call_id:  # most often the latest
+            return calls[-1]
+        call = _nth(calls, call_id, self.number)
         if call is not None and call.id == call_id:
             return call
-        for call in self.tool_calls:
+        for call in calls:
             if call.id == call_id:
                 return call
         return None
