@@ -284,13 +284,12 @@ class Dispatcher:
         if self.paused or self._ready.get(queue):
             return None  # keep queue order: earlier Steps go first
         best: WorkerConn | None = None
+        most = 0
         for worker in self.workers.values():
-            if (
-                queue in worker.queues
-                and worker.free > 0
-                and (best is None or worker.free > best.free)
-            ):
-                best = worker
+            if queue in worker.queues:
+                free = worker.free
+                if free > most:
+                    best, most = worker, free
         if best is not None:
             best.reserved += 1
         return best

@@ -345,14 +345,15 @@ class SessionState:
         if self.turn is None:
             return []
         steps = self.turn.steps
-        recorded = {e["step_id"] for e in self.inbox}
-        return [
+        waits = [
             step
             for i in range(start, len(steps))
-            if (step := steps[i]).status == StepStatus.WAITING
-            and step.type in PERSON_WAITS
-            and step.id not in recorded
+            if (step := steps[i]).status == StepStatus.WAITING and step.type in PERSON_WAITS
         ]
+        if waits and self.inbox:  # each commit asks: the set only when a wait is found
+            recorded = {e["step_id"] for e in self.inbox}
+            waits = [step for step in waits if step.id not in recorded]
+        return waits
 
     def waiting_since(self, waits: list[Step] | None = None) -> float | None:
         """Since when the turn waits for a person (its oldest such wait); None if it does
@@ -372,10 +373,12 @@ class SessionState:
     def outcome_unknown(self, start: int = 0) -> int:
         """How many of the session's tool calls are ``outcome_unknown``, not reconciled.
         ``start``: the current turn's calls before it are known to be settled otherwise."""
-        calls = self.turn.tool_calls if self.turn is not None else []
-        live = sum(
-            calls[i].status == ToolCallStatus.OUTCOME_UNKNOWN for i in range(start, len(calls))
-        )
+        live = 0
+        if self.turn is not None:
+            calls = self.turn.tool_calls
+            for i in range(start, len(calls)):
+                if calls[i].status == ToolCallStatus.OUTCOME_UNKNOWN:
+                    live += 1
         return self.unknown_ended + live
 
 
