@@ -246,7 +246,7 @@ async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, 
     turn: Turn | None = None
     waits: list[dict[str, Any]] = []
     if body.wait_seconds > 0:
-        wait = min(body.wait_seconds, app.state.config.max_wait_seconds)
+        wait = min(body.wait_seconds, app.state["config"].max_wait_seconds)
         turn, waits = await sessions.wait_turn(session_id, number, wait)
     result = _turn_body(session_id, number, turn, waits)
     result["created"] = created
@@ -275,7 +275,7 @@ async def get_turn(
     """Turn `number`: `running`, `waiting` (for a person: `waiting_for` says for what), or
     how it ended."""
     sessions = _sessions(request)
-    wait = min(wait_seconds, request.app.state.config.max_wait_seconds)
+    wait = min(wait_seconds, request.app.state["config"].max_wait_seconds)
     turn, waits = await sessions.wait_turn(session_id, number, wait)
     return RecordsResponse(_turn_body(session_id, number, turn, waits))
 
