@@ -33,8 +33,8 @@ def tune_gc() -> None:
     A turn allocates thousands of short-lived containers (records, dicts of frames, pydantic
     models, futures) that reference counting frees at once; with the default threshold they
     set off a young collection every few hundred allocations, and every tenth of those an
-    older one, and the collector scanning them took about a quarter of the node's event
-    loop at 64 sessions (``bench/README.md``). Hardly any of them form cycles, so there is
+    older one, and the collector took 14 % of the node's busy event loop at 64 sessions
+    (1.5 % at this threshold: ``bench/README.md``). Hardly any of them form cycles, so there is
     nothing to find at that frequency: collections every 20,000 allocations still free the
     few cycles (tracebacks, closed tasks) and keep memory bounded. What was loaded at
     startup (modules, schemas, the app) is frozen out of every collection's scan."""
