@@ -459,3 +459,18 @@ def test_agents_say_how_many_connected_workers_serve_them(api_with_agent: Api) -
     with connect_fake_worker(api, "w-1"), connect_fake_worker(api, "w-2"):
         assert serving() == {"echo": 2}
     wait_until(lambda: serving() == {"echo": 0}, 5, what="the Workers left")
+
+
+def test_a_results_ack_leaves_in_the_frame_of_the_hand_out_it_led_to(
+    api: Api, worker: FakeWorker
+) -> None:
+    """The commit answers before its effects run, so the ack and the hand-out the commit
+    made leave in one frame (a turn of model, tool, model: 4 frames, not 6)."""
+    api.create("s1")
+    api.send("s1", "hello")
+    first = worker.step(session_id="s1")
+    calls = [ModelToolCall(id="c1", name="lookup", arguments={"key": "k"})]
+    worker.send({"t": "done", "attempt_id": first["attempt_id"], "result": model_done("", calls)})
+    worker._receive_frame(10)
+    assert sorted(m["t"] for m in worker.inbox) == ["ack", "step"]
+    assert worker.ack(first["attempt_id"])["ok"] is True

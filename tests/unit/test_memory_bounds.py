@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.dispatch.dispatcher import DEADLINES_SLACK, Dispatcher, Held, WorkerConn
 from dex.server.sessions import Sessions
 from dex.server.store.sqlite import SqliteStore
 from dex.server.streams import MemoryStreams
@@ -103,3 +103,15 @@ def test_a_stream_at_its_keep_counts_once_per_event_it_holds() -> None:
     for _ in range(10):
         streams.publish("s", "history.item", {})
     assert streams.rings.events == 3
+
+
+def test_deadlines_of_ended_attempts_leave_the_heap_and_running_ones_stay() -> None:
+    dispatcher = Dispatcher(heartbeat_timeout=10)
+    worker = WorkerConn(id="w", queues={"q"}, capacity=10_000, send=lambda message: None)
+    for i in range(2_000):
+        worker.reserved += 1
+        dispatcher.hold(worker, f"a{i}", Held("s", f"1.{i}", 1, worker, deadline=1e12))
+        if i >= 3:  # three stay running
+            dispatcher.unhold(f"a{i}")
+    assert len(dispatcher._deadlines) <= 2 * 3 + DEADLINES_SLACK + 1
+    assert {"a0", "a1", "a2"} <= {attempt_id for _, _, attempt_id in dispatcher._deadlines}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from dex import _loop
 from dex._address import DEFAULT_ADDRESS
 from dex._settings import Settings
 from dex.errors import DexError
@@ -274,6 +275,7 @@ def worker(
     agents = load_agents(module)
     if config.tracing:
         _tracing_on("dex-worker")
+    _loop.tune_gc()  # this process is Dex's own: a program that embeds a Worker keeps its GC
     try:
         Worker(agents, config=config).run_forever()
     except DexError as e:

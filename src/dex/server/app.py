@@ -255,6 +255,7 @@ def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
     tokens: Tokens = fastapi_app.state.tokens
     signal.signal(signal.SIGHUP, lambda sig, frame: tokens.reload())
     sys.setswitchinterval(SWITCH_INTERVAL)
+    _loop.tune_gc()
     _loop.run(server.serve())
     if not server.started:
         sys.exit(STARTUP_FAILED)

@@ -5,12 +5,14 @@ only then lets anything outside learn of it. The one place effects run after a c
 the handler on the state in memory, hands the Steps that became ready to Workers that are
 free right now (recorded in the same commit, so a hand-out is durable before the Worker
 hears of it), and gives the write to the store's group commit without waiting for it.
-When the commit is durable the effects run, in this order: the settled attempt is let go,
-events are published, cancelled attempts are told to stop, Steps are offered or handed
-out, timers are armed, the ended turn wakes its waiters; then the actor is released and
-the returned future resolves. A handler that refuses (``NotFound``, ``Conflict``) changes
-nothing. A commit that fails leaves the state in memory ahead of storage: the actor is
-dropped and reloads from storage on next use, and the future carries the error.
+When the commit is durable the settled attempt is let go and the returned future resolves
+(its callbacks run later, so an answer it sends is queued ahead of the effects' messages
+and shares their frame); then the effects run, in this order: events are published,
+cancelled attempts are told to stop, Steps are offered or handed out, timers are armed,
+the ended turn wakes its waiters; then the actor is released. A handler that refuses
+(``NotFound``, ``Conflict``) changes nothing. A commit that fails leaves the state in
+memory ahead of storage: the actor is dropped and reloads from storage on next use, and
+the future carries the error.
 
 Nothing here awaits: an input costs a handler, an encoding and a place in the next group
 commit, however many arrive at once.
@@ -76,9 +78,10 @@ class Committer:
         done: asyncio.Future[Transition] | None = None,
     ) -> asyncio.Future[Transition]:
         """Apply ``handle`` to the actor the caller holds and commit it; the future resolves
-        with the transition once it is durable and its effects ran, and the actor is let go
-        then (or at once, if the handler refuses). ``message_id``: the client message id to
-        remember. ``dispatch``: hand new Steps to free Workers in this commit.
+        with the transition once it is durable (its callbacks run after the effects), and
+        the actor is let go once the effects ran (or at once, if the handler refuses).
+        ``message_id``: the client message id to remember. ``dispatch``: hand new Steps to
+        free Workers in this commit.
         ``archived_call``: an archived turn's call the handler changed. ``release``: the
         attempt the input settled, let go once committed (before the transition hands
         anything out: a Step handed back may go out again under the same attempt id).
@@ -106,10 +109,12 @@ class Committer:
         state.history_length += len(t.history)  # before encoding: the stored state counts them
         state.updated_at = now
         try:
+            plain = records.plain_history(t.history)
             write = records.write(
                 session=state,
                 rows=actor.rows,
                 history=t.history,
+                history_plain=plain,
                 history_start=start,
                 ended_turn=t.ended_turn,
                 message=(message_id, state.messages_received) if message_id else None,
@@ -121,7 +126,7 @@ class Committer:
             return done
         grown = sum(map(len, write.history))
         stored.add_done_callback(
-            functools.partial(self._committed, actor, t, handed, release, done, grown)
+            functools.partial(self._committed, actor, t, handed, release, done, plain, grown)
         )
         return done
 
@@ -160,6 +165,7 @@ class Committer:
         handed: list[tuple[Step, WorkerConn]],
         release: str | None,
         done: asyncio.Future[Transition],
+        plain: list[dict[str, Any]],
         grown: int,
         stored: asyncio.Future[None],
     ) -> None:
@@ -168,18 +174,21 @@ class Committer:
             self._failed(actor, handed, error, done)
             return
         try:
-            actor.history_json.extend(item.model_dump(mode="json") for item in t.history)
+            actor.history_json.extend(plain)
             self.actors.grew(actor, grown)
             if release is not None:
                 self.dispatcher.unhold(release)
+            # durable: resolve before the effects, so that the answer (a Worker's ack) is
+            # queued ahead of what the effects send and leaves in the same frame as the
+            # next hand-out; whoever awaits it runs later, when the effects have run
+            if not done.done():
+                done.set_result(t)
             self._effects(actor, t, handed)
         except BaseException as e:  # a bug: the commit stands, the actor reloads from it
             log.exception("effects of a commit failed", extra={"action": "sessions.effects"})
             self._failed(actor, [], e, done)
             return
         actor.release()
-        if not done.done():
-            done.set_result(t)
 
     def _effects(self, actor: Actor, t: Transition, handed: list[tuple[Step, WorkerConn]]) -> None:
         sid = actor.state.id

@@ -130,7 +130,8 @@ def write(
     session: SessionState | None = None,
     rows: Rows | None = None,
     create: bool = False,
-    history: list[Item] | None = None,
+    history: Sequence[Item] | None = None,
+    history_plain: Sequence[dict[str, Any]] | None = None,
     history_start: int = 0,
     ended_turn: Turn | None = None,
     message: tuple[str, int] | None = None,
@@ -140,8 +141,9 @@ def write(
 ) -> Write:
     """A store ``Write`` from domain objects: the session's state, the rows of the ended
     and the current turn that changed (``rows``: what storage holds; None writes them
-    all), history items, an archived turn's changed call, archived turns to insert (a
-    fork's). A value that cannot be stored
+    all), history items (``history_plain``: the same as ``plain_history`` gave them, to
+    encode without dumping them again), an archived turn's changed call, archived turns to
+    insert (a fork's). A value that cannot be stored
     (it cannot be encoded as JSON) is an ``InvalidInput``: nothing is written."""
     try:
         steps: list[Row] = []
@@ -159,7 +161,7 @@ def write(
         return Write(
             session=session_record(session, memory) if session is not None else None,
             create=create,
-            history=[ITEM.dump_json(item).decode() for item in history or ()],
+            history=_history_json(history or (), history_plain),
             history_start=history_start,
             steps=steps,
             calls=calls,
@@ -170,6 +172,30 @@ def write(
         )
     except (PydanticSerializationError, TypeError, ValueError, msgspec.EncodeError) as e:
         raise InvalidInput(f"this cannot be stored: {e}") from None
+
+
+def plain_history(items: Sequence[Item]) -> list[dict[str, Any]]:
+    """History items as plain JSON values (what hand-outs, streams and views carry); an
+    ``InvalidInput`` for one that cannot be encoded."""
+    try:
+        return [item.model_dump(mode="json") for item in items]
+    except (PydanticSerializationError, TypeError, ValueError) as e:
+        raise InvalidInput(f"this cannot be stored: {e}") from None
+
+
+def _history_json(items: Sequence[Item], plain: Sequence[dict[str, Any]] | None) -> list[str]:
+    """Each item's stored JSON: from its plain value when there is one (orjson: one
+    serialization by pydantic per item, not two), else, and for an integer orjson cannot
+    encode (beyond 64 bits), pydantic's."""
+    if plain is None:
+        return [ITEM.dump_json(item).decode() for item in items]
+    encoded = []
+    for item, value in zip(items, plain, strict=True):
+        try:
+            encoded.append(orjson.dumps(value).decode())
+        except orjson.JSONEncodeError:
+            encoded.append(ITEM.dump_json(item).decode())
+    return encoded
 
 
 def new_session(state: SessionState) -> Write:

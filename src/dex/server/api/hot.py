@@ -23,13 +23,13 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import orjson
 from fastapi import FastAPI
 from pydantic import BaseModel, ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
 from dex.errors import DexError
 from dex.server.api import workers
+from dex.server.api.responses import encode
 from dex.server.api.sessions import CreateSession, SendMessage, create, send
 from dex.wire import error_body
 
@@ -95,7 +95,7 @@ class HotRoutes:
             )
             result = error_body("internal_error", "the server failed to handle the request")
             status = 500
-        payload = orjson.dumps(result, option=orjson.OPT_NON_STR_KEYS)
+        payload = encode(result)  # msgspec: the answer may carry a turn's records
         await send_(
             {
                 "type": "http.response.start",

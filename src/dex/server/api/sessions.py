@@ -12,7 +12,7 @@ from dex.server import views
 from dex.server.api import models, sse
 from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
-from dex.server.api.responses import ORJSONResponse
+from dex.server.api.responses import ORJSONResponse, RecordsResponse
 from dex.server.engine.state import ToolCall, Turn
 from dex.server.fleet import Filters
 from dex.server.sessions import Sessions
@@ -107,8 +107,8 @@ def _turn_body(
         "waiting_for": waits,
         "text": turn.text,
         "error": turn.error,
-        "tool_calls": views.plain(turn.tool_calls),
-        "steps": views.plain(turn.steps),
+        "tool_calls": turn.tool_calls,  # records: a RecordsResponse encodes them as they are
+        "steps": turn.steps,
         "started_at": turn.started_at,
         "ended_at": turn.ended_at,
     }
@@ -233,9 +233,9 @@ async def get_agent_snapshot(session_id: str, request: Request) -> ORJSONRespons
         **errors(404, 409, 503),
     },
 )
-async def send_message(session_id: str, body: SendMessage, request: Request) -> ORJSONResponse:
+async def send_message(session_id: str, body: SendMessage, request: Request) -> RecordsResponse:
     result, status = await send(request.app, session_id, body)
-    return ORJSONResponse(result, status)
+    return RecordsResponse(result, status)
 
 
 async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, Any], int]:
@@ -246,7 +246,7 @@ async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, 
     turn: Turn | None = None
     waits: list[dict[str, Any]] = []
     if body.wait_seconds > 0:
-        wait = min(body.wait_seconds, app.state.config.max_wait_seconds)
+        wait = min(body.wait_seconds, app.state["config"].max_wait_seconds)
         turn, waits = await sessions.wait_turn(session_id, number, wait)
     result = _turn_body(session_id, number, turn, waits)
     result["created"] = created
@@ -271,13 +271,13 @@ async def get_turn(
             "this long.",
         ),
     ] = 0,
-) -> ORJSONResponse:
+) -> RecordsResponse:
     """Turn `number`: `running`, `waiting` (for a person: `waiting_for` says for what), or
     how it ended."""
     sessions = _sessions(request)
-    wait = min(wait_seconds, request.app.state.config.max_wait_seconds)
+    wait = min(wait_seconds, request.app.state["config"].max_wait_seconds)
     turn, waits = await sessions.wait_turn(session_id, number, wait)
-    return ORJSONResponse(_turn_body(session_id, number, turn, waits))
+    return RecordsResponse(_turn_body(session_id, number, turn, waits))
 
 
 @router.get("/agents", tags=["agents"], response_model=models.AgentList)

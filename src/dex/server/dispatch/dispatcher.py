@@ -10,7 +10,9 @@ connection closes, its attempts wait ``reconnect_grace`` seconds for the same
 Worker process to reconnect and re-claim them (it proves it is the same process
 with the ``resume`` token of its last welcome); then they fail. An attempt whose
 heartbeats stop for ``heartbeat_timeout`` fails too (a Worker alive but silent).
-Both deadlines live in one heap, checked lazily: a heartbeat only moves a number.
+Both deadlines live in one heap, checked lazily: a heartbeat only moves a number. The
+deadlines of attempts that ended are dropped in batches (``_drop_ended``), so the heap
+holds about the attempts that run, not every attempt of the last ``heartbeat_timeout``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ log = logging.getLogger("dex.dispatch")
 Send = Callable[[dict[str, Any]], None]
 HAND_OUT_RETRY = 0.25
 """Seconds before a Step whose hand-out could not be recorded is offered again."""
+
+
+DEADLINES_SLACK = 64
+"""Deadlines of ended attempts the heap may keep beyond twice the running ones."""
 
 
 class WorkerIdInUse(Exception):
@@ -278,13 +284,12 @@ class Dispatcher:
         if self.paused or self._ready.get(queue):
             return None  # keep queue order: earlier Steps go first
         best: WorkerConn | None = None
+        most = 0
         for worker in self.workers.values():
-            if (
-                queue in worker.queues
-                and worker.free > 0
-                and (best is None or worker.free > best.free)
-            ):
-                best = worker
+            if queue in worker.queues:
+                free = worker.free
+                if free > most:
+                    best, most = worker, free
         if best is not None:
             best.reserved += 1
         return best
@@ -333,12 +338,26 @@ class Dispatcher:
         if not self.held:
             self._none_held.set()
         if held is not None:
+            self._drop_ended()
             held.conn.attempts.discard(attempt_id)
             if held.conn.closed:
                 self._forget_resume(held.conn.id)
             if self._ready_count:
                 self._wake()
         return held
+
+    def _drop_ended(self) -> None:
+        """Rebuild the deadline heap with one entry per attempt held, once ended attempts'
+        entries are most of it: each hold and expiry then costs a heap of the running
+        attempts, and the rebuild, linear, happens once per that many ends. An expiring
+        attempt needs none (its failure is being recorded, and unholds it)."""
+        if len(self._deadlines) > 2 * len(self.held) + DEADLINES_SLACK:
+            self._deadlines = [
+                (held.due, next(self._seq), attempt_id)
+                for attempt_id, held in self.held.items()
+                if not held.expiring
+            ]
+            heapq.heapify(self._deadlines)
 
     def heartbeat(self, conn: WorkerConn, attempt_id: str) -> bool:
         """Extend an attempt's deadline. False if this connection does not hold it."""

@@ -211,20 +211,26 @@ class Turn:
 
     def step(self, step_id: str) -> Step | None:
         """A Step by id (``{turn}.{n}``: the n-th Step of the turn)."""
-        step = _nth(self.steps, step_id, self.number)
+        steps = self.steps
+        if steps and steps[-1].id == step_id:  # most often the latest
+            return steps[-1]
+        step = _nth(steps, step_id, self.number)
         if step is not None and step.id == step_id:
             return step
-        for step in reversed(self.steps):
+        for step in reversed(steps):
             if step.id == step_id:
                 return step
         return None
 
     def tool_call(self, call_id: str) -> ToolCall | None:
         """A tool call by id (``{turn}.{n}``: the n-th call of the turn)."""
-        call = _nth(self.tool_calls, call_id, self.number)
+        calls = self.tool_calls
+        if calls and calls[-1].id == call_id:  # most often the latest
+            return calls[-1]
+        call = _nth(calls, call_id, self.number)
         if call is not None and call.id == call_id:
             return call
-        for call in self.tool_calls:
+        for call in calls:
             if call.id == call_id:
                 return call
         return None
@@ -339,14 +345,15 @@ class SessionState:
         if self.turn is None:
             return []
         steps = self.turn.steps
-        recorded = {e["step_id"] for e in self.inbox}
-        return [
+        waits = [
             step
             for i in range(start, len(steps))
-            if (step := steps[i]).status == StepStatus.WAITING
-            and step.type in PERSON_WAITS
-            and step.id not in recorded
+            if (step := steps[i]).status == StepStatus.WAITING and step.type in PERSON_WAITS
         ]
+        if waits and self.inbox:  # each commit asks: the set only when a wait is found
+            recorded = {e["step_id"] for e in self.inbox}
+            waits = [step for step in waits if step.id not in recorded]
+        return waits
 
     def waiting_since(self, waits: list[Step] | None = None) -> float | None:
         """Since when the turn waits for a person (its oldest such wait); None if it does
@@ -366,10 +373,12 @@ class SessionState:
     def outcome_unknown(self, start: int = 0) -> int:
         """How many of the session's tool calls are ``outcome_unknown``, not reconciled.
         ``start``: the current turn's calls before it are known to be settled otherwise."""
-        calls = self.turn.tool_calls if self.turn is not None else []
-        live = sum(
-            calls[i].status == ToolCallStatus.OUTCOME_UNKNOWN for i in range(start, len(calls))
-        )
+        live = 0
+        if self.turn is not None:
+            calls = self.turn.tool_calls
+            for i in range(start, len(calls)):
+                if calls[i].status == ToolCallStatus.OUTCOME_UNKNOWN:
+                    live += 1
         return self.unknown_ended + live
 
 

@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 Key = tuple[int, int]
 """An id's place in the order: ``(number, 0)`` here, ``(milliseconds, sequence)`` in Redis."""
@@ -28,8 +28,10 @@ KEEP_ALIVE = 15.0
 """Seconds without an event after which a subscription yields None (for a keep-alive)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    """One event of a session's stream: a named tuple, the cheapest record to build, as
+    each turn publishes several."""
+
     id: str
     """What the subscriber sends back as ``Last-Event-ID``; "" for the stream's own notices
     (``stream.gap``, ``stream.dropped``), which are not resumable."""
@@ -137,8 +139,9 @@ class Rings:
         self.events += 1
         if self.events > self.max_events:
             self._evict(session_id)
-        ring.changed.set()
-        ring.changed = asyncio.Event()
+        if ring.subscribers:  # else nobody waits on it (``follow`` runs while watched)
+            ring.changed.set()
+            ring.changed = asyncio.Event()
 
     def _evict(self, current: str | None = None) -> None:
         """Forget the least recently active rings without a subscriber (never
