@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import Locator, Page, Route, expect
 
 from dex.testing import ServerProcess, wait_until
 from tests.browser.conftest import screenshot
@@ -15,6 +15,11 @@ from tests.support.rig import Rig
 def open_session(page: Page, rig: Rig, session_id: str) -> None:
     page.goto(f"{rig.server.address}/ui/sessions/{session_id}")
     expect(page.locator("h1")).to_contain_text(session_id)
+
+
+def is_render(route: Route) -> bool:
+    """The page's own fetch of itself, to render its state again (not a navigation)."""
+    return route.request.resource_type == "fetch"
 
 
 def call_status(page: Page, call_id: str) -> Locator:
@@ -74,11 +79,27 @@ def test_a_denial_with_a_reason_reaches_the_model_and_nothing_runs(rig: Rig, pag
     rig.start_worker()
     sid = rig.session("waiter")
     turn = rig.call(sid, ("transfer", {"amount": 500}))
-    open_session(page, rig, sid)
+    wait_until(lambda: rig.client.list_inbox()["items"], 10, what="the approval is in the inbox")
 
+    # the page renders itself again from the server once its event stream opens: hold
+    # that render until a person is in the reason field, then let it land
+    url = f"{rig.server.address}/ui/sessions/{sid}"
+    held: list[Route] = []
+    page.route(url, lambda route: held.append(route) if is_render(route) else route.continue_())
+    with page.expect_request(lambda r: r.resource_type == "fetch"):
+        open_session(page, rig, sid)
     wait = page.locator(".wait.approval")
-    expect(wait).to_contain_text("transfer")  # the page shows the wait once it starts
-    wait.get_by_placeholder("why not").fill("too much money")
+    expect(wait).to_contain_text("transfer")
+    reason = wait.get_by_placeholder("why not")
+    reason.click()
+    for route in held:
+        route.continue_()
+    expect(page.locator("#held")).to_be_visible()  # the render waits for the person
+    expect(reason).to_be_focused()  # and left the field alone: the keys land in it
+    page.keyboard.type("too much money")
+    expect(reason).to_have_value("too much money")
+    page.unroute(url)
+
     wait.get_by_role("button", name="Deny").click()
     expect(page.locator(".waits")).to_have_count(0)  # the denial is recorded
     (call,) = rig.wait_turn(sid, turn)["tool_calls"]

@@ -9,6 +9,7 @@
   const live = document.getElementById("live");
   const from = document.getElementById("live-from");
   const banner = document.getElementById("connection");
+  const held = document.getElementById("held"); // a render put off while a person types
   const REGIONS = ["state", "turns"];
   let attempt = null; // the model attempt whose text the live box shows
   const discarded = new Set(); // attempts whose text is void: their late deltas are too
@@ -22,14 +23,24 @@
   }
 
   function typing() {
-    // a field a person filled and has not sent yet, focused or not (a click on its
-    // button moves the focus before the form is sent)
+    // a field a person is in, even empty (rendering the page again would pull it from
+    // under their keys: what they type next goes nowhere), or one they filled and have
+    // not sent yet, focused or not (a click on its button moves the focus before the
+    // form is sent)
     const fields = root.querySelectorAll("input:not([type=hidden]), textarea");
-    return [...fields].some((field) => field.value && field.value !== field.defaultValue);
+    return [...fields].some(
+      (field) =>
+        field === document.activeElement || (field.value && field.value !== field.defaultValue),
+    );
+  }
+
+  function putOff() {
+    held.hidden = false;
+    refreshSoon(1000);
   }
 
   async function refresh() {
-    if (typing()) return refreshSoon(1000); // do not wipe what a person is typing
+    if (typing()) return putOff(); // do not wipe what a person is typing
     let page;
     try {
       const answer = await fetch(location.href, { cache: "no-store", credentials: "same-origin" });
@@ -41,7 +52,8 @@
     }
     banner.hidden = true;
     retry = 250;
-    if (typing()) return refreshSoon(1000); // they started typing while it loaded
+    if (typing()) return putOff(); // they started typing while it loaded
+    held.hidden = true;
     for (const id of REGIONS) {
       const fresh = page.getElementById(id);
       if (fresh) document.getElementById(id).replaceWith(fresh);
