@@ -151,11 +151,30 @@ async def _no_heartbeat() -> None:
 
 
 def cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """User + system CPU time a process (or one of its threads) has used so far."""
+    """User + system CPU time a process, with its running child processes (the server's
+    SQLite writer), or one of its threads has used so far."""
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return own if tid is not None else own + children_cpu_seconds(pid)
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """CPU time the running child processes of ``pid`` (the server's SQLite writer) have
+    used so far."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
 
 
 def machine_busy_seconds() -> float:
@@ -386,8 +405,9 @@ async def run_phase(
 
 def _cpu(server: ServerProcess, worker: WorkerProcess) -> dict[str, float]:
     return {
-        "server": cpu_seconds(server.pid),
+        "server": cpu_seconds(server.pid),  # with its writer process
         "server_loop": cpu_seconds(server.pid, server.pid),  # the event loop's thread
+        "server_writer": children_cpu_seconds(server.pid),  # the SQLite writer process
         "worker": cpu_seconds(worker.pid),
         "client": time.process_time(),
         "machine": machine_busy_seconds(),
@@ -466,11 +486,11 @@ def report(
         "  the bare durable commit's p50; 1/(turns/s) in commits: the same for the wall time",
         "  per turn at that throughput. commits/turn: dex_store_commits_total delta / turns;",
         "  store ops/turn: dex_store_operations_total delta / turns (each op is one transition",
-        "  or read run by the store's writer thread). Both include the session creations:",
+        "  or read run by the store's writer process). Both include the session creations:",
         f"  one per {args.turns_per_session} turns. writer busy: the share of the phase the",
         "  store's one writer spent committing (dex_store_busy_seconds_total); near 100 % it",
         "  sets the pace, whatever CPU is left. writer ms/op: its wall time per op (compare",
-        "  the CPU table's 'other threads', nearly all of them the writer).",
+        "  the CPU table's 'writer process').",
         "",
         "CPU per turn (ms of CPU time over the phase / turns) and machine load",
     ]
@@ -483,7 +503,8 @@ def report(
                 str(p.concurrency),
                 ms(p.cpu["server"] / n),
                 ms(p.cpu["server_loop"] / n),
-                ms((p.cpu["server"] - p.cpu["server_loop"]) / n),
+                ms((p.cpu["server"] - p.cpu["server_loop"] - p.cpu["server_writer"]) / n),
+                ms(p.cpu["server_writer"] / n),
                 ms(p.cpu["worker"] / n),
                 ms(p.cpu["client"] / n),
                 ms(ours / n),
@@ -491,7 +512,8 @@ def report(
                 f"{max(0.0, p.cpu['machine'] - ours) / p.seconds:.2f}",
             ]
         )
-    header = ["sessions", "server", "(loop", "other threads)", "Worker", "client", "total"]
+    header = ["sessions", "server", "(loop", "other threads", "writer process)"]
+    header += ["Worker", "client", "total"]
     header += ["machine busy, CPUs", "not ours, CPUs"]
     out.append(render_table(rows, header))
     noisy = [p for p in phases if (p.cpu["machine"] - _ours(p)) / p.seconds > 0.2]

@@ -44,15 +44,18 @@ def create_app(
     leadership: Leadership | None = None,
     on_step_down: Callable[[], None] | None = None,
     tracer_provider: Any = None,
+    on_store_lost: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The node's FastAPI app. ``leadership``: the lease it must hold to serve (default:
     ``Solo``, the embedded node that leads from the start). ``on_step_down``: what to do
     when the lead is lost (``serve`` exits the process). ``tracer_provider``: where spans
-    go when ``config.tracing`` is on (default: OpenTelemetry's global provider)."""
+    go when ``config.tracing`` is on (default: OpenTelemetry's global provider).
+    ``on_store_lost``: what to do when the store can no longer write (``serve`` exits)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store.from_url(config.database_url)
+        store.on_lost = on_store_lost
         try:
             await store.open()
         except DexError as e:
@@ -174,9 +177,10 @@ STARTUP_FAILED = 3
 """The exit status of a node that could not start (its store would not open), as uvicorn's."""
 
 SWITCH_INTERVAL = 0.0005
-"""Seconds a thread may hold the GIL while another waits (Python's default is 5 ms). The
-SQLite writer thread needs the GIL briefly for each statement; with the default, a busy
-event loop made every group commit wait milliseconds for it."""
+"""Seconds a thread may hold the GIL while another waits (Python's default is 5 ms). Set
+when the SQLite writer was a thread of the node, which needed the GIL for each statement
+(with the default a busy event loop made every group commit wait milliseconds); kept for
+the threads the node still runs (the PostgreSQL lease's, ``asyncio.to_thread``)."""
 
 
 class _Server(uvicorn.Server):
@@ -224,10 +228,22 @@ def _exit_stepped_down() -> None:
     os._exit(STEPPED_DOWN)  # nothing in flight here may be trusted any more: leave now
 
 
+STORE_LOST = 5
+"""The exit status of a node whose store could no longer write (its SQLite writer process
+died): restart it, and it recovers from what was committed."""
+
+
+def _exit_store_lost() -> None:
+    logging.shutdown()
+    os._exit(STORE_LOST)  # what was in flight has an unknown outcome: recover from storage
+
+
 def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
     """Run one node until SIGINT or SIGTERM (then drain, and exit); SIGHUP reads the
     tokens file again."""
-    fastapi_app = create_app(config, leadership, on_step_down=_exit_stepped_down)
+    fastapi_app = create_app(
+        config, leadership, on_step_down=_exit_stepped_down, on_store_lost=_exit_store_lost
+    )
     try:
         app = _wrap(fastapi_app, config)
     except DexError as e:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import NamedTuple
@@ -161,6 +162,10 @@ class Store(ABC):
     fence_epoch: int | None = None
     """The epoch of the lead this node holds: a backend shared by several nodes refuses
     every write once another node has taken the lead with a higher epoch."""
+    on_lost: Callable[[], None] | None = None
+    """Called once if the store can no longer write while open (SQLite: its writer
+    process died). It then refuses every call; ``dex server`` exits, and its restart
+    recovers from what was committed."""
 
     @abstractmethod
     async def open(self) -> None:
