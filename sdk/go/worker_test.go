@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log"
+	"math/big"
 	"strings"
 	"sync"
 	"testing"
@@ -233,4 +234,28 @@ func equalMaps(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+func TestAResultWithAnIntegerBeyond64BitsFailsItsAttemptInsteadOfTheConnection(t *testing.T) {
+	s := step{AttemptID: "s1/1.2/1"}
+	huge, _ := new(big.Int).SetString("18446744073709551616", 10) // 2^64
+	for _, result := range []any{huge, map[string]any{"ids": []any{1, json.Number("-9223372036854775809")}}} {
+		m := done(s, result)
+		if m["t"] != "fail" {
+			t.Fatalf("%v: want a fail, got %v", result, m)
+		}
+		e := m["error"].(recoveryError)
+		if !e.Retryable || !strings.Contains(e.Message, "beyond what the protocol carries") {
+			t.Fatalf("%v: %+v", result, e)
+		}
+	}
+	// the ends of the range, long digits in a string, and floats go as they are
+	for _, result := range []any{
+		uint64(18446744073709551615), int64(-9223372036854775808),
+		"123456789012345678901234567890", 1e300, json.Number("12345678901234567890.5"),
+	} {
+		if m := done(s, result); m["t"] != "done" {
+			t.Fatalf("%v: want a done, got %v", result, m)
+		}
+	}
 }
