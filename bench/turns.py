@@ -160,10 +160,9 @@ def cpu_seconds(pid: int, tid: int | None = None) -> float:
     return own if tid is not None else own + children_cpu_seconds(pid)
 
 
-def children_cpu_seconds(pid: int) -> float:
-    """CPU time the running child processes of ``pid`` (the server's SQLite writer) have
-    used so far."""
-    total = 0.0
+def children(pid: int) -> list[int]:
+    """The running child processes of ``pid`` (the server's SQLite writer)."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -173,7 +172,16 @@ def children_cpu_seconds(pid: int) -> float:
         except OSError:
             continue  # gone meanwhile
         if int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+            found.append(int(entry))
+    return found
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """CPU time the running child processes of ``pid`` have used so far."""
+    total = 0.0
+    for child in children(pid):
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(child)
     return total
 
 
@@ -185,12 +193,13 @@ def machine_busy_seconds() -> float:
 
 
 def memory_kib(pid: int, key: str) -> int:
-    """A ``Vm*`` line of /proc/<pid>/status (``VmHWM`` is the peak resident set), in KiB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
+    """A ``Vm*`` line of /proc/<pid>/status (``VmHWM`` is the peak resident set), in KiB,
+    with its running child processes' (the server's SQLite writer) added."""
+    total = 0
+    for process in [pid, *children(pid)]:
+        with open(f"/proc/{process}/status") as f:
+            total += next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+    return total
 
 
 async def metrics(http: aiohttp.ClientSession, address: str) -> dict[str, float]:
@@ -530,7 +539,7 @@ def report(
             out.append(f"  {p.concurrency} sessions: {p.failed} turns FAILED: {dict(p.errors)}")
     out += [
         "",
-        f"Server peak RSS (VmHWM): {peak_rss_kib / 1024:.1f} MiB   "
+        f"Server peak RSS (VmHWM, with its writer process): {peak_rss_kib / 1024:.1f} MiB   "
         f"(Worker: {worker_peak_rss_kib / 1024:.1f} MiB)",
         "",
         "Targets",
