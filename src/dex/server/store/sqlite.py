@@ -278,7 +278,9 @@ class SqliteStore(SqlStore):
                 else:
                     fut.set_exception(_error(*result))
 
-    def _account(self, commits: int, operations: int, busy: float, failed: str | None) -> None:
+    def _account(
+        self, commits: int, operations: int, busy: float, failed: str | None, writing: bool
+    ) -> None:
         self.busy_seconds += busy
         if failed is not None:
             self.commit_failures += 1
@@ -290,7 +292,7 @@ class SqliteStore(SqlStore):
                     extra={"action": "store.commit_failed", "error": failed},
                 )
             return
-        if commits and self.failing_since is not None:
+        if commits and writing and self.failing_since is not None:  # reads prove nothing
             log.warning(
                 "commits succeed again after %.1fs of failures",
                 time.monotonic() - self.failing_since,

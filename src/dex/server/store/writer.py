@@ -16,7 +16,8 @@ Frames, both ways: a 4-byte little-endian length, then a ``marshal`` payload.
 - Out, one frame for each time the writer ran what had come: ``(results, stats)``.
   ``results`` answers every op of those frames in order, each ``(OK, value)`` or
   ``(CONFLICT | FAILED | NOT_COMMITTED | BUG, driver_message, cause)``; ``stats`` is
-  ``(commits, operations, busy_seconds, failed_commit_cause)`` for that run.
+  ``(commits, operations, busy_seconds, failed_commit_cause, writing)`` for that run
+  (``writing``: it held a write, so its commit says whether commits succeed again).
 
 The writer takes every frame that has come, commits all their ops as one transaction
 (group commit: the statements of consecutive writes merged, each text once over every
@@ -94,16 +95,17 @@ class Writer:
 
     def run(self, ops: list[Op], fail_commit: bool) -> tuple[list[Result], tuple[Any, ...]]:
         started = time.perf_counter()
+        writing = any(kind == "w" for kind, _ in ops)
         try:
             results, failed = self._commit(ops, fail_commit)
         except Exception as e:  # a bug: the writer must still answer, and live on
             self._roll_back()
             bug = (BUG, repr(e), repr(e))
-            return [bug] * len(ops), (0, 0, time.perf_counter() - started, None)
+            return [bug] * len(ops), (0, 0, time.perf_counter() - started, None, False)
         busy = time.perf_counter() - started
         if failed is not None:
-            return results, (0, 0, busy, failed)
-        return results, (1, len(ops), busy, None)
+            return results, (0, 0, busy, failed, writing)
+        return results, (1, len(ops), busy, None, writing)
 
     def _connection(self) -> sqlite3.Connection:
         if self.conn is None:
