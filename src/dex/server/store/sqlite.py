@@ -72,6 +72,7 @@ class SqliteStore(SqlStore):
         """One future for each op sent, in the order sent: the writer answers in order."""
         self._out = bytearray()
         self._in = bytearray()
+        self._chunk = bytearray(writer.CHUNK)  # reused: a fresh buffer a read cost the most
         self._closing = False
         self._gone: asyncio.Future[None] | None = None
         """Resolved once the writer's end is closed (it exited, or died)."""
@@ -251,15 +252,15 @@ class SqliteStore(SqlStore):
     def _receive(self) -> None:
         assert self._sock is not None
         try:
-            chunk = self._sock.recv(1 << 20)
+            n = self._sock.recv_into(self._chunk)
         except BlockingIOError:
             return
         except OSError:
-            chunk = b""
-        if not chunk:
+            n = 0
+        if not n:
             self._lost()
             return
-        self._in += chunk
+        self._in += memoryview(self._chunk)[:n]
         header = writer.HEADER
         while len(self._in) >= header.size:
             (size,) = header.unpack_from(self._in)

@@ -46,6 +46,8 @@ OK, CONFLICT, FAILED, NOT_COMMITTED, BUG = range(5)
 """How an op ended: its value; refused by a constraint; failed alone (SQLite's message and
 its cause); not committed, as the whole batch (a full disk); a bug in the writer."""
 HEADER = struct.Struct("<I")
+CHUNK = 1 << 18
+"""Bytes a read takes at most."""
 Op = tuple[str, list[tuple[str, Any]]]
 Result = tuple[Any, ...]
 
@@ -248,34 +250,36 @@ def _die_with(parent: int) -> None:
 
 
 class Inbox:
-    """The frames the node sends, read off the socket."""
+    """The frames the node sends, read off the socket (a blocking one)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = bytearray()
+        self.chunk = bytearray(CHUNK)  # reused: a fresh buffer a read cost the most
+        self.view = memoryview(self.chunk)
 
     def receive(self) -> list[Any]:
         """Every frame that has come, waiting for the first; [] once the node closed its
         end (after the frames sent before it)."""
-        self.sock.setblocking(True)
         frames = self._parse()
         while not frames:
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
+            if self._read(0) == 0:
                 return []
-            self.buffer += chunk
             frames = self._parse()
-        self.sock.setblocking(False)
-        while True:  # and whatever else came meanwhile: one commit for all of it
-            try:
-                chunk = self.sock.recv(1 << 20)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break  # closed: these are answered first, the next receive says so
-            self.buffer += chunk
+        # and whatever else came meanwhile: one commit for all of it (at the end of the
+        # stream, these are answered first and the next receive says so)
+        while self._read(socket.MSG_DONTWAIT) > 0:
             frames += self._parse()
         return frames
+
+    def _read(self, flags: int) -> int:
+        """Bytes read (0: the node closed its end; -1: none have come)."""
+        try:
+            n = self.sock.recv_into(self.chunk, CHUNK, flags)
+        except BlockingIOError:
+            return -1
+        self.buffer += self.view[:n]
+        return n
 
     def _parse(self) -> list[Any]:
         frames = []
@@ -303,7 +307,6 @@ def main(argv: list[str]) -> int:
     while frames := inbox.receive():
         ops = [op for _, frame_ops in frames for op in frame_ops]
         payload = marshal.dumps(writer.run(ops, any(fail for fail, _ in frames)))
-        sock.setblocking(True)
         try:
             sock.sendall(HEADER.pack(len(payload)) + payload)
         except BrokenPipeError:
