@@ -25,7 +25,6 @@ import collections
 import contextlib
 import fcntl
 import logging
-import marshal
 import os
 import socket
 import sqlite3
@@ -63,20 +62,18 @@ class SqliteStore(SqlStore):
         self.writer_pid: int | None = None
         self._lock_file: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self._sock: socket.socket | None = None
+        self._link: asyncio.Transport | None = None
+        """The socket to the writer: None while closed, and once the writer is gone."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[writer.Op] = []
         """Ops queued in this turn of the event loop, sent together when it ends."""
         self._fail_commit = False
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         """One future for each op sent, in the order sent: the writer answers in order."""
-        self._out = bytearray()
         self._in = bytearray()
-        self._chunk = bytearray(writer.CHUNK)  # reused: a fresh buffer a read cost the most
         self._closing = False
         self._gone: asyncio.Future[None] | None = None
         """Resolved once the writer's end is closed (it exited, or died)."""
-        self._drained: asyncio.Future[None] | None = None
         self._broken: StorageError | None = None
         """Why every call is refused: the writer died while the store was open."""
 
@@ -87,7 +84,7 @@ class SqliteStore(SqlStore):
         await self._lock()
         try:
             await asyncio.to_thread(self._migrate)
-            self._start()
+            await self._start()
         except BaseException:
             await self.close()  # a store that failed to open refuses calls, never hangs them
             raise
@@ -108,7 +105,19 @@ class SqliteStore(SqlStore):
         finally:
             conn.close()
 
-    def _start(self) -> None:
+    async def _start(self) -> None:
+        ours = self._spawn()
+        self._broken = None
+        self._loop = asyncio.get_running_loop()
+        self._gone = self._loop.create_future()
+        try:
+            self._link, _ = await self._loop.create_unix_connection(lambda: _Link(self), sock=ours)
+        except BaseException:
+            ours.close()  # the writer reads the end of its input, and exits
+            raise
+
+    def _spawn(self) -> socket.socket:
+        """Start the writer process; our end of the socket pair to it."""
         assert self._lock_file is not None
         ours, theirs = socket.socketpair()
         try:
@@ -131,30 +140,20 @@ class SqliteStore(SqlStore):
         finally:
             theirs.close()
         self.writer_pid = self._process.pid
-        self._broken = None
-        ours.setblocking(False)
-        self._sock = ours
-        self._loop = asyncio.get_running_loop()
-        self._gone = self._loop.create_future()
-        self._loop.add_reader(ours.fileno(), self._receive)
+        return ours
 
     async def close(self) -> None:
-        sock, process = self._sock, self._process
-        if sock is not None and self._gone is not None:
+        link, process = self._link, self._process
+        if link is not None and self._gone is not None:
             self._send()  # what this turn of the loop queued
             self._closing = True
-            if self._out:  # wait until the writer has taken the rest of what was sent
-                assert self._loop is not None
-                self._drained = self._loop.create_future()
-                await self._drained
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_WR)  # the writer answers what it has, then exits
+            link.write_eof()  # once all is sent: the writer answers what it has, then exits
             await self._gone  # every answer read, the writer's end closed
         self._process = None
         if process is not None:
             await asyncio.to_thread(process.wait)
         self._fail_all(StorageError("the store is closed", retryable=True))
-        self._pending, self._out, self._in = [], bytearray(), bytearray()
+        self._pending, self._in = [], bytearray()
         self._closing = False
         self._unlock()
 
@@ -200,7 +199,7 @@ class SqliteStore(SqlStore):
     # --- to and from the writer ---------------------------------------------------------
 
     def _queue(self, op: writer.Op, writing: bool) -> asyncio.Future[Any]:
-        if self._sock is None or self._loop is None or self._closing:
+        if self._link is None or self._loop is None or self._closing:
             raise self._broken or StorageError("the store is not open")
         idle = not self._waiting  # then it goes at once; else with this turn's others
         if not idle and not self._pending:
@@ -217,58 +216,12 @@ class SqliteStore(SqlStore):
     def _send(self) -> None:
         ops, self._pending = self._pending, []
         fail, self._fail_commit = self._fail_commit, False
-        if self._sock is None or not ops:
-            return
-        payload = marshal.dumps((fail, ops))
-        frame = writer.HEADER.pack(len(payload)) + payload
-        if self._out:  # the socket is full: after what waits
-            self._out += frame
-            return
-        try:
-            sent = self._sock.send(frame)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            return  # the writer is gone: _receive hears it
-        if sent < len(frame):
-            self._out += frame[sent:]
-            assert self._loop is not None
-            self._loop.add_writer(self._sock.fileno(), self._send_rest)
+        if self._link is not None and ops:
+            self._link.write(writer.frame((fail, ops)))  # the transport buffers what waits
 
-    def _send_rest(self) -> None:
-        assert self._sock is not None and self._loop is not None
-        try:
-            sent = self._sock.send(self._out)
-        except BlockingIOError:
-            return
-        except OSError:
-            sent = len(self._out)  # the writer is gone: _receive hears it
-        del self._out[:sent]
-        if not self._out:
-            self._loop.remove_writer(self._sock.fileno())
-            if self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
-
-    def _receive(self) -> None:
-        assert self._sock is not None
-        try:
-            n = self._sock.recv_into(self._chunk)
-        except BlockingIOError:
-            return
-        except OSError:
-            n = 0
-        if not n:
-            self._lost()
-            return
-        self._in += memoryview(self._chunk)[:n]
-        header = writer.HEADER
-        while len(self._in) >= header.size:
-            (size,) = header.unpack_from(self._in)
-            end = header.size + size
-            if len(self._in) < end:
-                break
-            results, stats = marshal.loads(self._in[header.size : end])
-            del self._in[:end]
+    def _received(self, data: bytes) -> None:
+        self._in += data
+        for results, stats in writer.take_frames(self._in):
             self._account(*stats)
             for result in results:
                 fut = self._waiting.popleft()
@@ -307,16 +260,8 @@ class SqliteStore(SqlStore):
         """The writer's end closed. Asked to (``close``), or it died while the store was
         open: then what it was writing may or may not be committed, so nothing is
         answered as if it were known."""
-        sock, self._sock = self._sock, None
-        if sock is None:
-            return
-        assert self._loop is not None and self._gone is not None
-        self._loop.remove_reader(sock.fileno())
-        if self._out:
-            self._loop.remove_writer(sock.fileno())
-            if self._drained is not None and not self._drained.done():
-                self._drained.set_result(None)
-        sock.close()
+        assert self._gone is not None
+        self._link = None
         self._gone.set_result(None)
         if self._closing:
             return
@@ -354,6 +299,19 @@ class SqliteStore(SqlStore):
     async def schema_version(self) -> int:
         [rows] = await self._read([(VERSION, ())])
         return int(rows[0][0]) if rows else 0
+
+
+class _Link(asyncio.Protocol):
+    """The store's end of the socket to its writer process."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+
+    def data_received(self, data: bytes) -> None:
+        self.store._received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.store._lost()  # the writer exited, or died
 
 
 def _alive(pid: str) -> bool:

@@ -48,6 +48,28 @@ its cause); not committed, as the whole batch (a full disk); a bug in the writer
 HEADER = struct.Struct("<I")
 CHUNK = 1 << 18
 """Bytes a read takes at most."""
+
+
+def frame(value: Any) -> bytes:
+    """``value`` as a frame: its length, then its ``marshal`` bytes."""
+    payload = marshal.dumps(value)
+    return HEADER.pack(len(payload)) + payload
+
+
+def take_frames(buffer: bytearray) -> list[Any]:
+    """The values of the whole frames at the start of ``buffer``, removed from it (a
+    frame not whole yet stays)."""
+    values = []
+    while len(buffer) >= HEADER.size:
+        (size,) = HEADER.unpack_from(buffer)
+        end = HEADER.size + size
+        if len(buffer) < end:
+            break
+        values.append(marshal.loads(buffer[HEADER.size : end]))
+        del buffer[:end]
+    return values
+
+
 Op = tuple[str, list[tuple[str, Any]]]
 Result = tuple[Any, ...]
 
@@ -261,15 +283,15 @@ class Inbox:
     def receive(self) -> list[Any]:
         """Every frame that has come, waiting for the first; [] once the node closed its
         end (after the frames sent before it)."""
-        frames = self._parse()
+        frames = take_frames(self.buffer)
         while not frames:
             if self._read(0) == 0:
                 return []
-            frames = self._parse()
+            frames = take_frames(self.buffer)
         # and whatever else came meanwhile: one commit for all of it (at the end of the
         # stream, these are answered first and the next receive says so)
         while self._read(socket.MSG_DONTWAIT) > 0:
-            frames += self._parse()
+            frames += take_frames(self.buffer)
         return frames
 
     def _read(self, flags: int) -> int:
@@ -280,17 +302,6 @@ class Inbox:
             return -1
         self.buffer += self.view[:n]
         return n
-
-    def _parse(self) -> list[Any]:
-        frames = []
-        while len(self.buffer) >= HEADER.size:
-            (size,) = HEADER.unpack_from(self.buffer)
-            end = HEADER.size + size
-            if len(self.buffer) < end:
-                break
-            frames.append(marshal.loads(self.buffer[HEADER.size : end]))
-            del self.buffer[:end]
-        return frames
 
 
 def main(argv: list[str]) -> int:
@@ -306,9 +317,9 @@ def main(argv: list[str]) -> int:
     writer = Writer(path)
     while frames := inbox.receive():
         ops = [op for _, frame_ops in frames for op in frame_ops]
-        payload = marshal.dumps(writer.run(ops, any(fail for fail, _ in frames)))
+        answer = frame(writer.run(ops, any(fail for fail, _ in frames)))
         try:
-            sock.sendall(HEADER.pack(len(payload)) + payload)
+            sock.sendall(answer)
         except BrokenPipeError:
             break  # the node is gone
     if writer.conn is not None:
