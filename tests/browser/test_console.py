@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from playwright.sync_api import Locator, Page, Route, expect
+from playwright.sync_api import Locator, Page, Request, Route, expect
 
 from dex.testing import ServerProcess, wait_until
 from tests.browser.conftest import screenshot
@@ -17,9 +17,9 @@ def open_session(page: Page, rig: Rig, session_id: str) -> None:
     expect(page.locator("h1")).to_contain_text(session_id)
 
 
-def is_render(route: Route) -> bool:
+def is_render(request: Request) -> bool:
     """The page's own fetch of itself, to render its state again (not a navigation)."""
-    return route.request.resource_type == "fetch"
+    return request.resource_type == "fetch"
 
 
 def call_status(page: Page, call_id: str) -> Locator:
@@ -85,8 +85,10 @@ def test_a_denial_with_a_reason_reaches_the_model_and_nothing_runs(rig: Rig, pag
     # that render until a person is in the reason field, then let it land
     url = f"{rig.server.address}/ui/sessions/{sid}"
     held: list[Route] = []
-    page.route(url, lambda route: held.append(route) if is_render(route) else route.continue_())
-    with page.expect_request(lambda r: r.resource_type == "fetch"):
+    page.route(
+        url, lambda route: held.append(route) if is_render(route.request) else route.continue_()
+    )
+    with page.expect_request(is_render):
         open_session(page, rig, sid)
     wait = page.locator(".wait.approval")
     expect(wait).to_contain_text("transfer")
