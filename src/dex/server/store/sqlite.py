@@ -4,8 +4,9 @@ A writer process owns the connection (``writer.py``: standard library only, star
 with the store). Callers on the event loop queue operations (writes, as their
 statements; reads, as queries); an op queued while the writer is idle goes to it at
 once, and what one turn of the event loop queues while it commits goes in one frame; the
-writer commits whatever frames have come as one transaction. The writes of a batch run statement by statement across writes (one
-``executemany`` for every write's session update, one for every history item, ...), so
+writer commits whatever frames have come as one transaction. The writes of a batch run
+statement by statement across writes (one ``executemany`` for every write's session
+update, one for every history item, ...), so
 a batch costs a few calls however many writes it holds; a batch that fails runs again
 with a savepoint per operation, so that only the bad ones fail. A commit is durable
 before any caller hears back, so batching buys speed without trading durability.
