@@ -444,10 +444,20 @@ def test_hello_registers_the_agents(api: Api, worker: FakeWorker) -> None:
     api.create("s1")  # the agent is known now
 
 
+HELLO = b'{"t": "hello", "worker_id": "w", "agents": []}'
+
+
 @pytest.mark.parametrize(
     "hello",
-    [b"not json", b'[{"t": "hello"}]', b"[]", b'{"t": "hello", "worker_id": "w", "agents": 3}'],
-    ids=["not-json", "no-fields", "empty", "bad-agents"],
+    [
+        b"not json",
+        b'[{"t": "hello"}]',
+        b"[]",
+        b'{"t": "hello", "worker_id": "w", "agents": 3}',
+        b"[%s, %s]" % (HELLO, HELLO),  # once crashed the connection's handler
+        b'[%s, {"t": "done", "attempt_id": "a"}]' % HELLO,
+    ],
+    ids=["not-json", "no-fields", "empty", "bad-agents", "two-hellos", "then-a-bad-message"],
 )
 def test_bad_hello_closes_the_socket(api: Api, hello: bytes) -> None:
     with api.http.websocket_connect("/v1/workers/connect") as ws:

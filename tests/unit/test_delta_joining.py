@@ -7,18 +7,18 @@ from __future__ import annotations
 from typing import Any, cast
 
 from dex.server.api.workers import _joined
-from dex.wire.protocol import Delta, Heartbeat, WorkerMessage
+from dex.wire.worker_frames import Delta, Heartbeat, WorkerMessage
 from dex.worker.worker import _Link
 
 
 def test_the_server_joins_consecutive_deltas_of_one_attempt_and_keeps_the_order() -> None:
     a, b = "s/1/1", "s/2/1"
     frame: list[WorkerMessage] = [
-        Delta(t="delta", attempt_id=a, text="he"),
-        Delta(t="delta", attempt_id=a, text="llo"),
-        Delta(t="delta", attempt_id=b, text="x"),
-        Heartbeat(t="hb", attempts=[a]),
-        Delta(t="delta", attempt_id=a, text="!"),
+        Delta(attempt_id=a, text="he"),
+        Delta(attempt_id=a, text="llo"),
+        Delta(attempt_id=b, text="x"),
+        Heartbeat(attempts=[a]),
+        Delta(attempt_id=a, text="!"),
     ]
     joined = _joined(frame)
     assert [(type(m).__name__, getattr(m, "text", None)) for m in joined] == [

@@ -30,6 +30,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import msgspec
+from pydantic import BaseModel
+
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, CorruptRecord, DexError, InvalidInput, NotFound
 from dex.server import fleet, records, views
@@ -62,12 +65,17 @@ from dex.wire import (
     Summary,
     ToolOutcome,
     too_deep,
+    worker_frames,
 )
 
 if TYPE_CHECKING:
     from dex.server.tracing import Tracing  # OpenTelemetry: imported only when tracing is on
 
 log = logging.getLogger("dex.sessions")
+
+M = TypeVar("M", bound=BaseModel)
+Failure = RecoveryError | worker_frames.RecoveryError | AttemptError
+"""Why an attempt failed: from the API or a Worker's frame, or the server's own."""
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 CALL_ID = re.compile(r"([1-9][0-9]{0,17})\.[1-9][0-9]{0,17}")
@@ -637,10 +645,14 @@ class Sessions:
         assert step is not None
         return self.committer.handout(actor, step, worker)
 
-    def complete_soon(self, attempt: str, payload: dict[str, Any]) -> asyncio.Future[Transition]:
-        """Commit an attempt's result. Raises at once for a result that cannot apply."""
+    def complete_soon(
+        self, attempt: str, payload: dict[str, Any] | bytes
+    ) -> asyncio.Future[Transition]:
+        """Commit an attempt's result (a JSON object, parsed or as its text: a Worker's
+        frame keeps it JSON, validated once by the type its Step expects). Raises at once
+        for a result that cannot apply."""
         failpoints.hit("server.before_commit_result")
-        if too_deep(payload):
+        if _too_deep(payload):
             raise InvalidInput(f"the result nests deeper than {MAX_JSON_DEPTH} levels")
         session_id, step_id, number = _parse(attempt)
         ended = _Ended("succeeded", None)
@@ -651,12 +663,12 @@ class Sessions:
 
             def handle(s: SessionState, now: float) -> Transition:
                 if step is not None and step.type == StepType.RUN_MODEL:
-                    response = ModelResponse.model_validate(payload)
+                    response = _validated(ModelResponse, payload)
                     return handlers.complete_model(s, spec, step_id, number, response, now)
                 if step is not None and step.type == StepType.COMPACT_CONTEXT:
-                    summary = Summary.model_validate(payload)
+                    summary = _validated(Summary, payload)
                     return handlers.complete_summary(s, spec, step_id, number, summary, now)
-                outcome = ToolOutcome.model_validate(payload)
+                outcome = _validated(ToolOutcome, payload)
                 return handlers.complete_tool(s, spec, step_id, number, outcome, now)
 
             return handle
@@ -665,21 +677,21 @@ class Sessions:
         done.add_done_callback(functools.partial(self._settled, ended))
         return done
 
-    async def complete(self, attempt: str, payload: dict[str, Any]) -> None:
+    async def complete(self, attempt: str, payload: dict[str, Any] | bytes) -> None:
         await self.complete_soon(attempt, payload)
 
     def fail_soon(
-        self, attempt: str, error: RecoveryError | AttemptError, *, backoff: bool = True
+        self, attempt: str, error: Failure, *, backoff: bool = True
     ) -> asyncio.Future[Transition]:
         session_id, step_id, number = _parse(attempt)
         failure = (
-            AttemptError(
+            error
+            if isinstance(error, AttemptError)
+            else AttemptError(
                 message=error.message,
                 attempt_progress=error.attempt_progress,
                 retryable=error.retryable,
             )
-            if isinstance(error, RecoveryError)
-            else error
         )
 
         ended = _Ended("failed", failure.attempt_progress.value)
@@ -695,9 +707,7 @@ class Sessions:
         done.add_done_callback(functools.partial(self._settled, ended))
         return done
 
-    async def fail(
-        self, attempt: str, error: RecoveryError | AttemptError, *, backoff: bool = True
-    ) -> None:
+    async def fail(self, attempt: str, error: Failure, *, backoff: bool = True) -> None:
         await self.fail_soon(attempt, error, backoff=backoff)
 
     def hand_back_soon(self, attempt: str) -> asyncio.Future[Transition]:
@@ -796,6 +806,21 @@ def _new_id(session_id: str | None) -> str:
 
 def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:
     return handlers.recover(state, spec, now, reason)
+
+
+def _validated(model: type[M], payload: dict[str, Any] | bytes) -> M:
+    if isinstance(payload, bytes):
+        return model.model_validate_json(payload)
+    return model.model_validate(payload)
+
+
+def _too_deep(payload: dict[str, Any] | bytes) -> bool:
+    if not isinstance(payload, bytes):
+        return too_deep(payload)
+    # no JSON text with fewer brackets than the limit nests past it: skip the parse
+    if payload.count(b"[") + payload.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    return too_deep(msgspec.json.decode(payload))
 
 
 def _parse(attempt: str) -> tuple[str, str, int]:

@@ -77,7 +77,9 @@ RULES = """\
 7. **Refusals.** A frame that does not fit this page closes the connection with code
    4400 and the problem as the reason. An integer anywhere in a frame lies between
    -2^63 and 2^64-1 (JSON here carries no larger one: a frame that holds one does not
-   fit). A `worker_id` that a live connection uses
+   fit). Each field has the JSON type its schema gives, as it is: a number or a
+   boolean sent as a string, or a boolean sent as a number, does not fit. A `worker_id`
+   that a live connection uses
    already, without its `resume` token, is closed with code 4409.
 8. **Order.** Messages of one frame are read in order; results of one frame commit
    together (their acks may come in any order).

@@ -23,9 +23,10 @@ import re
 import time
 from typing import Any
 
+import msgspec
 import orjson
 from fastapi import APIRouter, FastAPI, Request
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
@@ -42,15 +43,11 @@ from dex.wire.protocol import (
     CLOSE_ID_IN_USE,
     CLOSE_NOT_READY,
     WORKER_FRAME,
-    Back,
-    Delta,
-    Done,
-    Drain,
-    Fail,
-    Heartbeat,
     Hello,
-    WorkerMessage,
 )
+from dex.wire.worker_frames import Back, Delta, Done, Drain, Fail, Heartbeat, WorkerMessage
+from dex.wire.worker_frames import Hello as HelloAgain
+from dex.wire.worker_frames import decode as decode_frame
 
 log = logging.getLogger("dex.workers")
 router = APIRouter()
@@ -163,37 +160,53 @@ _NINETEEN_DIGITS_TEXT = re.compile(r"\d{19}")
 bits, and skips the walk that looks for one."""
 
 
-def _parse(raw: bytes | str) -> list[WorkerMessage]:
+def _hello(raw: bytes | str) -> Hello:
+    """The ``hello`` that opens a frame (the connection's first), validated with the
+    protocol's own types; the frame's other messages are ``_parse``'s."""
     if not raw:
         raise BadFrame("an empty frame")
     try:
-        messages = WORKER_FRAME.validate_json(raw)
+        messages = WORKER_FRAME.validate_json(raw, strict=True)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise BadFrame(f"{where}: {first['msg']}" if where else first["msg"]) from None
-    digits = _NINETEEN_DIGITS if isinstance(raw, bytes) else _NINETEEN_DIGITS_TEXT
-    if digits.search(raw) is not None and _has_huge_integer(messages):  # type: ignore[arg-type]
-        raise BadFrame("an integer beyond 64 bits (JSON here carries -2**63 to 2**64-1)")
+    if not messages or not isinstance(messages[0], Hello):
+        raise BadFrame("the first message must be a hello")
+    _no_huge_integer(raw)
+    return messages[0]
+
+
+def _parse(raw: bytes | str) -> list[WorkerMessage]:
+    """A frame's messages, decoded in one pass by the structs that mirror the protocol's
+    types (``dex.wire.worker_frames``): a ``done``'s result stays JSON, validated once by
+    the type its Step expects."""
+    if not raw:
+        raise BadFrame("an empty frame")
+    try:
+        messages = decode_frame(raw)
+    except msgspec.DecodeError as e:  # a ValidationError too
+        raise BadFrame(str(e)) from None
+    _no_huge_integer(raw)
     return messages
 
 
-def _has_huge_integer(messages: list[WorkerMessage]) -> bool:
-    """Whether any integer in ``messages`` is beyond 64 bits: Python parses it, but it
-    could be neither stored nor sent on, and would silence whoever it is sent to."""
-    stack: list[Any] = list(messages)
+def _no_huge_integer(raw: bytes | str) -> None:
+    """Refuse a frame holding an integer beyond 64 bits: Python parses it, but it could be
+    neither stored nor sent on, and would silence whoever it is sent to."""
+    digits = _NINETEEN_DIGITS if isinstance(raw, bytes) else _NINETEEN_DIGITS_TEXT
+    if digits.search(raw) is None:  # type: ignore[arg-type]
+        return
+    stack: list[Any] = [msgspec.json.decode(raw)]
     while stack:
         item = stack.pop()
         if isinstance(item, int):
             if not -(2**63) <= item < 2**64:
-                return True
-        elif isinstance(item, BaseModel):
-            stack.extend(item.__dict__.values())
+                raise BadFrame("an integer beyond 64 bits (JSON here carries -2**63 to 2**64-1)")
         elif isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-    return False
 
 
 def _joined(messages: list[WorkerMessage]) -> list[WorkerMessage]:
@@ -205,7 +218,7 @@ def _joined(messages: list[WorkerMessage]) -> list[WorkerMessage]:
     for m in messages:
         last = joined[-1] if joined else None
         if isinstance(m, Delta) and isinstance(last, Delta) and last.attempt_id == m.attempt_id:
-            joined[-1] = Delta(t="delta", attempt_id=m.attempt_id, text=last.text + m.text)
+            joined[-1] = Delta(attempt_id=m.attempt_id, text=last.text + m.text)
         else:
             joined.append(m)
     return joined
@@ -234,13 +247,13 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
         log.info("a Worker left before its hello", extra={"action": "worker.left_before_hello"})
         return
     try:
-        messages = _parse(frame)
-        if not messages or not isinstance(messages[0], Hello):
-            raise BadFrame("the first message must be a hello")
+        hello = _hello(frame)
+        rest = _parse(frame)[1:]
+        if any(isinstance(m, HelloAgain) for m in rest):
+            raise BadFrame("hello is the first message only")
     except BadFrame as e:
         await ws.close(CLOSE_BAD_FRAME, f"bad hello: {e}")
         return
-    hello = messages[0]
     allowed: frozenset[str] | None = scope.get(AGENTS_KEY)  # the worker token's scope
     outside = sorted(a.name for a in hello.agents if allowed is not None and a.name not in allowed)
     if outside:
@@ -306,7 +319,6 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
     )
     refused: str | None = None
     try:
-        rest = messages[1:]
         clock = time.perf_counter
         busy = 0.0  # seconds spent on this connection's frames since it let the rest run
         start = clock()
@@ -327,7 +339,7 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
                 break
             try:
                 rest = _parse(frame)
-                if any(isinstance(m, Hello) for m in rest):
+                if any(isinstance(m, HelloAgain) for m in rest):
                     raise BadFrame("hello is the first message only")
             except BadFrame as e:
                 log.warning(
@@ -399,12 +411,12 @@ def _handle(
     assert isinstance(message, Done | Fail | Back)
     attempt = message.attempt_id
     if dispatcher.owned(worker, attempt) is None:
-        reason = dispatcher.refuse(worker, attempt, message.t)
+        reason = dispatcher.refuse(worker, attempt, _RESULTS[type(message)])
         outbox.put({"t": "ack", "attempt_id": attempt, "ok": False, "error": reason})
         return
     try:
         if isinstance(message, Done):
-            done = sessions.complete_soon(attempt, message.result)
+            done = sessions.complete_soon(attempt, bytes(message.result))
         elif isinstance(message, Fail):
             done = sessions.fail_soon(attempt, message.error)
         else:
@@ -416,6 +428,10 @@ def _handle(
         _answer(attempt, outbox, worker.id, e)
         return
     done.add_done_callback(functools.partial(_acked, attempt, outbox, worker.id))
+
+
+_RESULTS: dict[type, str] = {Done: "done", Fail: "fail", Back: "back"}
+"""Each result message's ``t``, as refusals name it."""
 
 
 def _acked(attempt: str, outbox: Outbox, worker_id: str, done: asyncio.Future[Any]) -> None:
