@@ -7,8 +7,10 @@ is ready into one send. Each message is an object whose ``t`` names its type.
 Both sides use these types: the server validates every frame a Worker sends against
 ``WORKER_FRAME`` and closes the connection with code 4400 (and the problem as its
 reason) on the first frame that does not fit; the Worker validates what the server
-sends against ``SERVER_FRAME`` (decoding it with msgspec structs that mirror these
-types, ``dex.wire.server_frames``; a test keeps the two alike).
+sends against ``SERVER_FRAME``. Each side decodes the frames it reads most with msgspec
+structs that mirror these types (the server after the ``hello``,
+``dex.wire.worker_frames``; the Worker, ``dex.wire.server_frames``); tests keep each
+pair alike.
 ``docs/worker-protocol.md`` is generated from this module; an SDK in another language
 is written from that page.
 
