@@ -11,7 +11,6 @@ backend promises (its pragmas, its group commit, its lock on the database).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import psycopg
 import pytest
@@ -306,7 +306,8 @@ async def test_archiving_the_same_turn_twice_is_a_conflict(store: Store) -> None
     await store.write(write(session=state, ended_turn=turn))
 
     with pytest.raises(Conflict):
-        await store.write(write(session=state, ended_turn=dataclasses.replace(turn, text="2nd")))
+        second = msgspec.structs.replace(turn, text="2nd")
+        await store.write(write(session=state, ended_turn=second))
 
     assert await load_turn(store, "s1", 1) == turn
 

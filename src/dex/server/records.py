@@ -13,7 +13,7 @@ still reads, and a session loaded from it writes all its rows on its next commit
 Reading is tolerant: a field this version does not know (a newer node wrote it during a
 rolling upgrade) is dropped, not refused, at any depth. Input from the API and from
 Workers keeps refusing unknown fields (``dex.wire.Wire``); only stored records are read
-this way. The engine's records are dataclasses, encoded and decoded with msgspec; the
+this way. The engine's records are msgspec structs, encoded and decoded by msgspec; the
 wire's (history items, agent specs) are pydantic models.
 """
 

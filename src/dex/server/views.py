@@ -13,7 +13,7 @@ from dex.wire import AgentSpec, StepType
 
 
 def plain(record: Any) -> Any:
-    """An engine record (a dataclass, or a list of them) as plain JSON data."""
+    """An engine record (a msgspec struct, or a list of them) as plain JSON data."""
     return msgspec.to_builtins(record)
 
 

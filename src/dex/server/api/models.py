@@ -4,27 +4,75 @@ The routes render plain dicts with ``ORJSONResponse``; FastAPI does not validate
 response a route returns itself, so these models cost nothing on the hot path. They
 describe the JSON exactly: ``tests/integration/test_openapi_fuzz.py`` checks every
 response against them. The records of a turn (``Turn``, ``Step``, ``ToolCall``, ...) are
-the engine's own models, so the document follows them when they change.
+the engine's own (msgspec structs, which pydantic does not read): each is documented as a
+dataclass made from its fields (``documented``), so the document follows them when they
+change.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import operator
+import types
+import typing
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 from pydantic import BaseModel, Field
 
-from dex.server.engine.state import (
-    FleetStatus,
-    ForkedFrom,
-    QueuedMessage,
-    Step,
-    ToolCall,
-    Turn,
-    TurnStatus,
-)
+from dex.server.engine import state
+from dex.server.engine.state import FleetStatus, TurnStatus
 from dex.wire import AgentSpec, Item
+
+
+@functools.cache
+def documented(struct: type[msgspec.Struct]) -> Any:
+    """A dataclass with the name, docstring, fields and defaults of an engine record (and
+    of the records it holds), for pydantic to describe."""
+    fields = []
+    for f in msgspec.structs.fields(struct):
+        if f.default is not msgspec.NODEFAULT:
+            spec = dataclasses.field(default=f.default)
+        elif f.default_factory is not msgspec.NODEFAULT:
+            spec = dataclasses.field(default_factory=f.default_factory)
+        else:
+            spec = dataclasses.field()
+        fields.append((f.name, _documented_type(f.type), spec))
+    made = dataclasses.make_dataclass(
+        struct.__name__, fields, kw_only=True, namespace={"__doc__": struct.__doc__}
+    )
+    made.__module__ = __name__
+    return made
+
+
+def _documented_type(tp: Any) -> Any:
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return documented(tp)
+    args = typing.get_args(tp)
+    if not args:
+        return tp
+    inner = tuple(_documented_type(a) for a in args)
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        return functools.reduce(operator.or_, inner)
+    return origin[inner]
+
+
+if TYPE_CHECKING:
+    from dex.server.engine.state import ForkedFrom as ForkedFrom
+    from dex.server.engine.state import QueuedMessage as QueuedMessage
+    from dex.server.engine.state import Step as Step
+    from dex.server.engine.state import ToolCall as ToolCall
+    from dex.server.engine.state import Turn as Turn
+else:
+    Step = documented(state.Step)
+    ToolCall = documented(state.ToolCall)
+    Turn = documented(state.Turn)
+    QueuedMessage = documented(state.QueuedMessage)
+    ForkedFrom = documented(state.ForkedFrom)
 
 
 class ErrorDetail(BaseModel):

@@ -1,5 +1,5 @@
 """The JSON responses routes render with: orjson for plain data, msgspec for an answer
-that carries engine records (a turn's Steps and tool calls, slotted dataclasses), which it
+that carries engine records (a turn's Steps and tool calls, msgspec structs), which it
 encodes as they are, without first copying them into plain dicts.
 
 FastAPI deprecated its own ``ORJSONResponse``; this is the same few lines, ours.

@@ -13,7 +13,7 @@ from dex.server.api import models, sse
 from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse, RecordsResponse
-from dex.server.engine.state import ToolCall, Turn
+from dex.server.engine.state import Turn
 from dex.server.fleet import Filters
 from dex.server.sessions import Sessions
 from dex.wire import Wire
@@ -363,7 +363,7 @@ async def cancel(session_id: str, body: Cancel, request: Request) -> ORJSONRespo
 @router.post(
     "/sessions/{session_id}/tool_calls/{call_id}/reconcile",
     tags=["waits"],
-    response_model=ToolCall,
+    response_model=models.ToolCall,
     responses=WAIT,
 )
 async def reconcile(

@@ -19,12 +19,12 @@ check] -> RunModel -> ... -> an answer without tool calls ends the turn.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from dex.errors import Conflict, InvalidInput, NotFound
@@ -646,7 +646,7 @@ def _fail_step(
     call = _call_of(state, step)
     started = bool(step.attempts) or (call is not None and call.started)
     progress = AttemptProgress.NOT_COMPLETED if started else AttemptProgress.NOT_STARTED
-    step.error = dataclasses.replace(error, attempt_progress=progress)
+    step.error = msgspec.structs.replace(error, attempt_progress=progress)
     if call is None:  # RunModel or CompactContext
         what = "compacting the context" if step.type == StepType.COMPACT_CONTEXT else "RunModel"
         _end_turn(state, spec, TurnStatus.FAILED, now, t, error=f"{what} failed: {error.message}")
