@@ -233,8 +233,8 @@ class Committer:
         attempt = step.attempts[-1]
         aid = attempt_id(state.id, step.id, attempt.number)
         if attempt.number == 1:
-            self.metrics.child(self.metrics.queue_wait, step.queue).observe(
-                max(0.0, attempt.started_at - step.created_at)
+            self.metrics.queue_wait.observe(
+                max(0.0, attempt.started_at - step.created_at), step.queue
             )
         self.dispatcher.hold(
             worker,
