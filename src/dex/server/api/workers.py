@@ -162,7 +162,7 @@ bits, and skips the walk that looks for one."""
 
 def _hello(raw: bytes | str) -> Hello:
     """The ``hello`` that opens a frame (the connection's first), validated with the
-    protocol's own types; the frame's other messages are ``_parse``'s."""
+    protocol's own types, strictly; the frame is ``_parse``'s too, for the rest."""
     if not raw:
         raise BadFrame("an empty frame")
     try:
@@ -173,7 +173,6 @@ def _hello(raw: bytes | str) -> Hello:
         raise BadFrame(f"{where}: {first['msg']}" if where else first["msg"]) from None
     if not messages or not isinstance(messages[0], Hello):
         raise BadFrame("the first message must be a hello")
-    _no_huge_integer(raw)
     return messages[0]
 
 
