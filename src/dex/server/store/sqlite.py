@@ -6,10 +6,10 @@ statements; reads, as queries); an op queued while the writer is idle goes to it
 once, and what one turn of the event loop queues while it commits goes in one frame; the
 writer commits whatever frames have come as one transaction. The writes of a batch run
 statement by statement across writes (one ``executemany`` for every write's session
-update, one for every history item, ...), so
-a batch costs a few calls however many writes it holds; a batch that fails runs again
-with a savepoint per operation, so that only the bad ones fail. A commit is durable
-before any caller hears back, so batching buys speed without trading durability.
+update, one for every history item, ...), so a batch costs a few calls however many
+writes it holds; a batch that fails runs again with a savepoint per operation, so that
+only the bad ones fail. A commit is durable before any caller hears back, so batching
+buys speed without trading durability.
 
 The writer is a process and not a thread of the node's: in one process the two shared
 one interpreter lock, which they held between them nearly all the time at 64 sessions
