@@ -68,6 +68,7 @@ def _pg_ctl() -> list[str] | None:
     return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main"]
 
 
+@pytest.mark.serial  # the other tests would see their database go away
 def test_after_postgresql_restarts_exactly_one_node_leads_with_a_higher_epoch(
     tmp_path: Path, postgres_url: str
 ) -> None:
