@@ -153,7 +153,7 @@ HOLD_AT_MOST = 0.001
 """Seconds one Worker's channel may run frames before it lets the rest of the node run."""
 
 
-_DIGITS_ONLY = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_DIGITS_ONLY = bytes(ord("0") if chr(b) in "0123456789" else ord(" ") for b in range(256))
 """A table for ``bytes.translate`` that maps each digit to ``0`` and every other byte to
 a space: a run of 19 digits becomes 19 zeros, found by a plain substring search."""
 _NINETEEN_DIGITS = b"0" * 19
