@@ -28,6 +28,7 @@ const (
 
 // The defaults of the options that neither code nor the environment sets.
 const (
+	defaultAddress           = "http://127.0.0.1:7450" // dex server's default --listen
 	defaultCapacity          = 16
 	defaultHeartbeatInterval = time.Second
 	defaultReconnectInitial  = 100 * time.Millisecond
@@ -45,6 +46,9 @@ func (o WorkerOptions) resolve(getenv func(string) string) (WorkerOptions, error
 	env := envReader{getenv: getenv}
 	if o.Address == "" {
 		o.Address = env.text(envAddress)
+	}
+	if o.Address == "" {
+		o.Address = defaultAddress
 	}
 	if o.Token == "" {
 		o.Token = env.text(envToken)

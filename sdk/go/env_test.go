@@ -85,6 +85,14 @@ func TestOptionsSetNowhereTakeTheDefaults(t *testing.T) {
 	}
 }
 
+func TestAWorkerGivenNoAddressServesTheLocalServer(t *testing.T) {
+	setEnv(t, nil)
+	w := NewWorker(WorkerOptions{Agents: testAgents})
+	if w.config != nil || w.opts.Address != "http://127.0.0.1:7450" {
+		t.Fatalf("no Address and no DEX_ADDRESS: dex server's own address, got %q (%v)", w.opts.Address, w.config)
+	}
+}
+
 func TestOptionsSetInCodeWinOverTheEnvironment(t *testing.T) {
 	setEnv(t, map[string]string{
 		envAddress: "http://from-env:1", envCapacity: "3", envToken: "env-token", envWorkerID: "env-id",

@@ -30,7 +30,7 @@ import (
 // code win. Run returns an error naming any variable that does not parse.
 type WorkerOptions struct {
 	// Address is the server's URL, or several comma-separated, tried in turn
-	// (DEX_ADDRESS).
+	// (DEX_ADDRESS, default http://127.0.0.1:7450).
 	Address string
 	Agents  []Agent
 	// Capacity is how many attempts the server may hand this Worker at once, and how

@@ -18,6 +18,8 @@ export type {
   ToolContext,
   ToolOptions,
 } from "./agent";
+export { Scripted, call, say } from "./scripted";
+export type { Script } from "./scripted";
 export { Worker, WorkerRefusedError } from "./worker";
 export type { WorkerOptions } from "./worker";
 export type * from "./protocol";

@@ -13,8 +13,12 @@ import * as p from "./protocol";
 import { checkArguments } from "./schema";
 import type { AttemptTracing } from "./tracing";
 
+/** The address of ``dex server`` with its default ``--listen``. */
+const DEFAULT_ADDRESS = "http://127.0.0.1:7450";
+
 export interface WorkerOptions {
-  /** One node's address, several comma-separated, or a list: tried in turn. */
+  /** One node's address, several comma-separated, or a list: tried in turn (default:
+   * DEX_ADDRESS, else http://127.0.0.1:7450). */
   address?: string | string[];
   agents: Agent[];
   /** How many attempts the server may hand this Worker at once, and how many it runs at
@@ -203,11 +207,11 @@ export class Worker {
   private shuttingDown: Promise<void> | null = null;
 
   constructor(options: WorkerOptions) {
-    const address = options.address ?? env("DEX_ADDRESS");
-    if (address === undefined) throw new Error("no server address (address or DEX_ADDRESS)");
+    const address = options.address ?? env("DEX_ADDRESS") ?? DEFAULT_ADDRESS;
     this.addresses = (Array.isArray(address) ? address : address.split(","))
       .map((a) => a.trim().replace(/\/+$/, ""))
       .filter((a) => a !== "");
+    if (this.addresses.length === 0) throw new Error("no server address (address or DEX_ADDRESS)");
     for (const agent of options.agents) this.agents.set(agent.name, agent);
     this.capacity = optionCapacity(options.capacity) ?? envCapacity("DEX_WORKER_CAPACITY", 16);
     this.token = options.token ?? env("DEX_WORKER_TOKEN");

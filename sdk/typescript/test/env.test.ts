@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { Worker } from "../src";
 
 const VARIABLES = [
+  "DEX_ADDRESS",
   "DEX_WORKER_CAPACITY",
   "DEX_WORKER_HEARTBEAT_INTERVAL",
   "DEX_WORKER_RECONNECT_INITIAL",
@@ -29,6 +30,18 @@ const fields = (w: Worker): Record<string, number> => w as unknown as Record<str
 
 const worker = (options: Partial<ConstructorParameters<typeof Worker>[0]> = {}): Worker =>
   new Worker({ address: "http://127.0.0.1:1", agents: [], handleSignals: false, ...options });
+
+test("with no address in code or DEX_ADDRESS, the Worker serves the local dex server", () => {
+  delete process.env.DEX_ADDRESS;
+  const addresses = (w: Worker): unknown => (w as unknown as { addresses: string[] }).addresses;
+  assert.deepEqual(addresses(worker({ address: undefined })), ["http://127.0.0.1:7450"]);
+  process.env.DEX_ADDRESS = "";
+  assert.deepEqual(addresses(worker({ address: undefined })), ["http://127.0.0.1:7450"]);
+  process.env.DEX_ADDRESS = "http://dex-a:8000/, http://dex-b:8000";
+  assert.deepEqual(addresses(worker({ address: undefined })), ["http://dex-a:8000", "http://dex-b:8000"]);
+  process.env.DEX_ADDRESS = " , ";
+  assert.throws(() => worker({ address: undefined }), /no server address \(address or DEX_ADDRESS\)/);
+});
 
 test("a bad or out-of-range variable throws, naming it and its value", () => {
   const bad: [string, string, string][] = [
