@@ -347,7 +347,7 @@ async def test_the_list_reads_each_sessions_last_message_when_asked(store: Store
     it; None before anything was said; the row without it unless asked."""
     state, history = in_a_turn("asked")  # "what is my balance?", then a reply of tool calls
     await create(store, state, history)
-    replied = [
+    replied: list[Item] = [
         user(1),
         AssistantItem(text="your balance is " + "9" * 400),
         ToolResultItem(call_id="c0", name="lookup", status=ToolCallStatus.SUCCEEDED),
