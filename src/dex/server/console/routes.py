@@ -29,10 +29,13 @@ from dex.server.api import models
 from dex.server.api import sessions as api
 from dex.server.api.auth import TOKEN_KEY, refusal
 from dex.server.api.tokens import Role, Tokens
+from dex.server.console.conversation import conversation
 from dex.server.console.pages import COOKIE, PREFIX, STATIC, render
+from dex.server.engine.state import TERMINAL_STEP, attempt_id
 from dex.server.fleet import Filters
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
+from dex.wire import StepType
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 PAGE = 50
@@ -85,16 +88,18 @@ async def session_list(
     show: Annotated[Show, Query()] = "all",
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
 ) -> Response:
-    """The fleet, newest first, one page at a time (the cursor of ``GET /v1/sessions``)."""
+    """The fleet, newest first, one page at a time (the cursor of ``GET /v1/sessions``):
+    each session's agent, status, last message (read with the page, by the store), and
+    what it waits for (a session waiting for a person is in memory: no read per row)."""
     sessions = _sessions(request)
-    rows, next_cursor = await sessions.list_sessions(Filters(status=SHOW[show]), PAGE, cursor)
+    filters = Filters(status=SHOW[show])
+    rows, next_cursor = await sessions.list_sessions(filters, PAGE, cursor, last_message=True)
     listed = []
     for row in rows:
         waits = await sessions.person_waits(row.id) if row.status == "waiting" else []
-        kinds = sorted({w["kind"] for w in waits})
-        if show in ("approval", "question") and show not in kinds:
+        if show in ("approval", "question") and show not in {w["kind"] for w in waits}:
             continue
-        listed.append({**dataclasses.asdict(row), "waits_for": kinds})
+        listed.append({**dataclasses.asdict(row), "waits": waits})
     return render(
         request,
         "sessions.html",
@@ -107,20 +112,54 @@ async def session_list(
 
 @router.get("/sessions/{session_id}", name="console_session")
 async def session_page(session_id: str, request: Request) -> Response:
-    """One session: what it waits for, its live model text, and every turn with its
-    Steps, attempts and tool calls, newest turn first."""
+    """One session: what it waits for, the conversation (with the live text of the model
+    attempt that runs now), a box to send a message, and every turn with its Steps,
+    attempts and tool calls, newest turn first."""
     sessions = _sessions(request)
     snapshot, turns = await sessions.timeline(session_id)
+    session, current = snapshot["session"], snapshot["current_turn"]
+    plain = [views.plain(turn) for turn in turns]
+    if current is not None:  # the turn that runs reads as the session does: waiting or not
+        plain[-1]["status"] = session["status"]
     return render(
         request,
         "session.html",
-        session=snapshot["session"],
+        session=session,
         waits=await sessions.person_waits(session_id),
         running=snapshot["running"],
         waiting=snapshot["waiting"],
-        current=snapshot["current_turn"],
-        turns=[views.plain(turn) for turn in reversed(turns)],
+        current=current,
+        conversation=conversation(
+            snapshot["history"], plain, session["queued_messages"], current_status=session["status"]
+        ),
+        live=_live(session, current),
+        turns=list(reversed(plain)),
     )
+
+
+LIVE_STEPS = (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT)
+"""The Steps whose attempts stream text."""
+
+
+def _live(session: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any]:
+    """What the page needs to show the streamed text of the model attempt that runs now
+    only: the event stream replays what the node still buffers, earlier turns' text and
+    ended attempts' included, and their text is in the conversation already (or void).
+    A delta is live unless its turn is before ``turn``, its Step has ended, or its attempt
+    has; an attempt that starts after the page was rendered is live."""
+    if current is None:
+        return {"turn": session["messages_received"] + 1, "ended_steps": [], "ended": []}
+    steps = [s for s in current["steps"] if s["type"] in LIVE_STEPS]
+    return {
+        "turn": current["number"],
+        "ended_steps": [s["id"] for s in steps if s["status"] in TERMINAL_STEP],
+        "ended": [
+            attempt_id(session["id"], s["id"], a["number"])
+            for s in steps
+            for a in s["attempts"]
+            if a["outcome"] != "running"
+        ],
+    }
 
 
 @router.get("/sessions/{session_id}/events", name="console_events")
@@ -186,8 +225,8 @@ def _by(request: Request) -> str:
     return f"console:{name}" if name else "console"
 
 
-def _back(session_id: str) -> RedirectResponse:
-    return RedirectResponse(f"{PREFIX}/sessions/{quote(session_id, safe='')}", 303)
+def _back(session_id: str, at: str = "") -> RedirectResponse:
+    return RedirectResponse(f"{PREFIX}/sessions/{quote(session_id, safe='')}{at}", 303)
 
 
 @router.post("/sessions/{session_id}/calls/{call_id}/approve", name="console_approve")
@@ -235,6 +274,18 @@ async def reconcile(session_id: str, call_id: str, request: Request) -> Response
     )
     await api.reconcile(session_id, call_id, body, request)
     return _back(session_id)
+
+
+@router.post("/sessions/{session_id}/messages", name="console_send")
+async def send(session_id: str, request: Request) -> Response:
+    """Send a message, as ``POST /v1/sessions/{id}/messages`` does (without waiting for
+    the turn): it starts a turn, or waits for the running one to end. Then the page,
+    at the message box, follows the reply as it streams."""
+    _sessions(request)
+    form = await _form(request)
+    body = _body(api.SendMessage, text=form.get("text", "").strip())
+    await api.send_message(session_id, body, request)
+    return _back(session_id, "#send")
 
 
 @router.post("/sessions/{session_id}/cancel", name="console_cancel")
