@@ -74,7 +74,7 @@ def test_a_message_sent_from_the_box_is_the_apis_message(api_with_agent: Api) ->
     assert snapshot["history"][0] == {"type": "user", "text": "hello"}
     page = api_with_agent.http.get("/ui/sessions/s1").text
     assert re.search(r'class="msg user"[^>]*data-turn="1"', page)
-    assert "<p class=\"text\">hello</p>" in page
+    assert '<p class="text">hello</p>' in page
 
 
 def test_the_session_list_pages_by_the_fleet_cursor_newest_first(api_with_agent: Api) -> None:
