@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dex.server import views
-from dex.server.console.conversation import conversation
+from dex.server.console.conversation import conversation, shown
 from dex.server.engine import handlers
 from dex.server.engine.state import SessionState, Turn
 from dex.wire import (
@@ -68,10 +68,12 @@ class Session:
         self.apply(handlers.apply_input(self.state, SPEC, self.now))
 
     def said(self, status: str) -> list[dict[str, Any]]:
-        turns = [views.plain(t) for t in [*self.ended, *filter(None, [self.state.turn])]]
+        turns = shown(
+            [views.plain(t) for t in [*self.ended, *filter(None, [self.state.turn])]], status
+        )
         history = [item.model_dump(mode="json") for item in self.history]
         queued = views.plain(self.state.queued)
-        return conversation(history, turns, queued, current_status=status)
+        return conversation(history, turns, queued)
 
 
 def test_calls_with_their_records_waits_and_who_acted_in_the_order_they_came() -> None:

@@ -12,6 +12,9 @@ The k-th tool call that a turn's replies ask for is the turn's k-th tool call re
 ``complete_model`` makes one record per asked call, in order, so the two are matched by
 position within their turn (a model's own call ids may repeat from one reply to the
 next). A tool result whose call is shown with its record is not repeated.
+
+``live`` tells the page's script which streamed text is not live any more, so that the
+page shows the text of the model attempt that runs now only.
 """
 
 from __future__ import annotations
@@ -19,24 +22,32 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from dex.server.engine.state import TERMINAL_STEP, attempt_id
+from dex.wire import StepType
+
 WAITS = {"AwaitToolApproval": "approval", "AwaitQuestionAnswer": "question", "AwaitTimer": "timer"}
 """The Step types that wait on a tool call's behalf, as the page names them."""
+
+
+def shown(turns: list[dict[str, Any]], session_status: str) -> list[dict[str, Any]]:
+    """The turns (plain, oldest first) with the running one's status read as the
+    session's: ``waiting`` while it waits for a person, as the session's badge says."""
+    if turns and turns[-1]["ended_at"] is None:
+        turns[-1]["status"] = session_status
+    return turns
 
 
 def conversation(
     history: list[dict[str, Any]],
     turns: list[dict[str, Any]],
     queued: list[dict[str, Any]] | None = None,
-    *,
-    current_status: str | None = None,
 ) -> list[dict[str, Any]]:
     """The page's entries, oldest first. Each has a ``kind``: ``user`` (with its ``turn``
     and the turn's ``status``), ``assistant`` (``text`` and ``calls``: each tool call's
     record with its ``waits``), ``tool_result`` (a result with no record to show it),
     ``note``, ``summary``, ``turn_end`` (a turn that failed or was cancelled, and why)
-    and ``queued`` (a message waiting for the running turn to end).
-    ``current_status``: the session's status (``running`` or ``waiting``), shown as the
-    status of the turn that runs, so that a turn waiting for a person reads waiting."""
+    and ``queued`` (a message waiting for the running turn to end). ``turns``: as
+    ``shown`` gives them."""
     starts = {t["history_start"]: t for t in turns}
     ends = _last_items(sorted(starts), len(history))
     calls = {t["number"]: iter(t["tool_calls"]) for t in turns}
@@ -49,7 +60,7 @@ def conversation(
         number = turn["number"] if turn is not None else 0
         kind = item["type"]
         if kind == "user":
-            entries.append(_user(index, item, turn, current_status))
+            entries.append(_user(index, item, turn))
         elif kind == "assistant":
             shown = []
             for asked in item.get("tool_calls", []):
@@ -74,18 +85,13 @@ def conversation(
     return entries
 
 
-def _user(
-    index: int, item: dict[str, Any], turn: dict[str, Any] | None, current_status: str | None
-) -> dict[str, Any]:
-    status = turn["status"] if turn is not None else None
-    if turn is not None and turn["ended_at"] is None and current_status:
-        status = current_status
+def _user(index: int, item: dict[str, Any], turn: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "kind": "user",
         "index": index,
         "text": item["text"],
         "turn": turn["number"] if turn is not None else None,
-        "status": status,
+        "status": turn["status"] if turn is not None else None,
         "at": turn["started_at"] if turn is not None else None,
     }
 
@@ -131,3 +137,28 @@ def _waits(call_id: str, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return found
+
+
+LIVE_STEPS = (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT)
+"""The Steps whose attempts stream text."""
+
+
+def live(session: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any]:
+    """What the page needs to show the streamed text of the model attempt that runs now
+    only: the event stream replays what the node still buffers, earlier turns' text and
+    ended attempts' included, and their text is in the conversation already (or void).
+    A delta is live unless its turn is before ``turn``, its Step has ended, or its attempt
+    has; an attempt that starts after the page was rendered is live."""
+    if current is None:
+        return {"turn": session["messages_received"] + 1, "ended_steps": [], "ended": []}
+    steps = [s for s in current["steps"] if s["type"] in LIVE_STEPS]
+    return {
+        "turn": current["number"],
+        "ended_steps": [s["id"] for s in steps if s["status"] in TERMINAL_STEP],
+        "ended": [
+            attempt_id(session["id"], s["id"], a["number"])
+            for s in steps
+            for a in s["attempts"]
+            if a["outcome"] != "running"
+        ],
+    }

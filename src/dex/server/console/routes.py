@@ -29,13 +29,11 @@ from dex.server.api import models
 from dex.server.api import sessions as api
 from dex.server.api.auth import TOKEN_KEY, refusal
 from dex.server.api.tokens import Role, Tokens
-from dex.server.console.conversation import conversation
+from dex.server.console.conversation import conversation, live, shown
 from dex.server.console.pages import COOKIE, PREFIX, STATIC, render
-from dex.server.engine.state import TERMINAL_STEP, attempt_id
 from dex.server.fleet import Filters
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
-from dex.wire import StepType
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
 PAGE = 50
@@ -118,9 +116,7 @@ async def session_page(session_id: str, request: Request) -> Response:
     sessions = _sessions(request)
     snapshot, turns = await sessions.timeline(session_id)
     session, current = snapshot["session"], snapshot["current_turn"]
-    plain = [views.plain(turn) for turn in turns]
-    if current is not None:  # the turn that runs reads as the session does: waiting or not
-        plain[-1]["status"] = session["status"]
+    plain = shown([views.plain(turn) for turn in turns], session["status"])
     return render(
         request,
         "session.html",
@@ -129,37 +125,10 @@ async def session_page(session_id: str, request: Request) -> Response:
         running=snapshot["running"],
         waiting=snapshot["waiting"],
         current=current,
-        conversation=conversation(
-            snapshot["history"], plain, session["queued_messages"], current_status=session["status"]
-        ),
-        live=_live(session, current),
+        conversation=conversation(snapshot["history"], plain, session["queued_messages"]),
+        live=live(session, current),
         turns=list(reversed(plain)),
     )
-
-
-LIVE_STEPS = (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT)
-"""The Steps whose attempts stream text."""
-
-
-def _live(session: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any]:
-    """What the page needs to show the streamed text of the model attempt that runs now
-    only: the event stream replays what the node still buffers, earlier turns' text and
-    ended attempts' included, and their text is in the conversation already (or void).
-    A delta is live unless its turn is before ``turn``, its Step has ended, or its attempt
-    has; an attempt that starts after the page was rendered is live."""
-    if current is None:
-        return {"turn": session["messages_received"] + 1, "ended_steps": [], "ended": []}
-    steps = [s for s in current["steps"] if s["type"] in LIVE_STEPS]
-    return {
-        "turn": current["number"],
-        "ended_steps": [s["id"] for s in steps if s["status"] in TERMINAL_STEP],
-        "ended": [
-            attempt_id(session["id"], s["id"], a["number"])
-            for s in steps
-            for a in s["attempts"]
-            if a["outcome"] != "running"
-        ],
-    }
 
 
 @router.get("/sessions/{session_id}/events", name="console_events")
