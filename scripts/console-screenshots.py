@@ -1,9 +1,10 @@
 """The screenshots of docs/console.md (docs/img/console-*.png), taken from real processes.
 
 A ``dex server`` and a ``dex worker`` (capacity 3) serving a scripted support agent, a
-few sessions in the states a person meets (a refund that streamed its text and waits for
-approval, a question, finished conversations, reports that fill the Worker so one more
-waits in the queue), and Debian's Chromium (``scripts/browser``) driven by Playwright:
+few sessions in the states a person meets (a conversation where a question was answered
+and a refund sent from the page waits for approval, then is approved; questions and
+refunds waiting; finished conversations; reports that fill the Worker so one more waits
+in the queue), and Debian's Chromium (``scripts/browser``) driven by Playwright:
 
     PYTHONPATH=src .venv/bin/python scripts/console-screenshots.py [OUT_DIR]
 
@@ -110,7 +111,9 @@ support = dex.Agent(
 
 def shoot(page: Page, out: Path, name: str, most: int = VIEWPORT["height"]) -> None:
     """The page's top: as tall as its content, at most ``most`` pixels."""
-    height = page.evaluate("document.querySelector('main').getBoundingClientRect().bottom")
+    height = page.evaluate(
+        "document.querySelector('main').getBoundingClientRect().bottom + window.scrollY"
+    )
     clip: FloatRect = {"x": 0, "y": 0, "width": VIEWPORT["width"], "height": min(most, height)}
     path = out / f"{name}.png"
     page.screenshot(path=path, clip=clip, full_page=True)
@@ -149,18 +152,30 @@ def scene(page: Page, client: dex.SyncClient, address: str, out: Path) -> None:
         client.create_session("support", sid)
         client.send_message(sid, text, wait=True)
 
-    # the refund streams its text into an open session page, then waits for approval
-    client.create_session("support", "refund-1042")
-    page.goto(f"{address}/ui/sessions/refund-1042")
-    client.send_message("refund-1042", "refund 1042")
+    # a conversation on an open session page: a question answered from the page, then a
+    # refund sent from the page's message box, which streams and waits for approval
+    client.create_session("support", "order-2077")
+    page.goto(f"{address}/ui/sessions/order-2077")
+    client.send_message("order-2077", "broken 2077")
+    page.locator(".wait.question").get_by_role("button", name="office").click()
+    said = page.locator("#conversation .msg")
+    expect(said.last).to_contain_text("The replacement is on its way.")
+    page.locator("#send textarea").fill("refund 2077")
+    page.locator("#send").get_by_role("button", name="Send").click()
     expect(page.locator(".wait.approval")).to_contain_text("refund")
-    expect(page.locator("#live")).to_contain_text("waits for yours.")
-    shoot(page, out, "console-session", most=1200)  # with the turn's Steps and attempts
+    expect(said.last).to_contain_text("waits for yours.")
+    shoot(page, out, "console-session", most=1500)
+    page.locator(".wait.approval").get_by_role("button", name="Approve").click()
+    expect(said.last).to_contain_text("Done: the second charge is refunded.")
+    shoot_conversation(page, out, "console-conversation")
 
-    client.create_session("support", "broken-2077")
-    client.send_message("broken-2077", "broken 2077", wait=True)
-    client.create_session("support", "refund-1187")
-    client.send_message("refund-1187", "refund 1187", wait=True)
+    for sid, text in [
+        ("refund-1042", "refund 1042"),
+        ("broken-2078", "broken 2078"),
+        ("refund-1187", "refund 1187"),
+    ]:
+        client.create_session("support", sid)
+        client.send_message(sid, text, wait=True)
     wait_until(lambda: len(client.list_inbox()["items"]) == 3, 20, what="three waits")
     page.goto(f"{address}/ui")
     expect(page.locator("table.inbox tbody tr")).to_have_count(3)
@@ -173,11 +188,26 @@ def scene(page: Page, client: dex.SyncClient, address: str, out: Path) -> None:
         lambda: client.get_agent_snapshot("reports-q3")["waiting"], 20, what="a queued report"
     )
     page.goto(f"{address}/ui/sessions")
-    expect(page.locator("table.sessions tbody tr")).to_have_count(6)
+    expect(page.locator("table.sessions tbody tr")).to_have_count(7)
     shoot(page, out, "console-sessions")
     page.goto(f"{address}/ui/cluster")
     expect(page.locator("table.queued tbody tr")).to_have_count(1)
     shoot(page, out, "console-cluster")
+
+
+def shoot_conversation(page: Page, out: Path, name: str) -> None:
+    """The conversation alone, with the message box."""
+    box = page.locator("section.conversation").bounding_box()
+    assert box is not None
+    clip: FloatRect = {
+        "x": 0,
+        "y": box["y"] - 8,
+        "width": VIEWPORT["width"],
+        "height": box["height"] + 16,
+    }
+    path = out / f"{name}.png"
+    page.screenshot(path=path, clip=clip, full_page=True)
+    print(f"{path}: {path.stat().st_size // 1024} KB")
 
 
 if __name__ == "__main__":

@@ -196,10 +196,13 @@ def test_streamed_model_text_arrives_on_the_session_page(rig: Rig, page: Page) -
     text = "stream me please " * 20
     turn = rig.client.send_message(sid, text)["turn"]
 
-    expect(page.locator("#live")).to_have_text(f"echo: {text}")
+    page.wait_for_function(f"window.seen.has({len(f'echo: {text}')})")  # all of it, live
     assert page.evaluate("window.seen.size") > 5  # it grew piece by piece, as it streamed
     assert rig.wait_turn(sid, turn)["text"] == f"echo: {text}"
     expect(page.locator(f"article[data-turn='{turn}'] .text")).to_have_text(f"echo: {text}")
+    # once committed, the reply is in the conversation, and the live box lets it go
+    expect(page.locator("#conversation .msg.agent .text")).to_have_text(f"echo: {text}")
+    expect(page.locator("#live")).to_have_text("")
 
 
 def test_the_page_recovers_when_the_server_restarts(rig: Rig, page: Page) -> None:

@@ -47,6 +47,7 @@ def test_every_page_renders_with_auth_off(api_with_agent: Api) -> None:
         ("POST", "/ui/sessions/s1/calls/1.1/deny", 422, "form.reason"),
         ("POST", "/ui/sessions/s1/cancel", 409, "no running turn"),
         ("POST", "/ui/sessions/s1/calls/1.1/reconcile", 422, "form.status"),
+        ("POST", "/ui/sessions/s1/messages", 422, "form.text"),
     ],
 )
 def test_bad_input_is_a_4xx_page_that_changes_nothing(
@@ -60,6 +61,20 @@ def test_bad_input_is_a_4xx_page_that_changes_nothing(
     assert says in message(page.text)
     assert "Nothing was changed" in page.text
     assert api_with_agent.snapshot("s1") == before
+
+
+def test_a_message_sent_from_the_box_is_the_apis_message(api_with_agent: Api) -> None:
+    api_with_agent.create("s1")
+    sent = api_with_agent.http.post(
+        "/ui/sessions/s1/messages", data={"text": "  hello  "}, follow_redirects=False
+    )
+    assert (sent.status_code, sent.headers["location"]) == (303, "/ui/sessions/s1#send")
+    snapshot = api_with_agent.snapshot("s1")
+    assert snapshot["session"]["messages_received"] == 1
+    assert snapshot["history"][0] == {"type": "user", "text": "hello"}
+    page = api_with_agent.http.get("/ui/sessions/s1").text
+    assert re.search(r'class="msg user"[^>]*data-turn="1"', page)
+    assert '<p class="text">hello</p>' in page
 
 
 def test_the_session_list_pages_by_the_fleet_cursor_newest_first(api_with_agent: Api) -> None:

@@ -35,6 +35,8 @@ from dex.server.engine.state import SessionState, SessionStatus, Turn
 from dex.server.records import write
 from dex.server.sessions import Sessions
 from dex.server.store.base import (
+    SAID_CHARS,
+    Said,
     SessionQuery,
     SessionRecord,
     SessionRow,
@@ -338,6 +340,31 @@ async def test_running_sessions_lists_only_sessions_in_a_turn(store: Store) -> N
     await store.write(write(session=idle("b")))
 
     assert await store.running_sessions() == ["c"]
+
+
+async def test_the_list_reads_each_sessions_last_message_when_asked(store: Store) -> None:
+    """The latest user message or assistant text, whatever tool results and notes follow
+    it; None before anything was said; the row without it unless asked."""
+    state, history = in_a_turn("asked")  # "what is my balance?", then a reply of tool calls
+    await create(store, state, history)
+    replied: list[Item] = [
+        user(1),
+        AssistantItem(text="your balance is " + "9" * 400),
+        ToolResultItem(call_id="c0", name="lookup", status=ToolCallStatus.SUCCEEDED),
+        NoteItem(text="a note"),
+    ]
+    await create(store, idle("replied"), replied)
+    await create(store, idle("quiet"))
+
+    listed = {row.id: row for row in await rows(store, last_message=True)}
+
+    said = {sid: getattr(row, "last_message", "absent") for sid, row in listed.items()}
+    assert said == {
+        "asked": Said("user", "what is my balance?"),
+        "replied": Said("assistant", ("your balance is " + "9" * 400)[:SAID_CHARS]),
+        "quiet": None,
+    }
+    assert all(type(row) is SessionRow for row in await rows(store))  # not asked: not read
 
 
 # --- agents -----------------------------------------------------------------------------------

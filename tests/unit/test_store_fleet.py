@@ -151,6 +151,7 @@ QUERIES: dict[str, SessionQuery] = {
     "updated": SessionQuery(limit=50, order="updated"),
     "updated range": SessionQuery(limit=50, order="updated", updated=(T0, T0 + 100)),
     "status, updated": SessionQuery(limit=50, order="updated", status="running"),
+    "with the last message": SessionQuery(limit=50, status="waiting", last_message=True),
 }
 """Each filter alone with its order, on a page deep in the list (a keyset)."""
 
@@ -165,6 +166,7 @@ def _deep(q: SessionQuery) -> SessionQuery:
         outcome_unknown=q.outcome_unknown,
         created=q.created,
         updated=q.updated,
+        last_message=q.last_message,
     )
 
 
@@ -177,7 +179,7 @@ async def test_sqlite_pages_read_an_index_range_without_sorting(tmp_path: Path, 
     conn = sqlite3.connect(path)
     try:
         for query in (QUERIES[name], _deep(QUERIES[name])):
-            text, params = sql.list_sessions(query)
+            text, params = sql.list_sessions(query, "sqlite")
             plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + text, params))
             assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, plan
             assert "TEMP B-TREE" not in plan, plan  # no sort: the index gives the order
@@ -202,7 +204,7 @@ async def test_postgres_pages_read_an_index_range_without_sorting(
         # that it shows the index plan it would take for a big one, if there is one
         conn.execute("SET enable_seqscan = off")
         conn.execute("SET enable_sort = off")
-        checks = [sql.list_sessions(q) for q in (QUERIES[name], _deep(QUERIES[name]))]
+        checks = [sql.list_sessions(q, "postgresql") for q in (QUERIES[name], _deep(QUERIES[name]))]
         checks.append(sql.waiting_sessions(50, (T0, "s-1")))
         for i, (text, params) in enumerate(checks):
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + pg(text), params))

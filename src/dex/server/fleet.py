@@ -65,9 +65,10 @@ def decode_cursor(kind: str, cursor: str) -> tuple[float, str]:
 
 
 async def list_sessions(
-    store: Store, filters: Filters, limit: int, cursor: str | None
+    store: Store, filters: Filters, limit: int, cursor: str | None, *, last_message: bool = False
 ) -> tuple[list[SessionRow], str | None]:
-    """One page of the session list, and the cursor of the next page (None at the end)."""
+    """One page of the session list, and the cursor of the next page (None at the end).
+    ``last_message``: each row is a ``ListedSession``, with the session's last message."""
     unknown = filters.status == OUTCOME_UNKNOWN
     query = SessionQuery(
         limit=limit + 1,  # one more tells whether there is a next page
@@ -78,6 +79,7 @@ async def list_sessions(
         outcome_unknown=unknown,
         created=(filters.created_since, filters.created_before),
         updated=(filters.updated_since, filters.updated_before),
+        last_message=last_message,
     )
     rows = await store.list_sessions(query)
     if len(rows) <= limit:

@@ -354,10 +354,13 @@ class Sessions:
             raise Conflict(f"session {sid!r} already exists", session_id=sid) from None
 
     async def list_sessions(
-        self, filters: fleet.Filters, limit: int, cursor: str | None
+        self, filters: fleet.Filters, limit: int, cursor: str | None, *, last_message: bool = False
     ) -> tuple[list[SessionRow], str | None]:
-        """One page of the sessions ``filters`` select, and the next page's cursor."""
-        return await fleet.list_sessions(self.store, filters, limit, cursor)
+        """One page of the sessions ``filters`` select, and the next page's cursor (with
+        ``last_message``, rows with the session's last message: ``ListedSession``)."""
+        return await fleet.list_sessions(
+            self.store, filters, limit, cursor, last_message=last_message
+        )
 
     async def inbox(
         self, limit: int, cursor: str | None

@@ -29,6 +29,7 @@ from dex.server.api import models
 from dex.server.api import sessions as api
 from dex.server.api.auth import TOKEN_KEY, refusal
 from dex.server.api.tokens import Role, Tokens
+from dex.server.console.conversation import conversation, live, shown
 from dex.server.console.pages import COOKIE, PREFIX, STATIC, render
 from dex.server.fleet import Filters
 from dex.server.ha.node import Node
@@ -85,16 +86,18 @@ async def session_list(
     show: Annotated[Show, Query()] = "all",
     cursor: Annotated[str | None, Query(max_length=1000)] = None,
 ) -> Response:
-    """The fleet, newest first, one page at a time (the cursor of ``GET /v1/sessions``)."""
+    """The fleet, newest first, one page at a time (the cursor of ``GET /v1/sessions``):
+    each session's agent, status, last message (read with the page, by the store), and
+    what it waits for (a session waiting for a person is in memory: no read per row)."""
     sessions = _sessions(request)
-    rows, next_cursor = await sessions.list_sessions(Filters(status=SHOW[show]), PAGE, cursor)
+    filters = Filters(status=SHOW[show])
+    rows, next_cursor = await sessions.list_sessions(filters, PAGE, cursor, last_message=True)
     listed = []
     for row in rows:
         waits = await sessions.person_waits(row.id) if row.status == "waiting" else []
-        kinds = sorted({w["kind"] for w in waits})
-        if show in ("approval", "question") and show not in kinds:
+        if show in ("approval", "question") and show not in {w["kind"] for w in waits}:
             continue
-        listed.append({**dataclasses.asdict(row), "waits_for": kinds})
+        listed.append({**dataclasses.asdict(row), "waits": waits})
     return render(
         request,
         "sessions.html",
@@ -107,19 +110,24 @@ async def session_list(
 
 @router.get("/sessions/{session_id}", name="console_session")
 async def session_page(session_id: str, request: Request) -> Response:
-    """One session: what it waits for, its live model text, and every turn with its
-    Steps, attempts and tool calls, newest turn first."""
+    """One session: what it waits for, the conversation (with the live text of the model
+    attempt that runs now), a box to send a message, and every turn with its Steps,
+    attempts and tool calls, newest turn first."""
     sessions = _sessions(request)
     snapshot, turns = await sessions.timeline(session_id)
+    session, current = snapshot["session"], snapshot["current_turn"]
+    plain = shown([views.plain(turn) for turn in turns], session["status"])
     return render(
         request,
         "session.html",
-        session=snapshot["session"],
+        session=session,
         waits=await sessions.person_waits(session_id),
         running=snapshot["running"],
         waiting=snapshot["waiting"],
-        current=snapshot["current_turn"],
-        turns=[views.plain(turn) for turn in reversed(turns)],
+        current=current,
+        conversation=conversation(snapshot["history"], plain, session["queued_messages"]),
+        live=live(session, current),
+        turns=list(reversed(plain)),
     )
 
 
@@ -186,8 +194,8 @@ def _by(request: Request) -> str:
     return f"console:{name}" if name else "console"
 
 
-def _back(session_id: str) -> RedirectResponse:
-    return RedirectResponse(f"{PREFIX}/sessions/{quote(session_id, safe='')}", 303)
+def _back(session_id: str, at: str = "") -> RedirectResponse:
+    return RedirectResponse(f"{PREFIX}/sessions/{quote(session_id, safe='')}{at}", 303)
 
 
 @router.post("/sessions/{session_id}/calls/{call_id}/approve", name="console_approve")
@@ -235,6 +243,18 @@ async def reconcile(session_id: str, call_id: str, request: Request) -> Response
     )
     await api.reconcile(session_id, call_id, body, request)
     return _back(session_id)
+
+
+@router.post("/sessions/{session_id}/messages", name="console_send")
+async def send(session_id: str, request: Request) -> Response:
+    """Send a message, as ``POST /v1/sessions/{id}/messages`` does (without waiting for
+    the turn): it starts a turn, or waits for the running one to end. Then the page,
+    at the message box, follows the reply as it streams."""
+    _sessions(request)
+    form = await _form(request)
+    body = _body(api.SendMessage, text=form.get("text", "").strip())
+    await api.send_message(session_id, body, request)
+    return _back(session_id, "#send")
 
 
 @router.post("/sessions/{session_id}/cancel", name="console_cancel")

@@ -114,6 +114,17 @@ class StoredTurn:
     calls: list[str]
 
 
+class Said(NamedTuple):
+    """A session's last message: who said it (``user`` or ``assistant``), and its text
+    (its first ``SAID_CHARS`` characters)."""
+
+    role: str
+    text: str
+
+
+SAID_CHARS = 300
+
+
 @dataclass
 class SessionRow:
     id: str
@@ -123,6 +134,14 @@ class SessionRow:
     updated_at: float
     waiting_since: float | None
     outcome_unknown: int
+
+
+@dataclass
+class ListedSession(SessionRow):
+    """A row of the list read with ``SessionQuery(last_message=True)``."""
+
+    last_message: Said | None = None
+    """The latest user message or assistant text of its history; None before any."""
 
 
 IN_A_TURN = ("running", "waiting")
@@ -146,6 +165,9 @@ class SessionQuery:
     created: tuple[float | None, float | None] = (None, None)
     """``[since, before)`` on ``created_at``; None leaves a side open."""
     updated: tuple[float | None, float | None] = (None, None)
+    last_message: bool = False
+    """Read each session's last message too (``ListedSession``): one look at the end of
+    its history, by the history's primary key, in the same read."""
 
 
 def migrations(dialect: str) -> list[tuple[int, str]]:
@@ -191,7 +213,8 @@ class Store(ABC):
     async def list_sessions(self, query: SessionQuery) -> list[SessionRow]:
         """One page of the sessions ``query`` selects, newest first by its order (ties by
         id, in byte order on every backend), at a cost that does not grow with the
-        sessions stored: an index gives each filter alone in its order."""
+        sessions stored: an index gives each filter alone in its order. With
+        ``query.last_message``, each row is a ``ListedSession``."""
 
     @abstractmethod
     async def waiting_sessions(

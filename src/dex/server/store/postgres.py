@@ -71,6 +71,8 @@ async def connect(url: str, **options: Any) -> Conn:
 
 
 class PostgresStore(SqlStore):
+    dialect = "postgresql"
+
     def __init__(self, url: str, *, read_connections: int = 4) -> None:
         self.url = url
         self.read_connections = read_connections

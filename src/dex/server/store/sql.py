@@ -15,6 +15,9 @@ from typing import Any
 
 from dex.server.store.base import (
     IN_A_TURN,
+    SAID_CHARS,
+    ListedSession,
+    Said,
     SessionQuery,
     SessionRow,
     Store,
@@ -58,6 +61,16 @@ SESSION_CALLS = "SELECT call FROM calls WHERE " + _CURRENT
 SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
 SESSION_ROW = "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown"
 ORDER_COLUMN = {"created": "created_at", "updated": "updated_at"}
+ITEM_FIELD = {"sqlite": "json_extract(item, '$.{}')", "postgresql": "(item::json ->> '{}')"}
+"""A text field of a history item (its JSON), in each dialect."""
+LAST_MESSAGE = (
+    "(SELECT {type} || ':' || substr({text}, 1, {chars}) FROM history "
+    "WHERE session_id = sessions.id AND ({type} = 'user' OR ({type} = 'assistant' AND "
+    "{text} <> '')) ORDER BY seq DESC LIMIT 1)"
+)
+"""A session's last message as ``role:text``: its history read backwards by the primary
+key, from the end to the latest user message or assistant text (the current turn's user
+message at the farthest)."""
 RUNNING_SESSIONS = (
     "SELECT id FROM sessions WHERE status IN ("
     + ", ".join(f"'{status}'" for status in IN_A_TURN)
@@ -121,11 +134,12 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
     return out
 
 
-def list_sessions(q: SessionQuery) -> Query:
+def list_sessions(q: SessionQuery, dialect: str = "sqlite") -> Query:
     """The query for one page of the session list. Each filter alone, in either order,
     reads a range of one index (migrations sqlite/0003, postgresql/0004), so a page costs
     the same however many sessions are stored; filters combined read one of their indexes
-    and skip what the others refuse."""
+    and skip what the others refuse. ``q.last_message`` adds a column, ``LAST_MESSAGE``
+    (``dialect`` says how to read a history item's fields)."""
     column = ORDER_COLUMN[q.order]
     where: list[str] = []
     params: list[Any] = []
@@ -153,7 +167,14 @@ def list_sessions(q: SessionQuery) -> Query:
         where.append(f"({column}, id) < (?, ?)")
         params.extend(keyset)
     condition = " WHERE " + " AND ".join(where) if where else ""
-    sql = f"SELECT {SESSION_ROW} FROM sessions{condition} ORDER BY {column} DESC, id DESC LIMIT ?"
+    columns = SESSION_ROW
+    if q.last_message:
+        field = ITEM_FIELD[dialect]
+        said = LAST_MESSAGE.format(
+            type=field.format("type"), text=field.format("text"), chars=SAID_CHARS
+        )
+        columns += ", " + said
+    sql = f"SELECT {columns} FROM sessions{condition} ORDER BY {column} DESC, id DESC LIMIT ?"
     return sql, (*params, q.limit)
 
 
@@ -161,6 +182,25 @@ def waiting_sessions(limit: int, before: tuple[float, str] | None) -> Query:
     if before is None:
         return WAITING_SESSIONS.format(""), (limit,)
     return WAITING_SESSIONS.format(" AND (waiting_since, id) < (?, ?)"), (*before, limit)
+
+
+def _row(r: tuple[Any, ...], last_message: bool) -> SessionRow:
+    fields = (
+        str(r[0]),
+        str(r[1]),
+        float(r[2]),
+        str(r[3]),
+        float(r[4]),
+        None if r[5] is None else float(r[5]),
+        int(r[6]),
+    )
+    if not last_message:
+        return SessionRow(*fields)
+    said = None
+    if r[7] is not None:
+        role, _, text = str(r[7]).partition(":")
+        said = Said(role, text)
+    return ListedSession(*fields, last_message=said)
 
 
 def _texts(rows: list[tuple[Any, ...]]) -> list[str]:
@@ -172,6 +212,8 @@ class SqlStore(Store):
 
     bytes_written = 0
     """Characters of JSON committed by ``write``: over Steps, what a Step costs the disk."""
+    dialect = "sqlite"
+    """Which of ``ITEM_FIELD`` reads a JSON field in this backend's SQL."""
 
     @abstractmethod
     def _commit_write(self, statements: list[Statement]) -> asyncio.Future[None]:
@@ -209,19 +251,8 @@ class SqlStore(Store):
         return StoredSession(str(state[0][0]), _texts(steps), _texts(calls), _texts(history))
 
     async def list_sessions(self, query: SessionQuery) -> list[SessionRow]:
-        [rows] = await self._read([list_sessions(query)])
-        return [
-            SessionRow(
-                id=str(r[0]),
-                agent=str(r[1]),
-                created_at=float(r[2]),
-                status=str(r[3]),
-                updated_at=float(r[4]),
-                waiting_since=None if r[5] is None else float(r[5]),
-                outcome_unknown=int(r[6]),
-            )
-            for r in rows
-        ]
+        [rows] = await self._read([list_sessions(query, self.dialect)])
+        return [_row(r, query.last_message) for r in rows]
 
     async def waiting_sessions(
         self, limit: int, before: tuple[float, str] | None

@@ -1,16 +1,18 @@
-// The session page, live: the API's event stream shows the model's text as it streams,
-// and any other event (a history item, a turn or wait event) renders the page's state
-// again from the server. A lost connection (the server restarted) is opened again, and
-// the page renders again once it answers: events missed meanwhile are in the state.
+// The session page, live: the API's event stream shows the text of the model attempt that
+// runs now as it streams, and any other event (a history item, a turn or wait event)
+// renders the page's state and conversation again from the server. A lost connection (the
+// server restarted) is opened again, and the page renders again once it answers: events
+// missed meanwhile are in the state.
 (() => {
   "use strict";
   const root = document.getElementById("session");
   if (!root) return;
+  const box = document.getElementById("live-box");
   const live = document.getElementById("live");
   const from = document.getElementById("live-from");
   const banner = document.getElementById("connection");
   const held = document.getElementById("held"); // a render put off while a person types
-  const REGIONS = ["state", "turns"];
+  const REGIONS = ["state", "conversation", "turns"];
   let attempt = null; // the model attempt whose text the live box shows
   const discarded = new Set(); // attempts whose text is void: their late deltas are too
   let source = null;
@@ -26,9 +28,12 @@
     // a field a person is in, even empty (rendering the page again would pull it from
     // under their keys: what they type next goes nowhere), or one they filled and have
     // not sent yet, focused or not (a click on its button moves the focus before the
-    // form is sent)
-    const fields = root.querySelectorAll("input:not([type=hidden]), textarea");
-    return [...fields].some(
+    // form is sent). The message box is in no region: a render leaves it as it is, so
+    // what a person writes there holds nothing back.
+    const fields = REGIONS.flatMap((id) => [
+      ...document.getElementById(id).querySelectorAll("input:not([type=hidden]), textarea"),
+    ]);
+    return fields.some(
       (field) =>
         field === document.activeElement || (field.value && field.value !== field.defaultValue),
     );
@@ -58,16 +63,35 @@
       const fresh = page.getElementById(id);
       if (fresh) document.getElementById(id).replaceWith(fresh);
     }
+    if (attempt && !isLive(attempt)) clear(); // it ended: its text is in the conversation
+  }
+
+  function isLive(attemptId) {
+    // the rendered state says which text is not live any more: earlier turns', and
+    // ended Steps' and attempts' of the turn that runs (the stream replays them all)
+    const known = JSON.parse(document.getElementById("live-state").dataset.live);
+    const [, stepId] = attemptId.split("/").slice(-2);
+    const turn = Number(stepId.split(".")[0]);
+    if (discarded.has(attemptId) || turn < known.turn) return false;
+    return !(turn === known.turn && (known.ended_steps.includes(stepId) || known.ended.includes(attemptId)));
+  }
+
+  function clear(said = "") {
+    attempt = null;
+    live.textContent = "";
+    from.textContent = said;
+    box.hidden = !said;
   }
 
   function delta(event) {
     const data = JSON.parse(event.data);
-    if (discarded.has(data.attempt_id)) return; // late text of a void attempt
+    if (!isLive(data.attempt_id)) return; // old text, or a void attempt's
     if (data.attempt_id !== attempt) {
       attempt = data.attempt_id;
       live.textContent = "";
       from.textContent = `Step ${data.step_id}, attempt ${attempt.split("/").pop()}`;
     }
+    box.hidden = false;
     live.textContent += data.text;
   }
 
@@ -76,13 +100,11 @@
     const data = JSON.parse(event.data);
     discarded.add(data.attempt_id);
     if (data.attempt_id !== attempt) return;
-    attempt = null;
-    live.textContent = "";
-    from.textContent = `Step ${data.step_id}: attempt ${data.attempt_id.split("/").pop()} discarded`;
+    clear(`Step ${data.step_id}: attempt ${data.attempt_id.split("/").pop()} discarded`);
   }
 
   function connect() {
-    attempt = null; // a new stream replays what the node still buffers
+    clear(); // a new stream replays what the node still buffers
     source = new EventSource(root.dataset.events);
     source.addEventListener("model.delta", delta);
     source.addEventListener("model.discard", discard);
