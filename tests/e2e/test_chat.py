@@ -301,6 +301,15 @@ def test_chat_commands_are_never_sent_to_the_agent(rig: Rig, terminals: list[Ter
     ]
     assert snapshot["session"]["messages_received"] == 3
     assert rig.ledger.entries("delete_all") == rig.ledger.entries("transfer") == []
+
+    # a turn another client started waits: /approve at the message prompt follows it
+    waiting = rig.client.send_message(session_id, calls(("delete_all", {})), wait=True)
+    assert waiting["status"] == "waiting"
+    term.type("/approve")
+    term.asks("approve delete_all()? [y/n]")
+    term.type("y")
+    assert '← delete_all succeeded: "deleted"' in term.prompt()
+    assert len(rig.ledger.entries("delete_all")) == 1
     term.type("/exit")
     term.child.expect(pexpect.EOF, timeout=10)
 
