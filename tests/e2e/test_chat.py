@@ -15,6 +15,7 @@ import pexpect
 import pyte
 import pytest
 
+from dex.testing import wait_until
 from tests.support.rig import Rig
 
 ROWS, COLUMNS = 60, 160
@@ -200,3 +201,142 @@ def test_going_on_with_a_session_shows_its_history_once(
     assert screen.count("agent> results:") == 1
     term.type("and now?")
     assert term.prompt().count("agent> echo: and now?") == 1
+
+
+SLOW_PERSON = 10.0
+"""Seconds a person takes to decide: twice the server's keep-alive (5 s), after which it
+closes the chat's idle connection."""
+
+
+def test_a_person_who_takes_ten_seconds_to_decide_is_recorded_once(
+    rig: Rig, terminals: list[Terminal]
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("waiter")
+    term = chat(rig, terminals, "waiter")
+
+    term.type(calls(("delete_all", {})))
+    term.asks("approve delete_all()? [y/n]")
+    time.sleep(SLOW_PERSON)  # the person thinks it over: the scenario, not a wait for a state
+    term.type("y")
+    screen = term.wait(lambda s: "not recorded" in s or term.last_line() == "you>")
+    assert "not recorded" not in screen
+    assert '← delete_all succeeded: "deleted"' in screen
+    assert len(rig.ledger.entries("delete_all")) == 1
+
+    term.type(calls(("order", {"item": "shirt"})))
+    term.asks("order asks: Which size of shirt? [S/M/L]")
+    time.sleep(SLOW_PERSON)
+    term.type("L")
+    screen = term.wait(lambda s: "not recorded" in s or term.last_line() == "you>")
+    assert "not recorded" not in screen
+    assert "ordered shirt in L" in screen
+    assert [e["size"] for e in rig.ledger.entries("order")] == ["L"]
+
+    session_id = screen.splitlines()[0].split()[1]
+    recorded = rig.client.get_agent_snapshot(session_id)["tool_calls"]
+    assert [(c["name"], c["status"]) for c in recorded] == [
+        ("delete_all", "succeeded"),
+        ("order", "succeeded"),
+    ]
+    assert recorded[0]["approval"]["by"] and recorded[1]["answers"] == ["L"]
+
+
+def test_chat_commands_are_never_sent_to_the_agent(rig: Rig, terminals: list[Terminal]) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("waiter")
+    term = chat(rig, terminals, "waiter")
+    session_id = term.text().splitlines()[0].split()[1]
+
+    term.type("/help")
+    screen = term.prompt()
+    for name in ("/help", "/approve", "/deny", "/cancel", "/snapshot", "/exit"):
+        assert name in screen
+    term.type("/frobnicate")
+    assert "no command /frobnicate: the commands are" in term.prompt()
+    term.type("/snapshot")
+    assert f"session {session_id} with waiter: idle, 0 messages" in term.prompt()
+    term.type("/approve")
+    assert "nothing waits for a decision" in term.prompt()
+
+    term.type(calls(("delete_all", {})))
+    term.asks("approve delete_all()? [y/n]")
+    term.type("/help")  # at an approval's prompt: the commands, then the question again
+    term.wait(
+        lambda screen: (
+            "/snapshot" in screen.split("[y/n] /help")[-1]
+            and term.last_line() == "approve delete_all()? [y/n]"
+        ),
+        what="the commands, then the approval asked again",
+    )
+    term.type("/deny not today")
+    screen = term.prompt()
+    assert "← delete_all denied: denied: not today" in screen
+
+    term.type(calls(("transfer", {"amount": 500})))
+    term.asks("approve transfer(amount=500)? [y/n]")
+    term.type("n")
+    term.asks("reason:")
+    term.type("/snapshot")  # at the reason's prompt: not the reason
+    term.wait(
+        lambda screen: (
+            "  waits: approve transfer(amount=500)" in screen and term.last_line() == "reason:"
+        ),
+        what="the snapshot, then the reason asked again",
+    )
+    term.type("too much money")
+    assert "← transfer denied: denied: too much money" in term.prompt()
+
+    term.type("//etc is a folder")  # // sends a line that starts with /
+    term.prompt()
+
+    snapshot = rig.client.get_agent_snapshot(session_id)
+    users = [item["text"] for item in snapshot["history"] if item["type"] == "user"]
+    assert users == [
+        calls(("delete_all", {})),
+        calls(("transfer", {"amount": 500})),
+        "/etc is a folder",
+    ]
+    assert snapshot["session"]["messages_received"] == 3
+    assert rig.ledger.entries("delete_all") == rig.ledger.entries("transfer") == []
+
+    # a turn another client started waits: /approve at the message prompt follows it
+    waiting = rig.client.send_message(session_id, calls(("delete_all", {})), wait=True)
+    assert waiting["status"] == "waiting"
+    term.type("/approve")
+    term.asks("approve delete_all()? [y/n]")
+    term.type("y")
+    assert '← delete_all succeeded: "deleted"' in term.prompt()
+    assert len(rig.ledger.entries("delete_all")) == 1
+    term.type("/exit")
+    term.child.expect(pexpect.EOF, timeout=10)
+
+
+def test_ctrl_c_or_cancel_ends_the_turn_and_ctrl_c_at_the_prompt_leaves(
+    rig: Rig, terminals: list[Terminal]
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("waiter")
+    term = chat(rig, terminals, "waiter")
+    session_id = term.text().splitlines()[0].split()[1]
+
+    term.type(calls(("delete_all", {})))
+    term.asks("approve delete_all()? [y/n]")
+    term.type("/cancel")
+    assert "the turn was cancelled: cancelled in dex chat" in term.prompt()
+
+    term.type(calls(("transfer", {"amount": 5, "gate": "never"})))  # runs until cancelled
+    wait_until(lambda: rig.ledger.entries("transfer"), 30, what="the transfer running")
+    term.child.sendintr()
+    screen = term.prompt()
+    cancelled = "the turn was cancelled: cancelled in dex chat"
+    assert [line for line in screen.splitlines() if line.startswith("the turn")] == [cancelled] * 2
+    turns = [rig.client.wait_turn(session_id, n, timeout=0)["status"] for n in (1, 2)]
+    assert turns == ["cancelled", "cancelled"]
+    assert rig.ledger.entries("delete_all") == []
+
+    term.child.sendintr()
+    term.child.expect(pexpect.EOF, timeout=10)

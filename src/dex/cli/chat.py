@@ -10,19 +10,28 @@ text is never printed for good: the region shows the current attempt's text (a
 the assistant's item replaces it once committed.
 
 Approvals and questions are asked inline. Ctrl-C during a turn cancels it; at the prompt
-(or Ctrl-D) it leaves the chat. Messages carry an id, so a send cut off by a node's death
-is sent again safely.
+(or Ctrl-D) it leaves the chat. A line that starts with ``/`` is one of the chat's
+commands (``COMMANDS``: ``/help`` lists them), at any prompt, and is never sent to the agent.
+Messages carry an id, so a send cut off by a node's death is sent again safely.
+
+The prompts read the terminal in the main thread while the event loop runs on in a thread
+of its own (``Loop``): a person may take minutes to decide, and the client's connections
+stay sound meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import getpass
 import json
+import signal
+import threading
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -30,7 +39,7 @@ from rich.markup import escape
 from rich.spinner import Spinner
 from rich.text import Text
 
-from dex.cli.render import call_text
+from dex.cli.render import call_text, wait_text
 from dex.client import Client
 from dex.errors import Conflict, DexError, NotFound, Unavailable
 
@@ -38,6 +47,7 @@ PERSON_WAITS = ("AwaitToolApproval", "AwaitQuestionAnswer")
 ENDED = ("completed", "failed", "cancelled")
 RECONNECT = (0.1, 0.2, 0.5, 1.0, 2.0)
 """Seconds between tries to reach the server again; the last repeats."""
+T = TypeVar("T")
 
 
 class Resync(Exception):
@@ -238,26 +248,6 @@ class Chat:
 
     # --- a person's part ---------------------------------------------------------------------
 
-    def ask(self, wait: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """Ask the person at the terminal; returns the client method and its arguments."""
-        self.asked.add(wait["call_id"])
-        if wait["kind"] == "approval":
-            prompt = f"[bold yellow]approve {escape(call_text(wait))}?[/] \\[y/n] "
-            while True:
-                reply = self.console.input(prompt).strip().lower()
-                if reply in ("y", "yes"):
-                    return "approve", {"arguments_hash": wait["arguments_hash"]}
-                if reply in ("n", "no"):
-                    reason = self.console.input("reason: ").strip() or "denied in dex chat"
-                    return "deny", {"reason": reason}
-        choices = f" [{'/'.join(wait['choices'])}]" if wait.get("choices") else ""
-        asked = f"{wait['tool']} asks: {wait['question']}{choices}"
-        prompt = f"[bold yellow]{escape(asked)}[/] "
-        while True:
-            reply = self.console.input(prompt).strip()
-            if reply and (not wait.get("choices") or reply in wait["choices"]):
-                return "answer", {"answer": reply}
-
     async def resolve(self, wait: dict[str, Any], verb: str, args: dict[str, Any]) -> None:
         """Record the person's decision. If the server did not take it, it is asked again."""
         sid, call = wait["session_id"], wait["call_id"]
@@ -273,6 +263,138 @@ class Chat:
         except DexError as e:
             self.asked.discard(call)
             self.console.print(Text(f"not recorded, asking again: {e.message}", style="red"))
+
+    async def cancel(self) -> None:
+        """Cancel the session's running turn (Ctrl-C during a turn, or ``/cancel``)."""
+        self.console.print(Text("cancelling the turn ...", style="yellow"))
+        try:
+            await self.client.cancel_turn(self.session_id, "cancelled in dex chat")
+        except Conflict:
+            self.console.print(Text("no turn runs", style="dim"))
+
+    async def show_snapshot(self) -> None:
+        """``/snapshot``: where the session is, in a few lines."""
+        snapshot = await self.client.get_agent_snapshot(self.session_id)
+        session, current = snapshot["session"], snapshot["current_turn"]
+        lines = [
+            f"session {session['id']} with {session['agent']}: {session['status']}, "
+            f"{session['messages_received']} messages, {len(snapshot['history'])} history items"
+        ]
+        if current is not None:
+            record = await self.client.wait_turn(self.session_id, current["number"], timeout=0)
+            lines.append(f"turn {record['turn']}: {record['status']}")
+            lines += [f"  waits: {wait_text(w)}" for w in record.get("waiting_for", [])]
+        lines += [f"  call {c['id']} {c['name']}: {c['status']}" for c in snapshot["tool_calls"]]
+        lines.append(f"all of it, as JSON: dex snapshot {session['id']}")
+        self.console.print(Text("\n".join(lines), style="dim"))
+
+
+# --- the terminal: prompts, and the commands typed at them -----------------------------------
+
+COMMANDS = {
+    "help": "these commands",
+    "approve": "approve the tool call the chat asks about (as y)",
+    "deny": "deny it (as n); /deny REASON gives the reason at once",
+    "cancel": "cancel the running turn (as Ctrl-C during a turn)",
+    "snapshot": "where the session is: its turn, what it waits for, its tool calls",
+    "exit": "leave the chat (as Ctrl-D); the session stays: dex chat --session ID goes on",
+}
+"""What a line that starts with ``/`` can say, at any prompt of the chat. Such a line is
+never sent to the agent (nor taken as an answer); ``//`` sends a line that starts with
+``/``."""
+ALIASES = {"quit": "exit"}
+
+
+class Leave(Exception):
+    """The person typed ``/exit``."""
+
+
+@dataclass
+class Command:
+    name: str
+    """A name of ``COMMANDS``, or what was typed if it is none."""
+    rest: str
+    """What follows the name (the reason of ``/deny``)."""
+
+
+def command(line: str) -> Command | None:
+    """The command a typed line gives, or None for text (``//`` escapes a ``/``)."""
+    text = line.strip()
+    if not text.startswith("/") or text.startswith("//"):
+        return None
+    name, _, rest = text[1:].partition(" ")
+    name = name.lower()
+    return Command(ALIASES.get(name, name), rest.strip())
+
+
+def message(line: str) -> str:
+    """The message a typed line sends: as typed, with ``//`` for a leading ``/``."""
+    return line.replace("//", "/", 1) if line.lstrip().startswith("//") else line
+
+
+def help_text() -> Text:
+    width = max(len(name) for name in COMMANDS) + 2
+    lines = [f"/{name:<{width}}{what}" for name, what in COMMANDS.items()]
+    lines.append("a line that starts with // is sent with one / less")
+    return Text("\n".join(lines), style="dim")
+
+
+class Loop:
+    """The chat's event loop, in a thread of its own, so that it runs on while the main
+    thread waits for the person at a prompt: the client sees the server close an idle
+    connection and never writes the next request on it. The main thread reads the terminal
+    (readline keeps the line editing, and puts the terminal back on Ctrl-C or Ctrl-D), and
+    Ctrl-C is a KeyboardInterrupt there, at a prompt or while it waits for ``run``."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name="dex-chat")
+
+    def _serve(self) -> None:
+        if hasattr(signal, "pthread_sigmask"):
+            # Ctrl-C must wake the main thread (the kernel may give a SIGINT to any thread
+            # that does not block it); the threads the loop starts inherit this
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        self._loop.run_forever()
+
+    def __enter__(self) -> Loop:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._loop.shutdown_asyncgens(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """What ``coro`` returns, run on the loop. Ctrl-C cancels it and, once it has wound
+        up (the live region cleared), raises KeyboardInterrupt."""
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        tasks: list[asyncio.Task[T]] = []
+
+        def start() -> None:
+            task = self._loop.create_task(coro)
+            tasks.append(task)
+            task.add_done_callback(lambda t: _settle(t, done))
+
+        self._loop.call_soon_threadsafe(start)
+        try:
+            return done.result()
+        except KeyboardInterrupt:
+            self._loop.call_soon_threadsafe(lambda: tasks[0].cancel())  # after start: FIFO
+            with contextlib.suppress(concurrent.futures.CancelledError):
+                done.exception()  # it has wound up (not futures.wait: it misses a cancel)
+            raise
+
+
+def _settle(task: asyncio.Task[T], done: concurrent.futures.Future[T]) -> None:
+    if task.cancelled():
+        done.cancel()
+    elif (error := task.exception()) is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(task.result())
 
 
 async def open_session(client: Client, agent: str | None, session_id: str | None) -> str:
@@ -301,42 +423,73 @@ def run(address: str, agent: str | None, session_id: str | None) -> None:
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history at the prompt)
     console = Console(highlight=False)
-    with asyncio.Runner() as runner:
+    with Loop() as loop:
         client = Client(address)
         try:
-            sid = runner.run(open_session(client, agent, session_id))
+            sid = loop.run(open_session(client, agent, session_id))
             chat = Chat(client, sid, console)
-            snapshot = runner.run(client.get_agent_snapshot(sid))
+            snapshot = loop.run(client.get_agent_snapshot(sid))
             who = snapshot["session"]["agent"]
             console.print(
                 Text(
-                    f"session {sid} with {who}: Ctrl-D or /exit leaves, Ctrl-C cancels a turn",
+                    f"session {sid} with {who}: Ctrl-D or /exit leaves, Ctrl-C cancels a "
+                    "turn, /help lists the commands",
                     style="dim",
                 )
             )
             chat.show_history(snapshot["history"])
             current = snapshot["current_turn"]
             if current is not None:
-                _turn(runner, chat, int(current["number"]))
+                _turn(loop, chat, int(current["number"]))
             while True:
                 try:
-                    text = console.input("[bold cyan]you>[/] ")
+                    line = console.input("[bold cyan]you>[/] ")
                 except (EOFError, KeyboardInterrupt):
                     console.print()
                     return
-                if text.strip() in ("/exit", "/quit"):
-                    return
-                if text.strip() and (turn := _send(runner, chat, text)) is not None:
-                    _turn(runner, chat, turn)
+                if (typed := command(line)) is not None:
+                    _command(loop, chat, typed)
+                elif line.strip() and (turn := _send(loop, chat, message(line))) is not None:
+                    _turn(loop, chat, turn)
+        except Leave:
+            return
         finally:
-            runner.run(client.close())
+            loop.run(client.close())
 
 
-def _send(runner: asyncio.Runner, chat: Chat, text: str) -> int | None:
+def _command(loop: Loop, chat: Chat, typed: Command) -> None:
+    """A command typed at the message prompt."""
+    if typed.name in ("approve", "deny"):
+        current = loop.run(chat.client.get_agent_snapshot(chat.session_id))["current_turn"]
+        if current is None:
+            chat.console.print(Text("nothing waits for a decision", style="dim"))
+        else:  # a turn started elsewhere: follow it, and ask what it waits for
+            _turn(loop, chat, int(current["number"]))
+    elif typed.name == "cancel":
+        loop.run(chat.cancel())
+    else:
+        _common(loop, chat, typed)
+
+
+def _common(loop: Loop, chat: Chat, typed: Command) -> None:
+    """A command that does the same at every prompt."""
+    if typed.name == "exit":
+        sid = chat.session_id
+        chat.console.print(Text(f"left {sid}: dex chat --session {sid} goes on", style="dim"))
+        raise Leave()
+    if typed.name == "snapshot":
+        loop.run(chat.show_snapshot())
+        return
+    if typed.name != "help":
+        chat.console.print(Text(f"no command /{typed.name}: the commands are", style="yellow"))
+    chat.console.print(help_text())
+
+
+def _send(loop: Loop, chat: Chat, text: str) -> int | None:
     """The message's turn, or None if the server did not acknowledge it (said why: it may
     still have been recorded, and then the snapshot and ``dex chat --session`` show it)."""
     try:
-        return runner.run(chat.send(text))
+        return loop.run(chat.send(text))
     except (DexError, KeyboardInterrupt) as e:
         chat.typed.remove(text)
         why = e.message if isinstance(e, DexError) else "interrupted"
@@ -344,24 +497,66 @@ def _send(runner: asyncio.Runner, chat: Chat, text: str) -> int | None:
         return None
 
 
-def _turn(runner: asyncio.Runner, chat: Chat, turn: int) -> None:
+def _turn(loop: Loop, chat: Chat, turn: int) -> None:
     """Follow a turn to its end, asking what it waits for; Ctrl-C cancels it."""
     while True:
         try:
-            waits = runner.run(chat.follow(turn))
+            waits = loop.run(chat.follow(turn))
             for wait in waits:
-                verb, args = chat.ask(wait)
-                runner.run(chat.resolve(wait, verb, args))
+                if (decision := _ask(loop, chat, wait)) is None:
+                    break  # the turn was cancelled: following it shows how it ended
+                loop.run(chat.resolve(wait, *decision))
         except KeyboardInterrupt:
-            _cancel(runner, chat)
+            loop.run(chat.cancel())
             continue
         if not waits:
             return
 
 
-def _cancel(runner: asyncio.Runner, chat: Chat) -> None:
-    chat.console.print(Text("cancelling the turn ...", style="yellow"))
-    try:
-        runner.run(chat.client.cancel_turn(chat.session_id, "cancelled in dex chat"))
-    except Conflict:
-        chat.console.print(Text("it had ended already", style="dim"))
+def _ask(loop: Loop, chat: Chat, wait: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """Ask the person at the terminal: the client method and its arguments, or None if
+    they cancelled the turn (``/cancel``)."""
+    chat.asked.add(wait["call_id"])
+    approval = wait["kind"] == "approval"
+    if approval:
+        prompt = f"[bold yellow]approve {escape(call_text(wait))}?[/] \\[y/n] "
+    else:
+        choices = f" [{'/'.join(wait['choices'])}]" if wait.get("choices") else ""
+        asked = f"{wait['tool']} asks: {wait['question']}{choices}"
+        prompt = f"[bold yellow]{escape(asked)}[/] "
+    while True:
+        line = chat.console.input(prompt)
+        typed = command(line)
+        if typed is None:
+            reply = message(line).strip()
+            if approval and reply.lower() in ("y", "yes"):
+                return "approve", {"arguments_hash": wait["arguments_hash"]}
+            if approval and reply.lower() in ("n", "no"):
+                return "deny", {"reason": _reason(loop, chat, "")}
+            if not approval and reply and (not wait.get("choices") or reply in wait["choices"]):
+                return "answer", {"answer": reply}
+        elif typed.name == "cancel":
+            loop.run(chat.cancel())
+            return None
+        elif typed.name == "approve" and approval:
+            return "approve", {"arguments_hash": wait["arguments_hash"]}
+        elif typed.name == "deny" and approval:
+            return "deny", {"reason": _reason(loop, chat, typed.rest)}
+        elif typed.name in ("approve", "deny"):
+            chat.console.print(Text("this is a question: type the answer", style="yellow"))
+        else:
+            _common(loop, chat, typed)
+
+
+def _reason(loop: Loop, chat: Chat, given: str) -> str:
+    """Why the person denies a call: what they gave with ``/deny``, or asked now (a
+    command typed here is not the reason: the model reads it)."""
+    while not given:
+        line = chat.console.input("reason: ")
+        if (typed := command(line)) is None:
+            return message(line).strip() or "denied in dex chat"
+        if typed.name in ("exit", "help", "snapshot"):
+            _common(loop, chat, typed)
+        else:
+            chat.console.print(Text("type why it is denied (or nothing)", style="yellow"))
+    return given

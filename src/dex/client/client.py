@@ -46,6 +46,13 @@ STREAM_RETRY_MAX = 2.0
 SILENCE = 45.0
 """An event stream quiet this long is dead: the server sends a keep-alive comment after
 15 s without an event."""
+KEEP_ALIVE = 4.0
+"""Seconds an idle pooled connection is kept for the next request: less than the server
+keeps it (uvicorn's ``timeout_keep_alive``, 5 s). An older one is closed, not used: the
+server may have closed it, and a request written on it fails (a POST, as an approval, is
+not sent again: it may have been committed). aiohttp checks the age when it takes the
+connection, so this holds even for a caller whose event loop was blocked meanwhile and
+never saw the server close it."""
 
 Time = float | datetime
 """A moment: Unix seconds, or a timezone-aware datetime."""
@@ -352,7 +359,9 @@ class Client:
         if self._http is None:
             self._http = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
-                    limit=self._connections, ssl=self._ssl if self._ssl is not None else True
+                    limit=self._connections,
+                    ssl=self._ssl if self._ssl is not None else True,
+                    keepalive_timeout=KEEP_ALIVE,
                 ),
                 json_serialize=lambda o: orjson.dumps(o).decode(),
             )
