@@ -24,6 +24,8 @@ const (
 	envPingInterval      = "DEX_WORKER_PING_INTERVAL"
 	envDrainTimeout      = "DEX_DRAIN_TIMEOUT"
 	envTracing           = "DEX_TRACING"
+	envLogFormat         = "DEX_LOG_FORMAT"
+	envLogLevel          = "DEX_LOG_LEVEL"
 )
 
 // The defaults of the options that neither code nor the environment sets.
@@ -67,6 +69,8 @@ func (o WorkerOptions) resolve(getenv func(string) string) (WorkerOptions, error
 	if !o.Tracing {
 		o.Tracing = env.on(envTracing)
 	}
+	o.LogFormat = env.choice(o.LogFormat, "LogFormat", envLogFormat, []string{LogConsole, LogJSON}, LogConsole, "log format")
+	o.LogLevel = env.choice(o.LogLevel, "LogLevel", envLogLevel, logLevels, "info", "log level")
 	if len(addressList(o.Address)) == 0 {
 		env.problems = append(env.problems, "no server address: set WorkerOptions.Address or "+envAddress)
 	}
@@ -156,4 +160,24 @@ func (e *envReader) on(name string) bool {
 	}
 	e.bad(name, value, "want true or false (or 1/0, yes/no, on/off)")
 	return false
+}
+
+// choice is the option set in code, or else the variable's value (in any case), or else
+// the fallback; a value that is none of the choices is noted, and the fallback taken.
+func (e *envReader) choice(set, option, name string, choices []string, fallback, what string) string {
+	value, source := set, "WorkerOptions."+option
+	if value == "" {
+		value, source = e.text(name), name
+	}
+	if value == "" {
+		return fallback
+	}
+	for _, c := range choices {
+		if strings.EqualFold(value, c) {
+			return c
+		}
+	}
+	want := strings.Join(choices[:len(choices)-1], ", ") + " or " + choices[len(choices)-1]
+	e.bad(source, value, what+": choose "+want)
+	return fallback
 }

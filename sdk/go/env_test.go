@@ -12,7 +12,7 @@ import (
 var workerEnv = []string{
 	envAddress, envCapacity, envToken, envWorkerID, envHeartbeatInterval,
 	envReconnectInitial, envReconnectMax, envConnectTimeout, envPingInterval, envDrainTimeout,
-	envTracing,
+	envTracing, envLogFormat, envLogLevel,
 }
 
 // setEnv sets the Worker's variables for one test: those not named are empty (unset).
@@ -39,7 +39,7 @@ func TestOptionsNotSetInCodeComeFromTheEnvironment(t *testing.T) {
 		envAddress: "http://dex-a:8000, http://dex-b:8000", envCapacity: "3", envToken: "w-secret",
 		envWorkerID: "worker-7", envHeartbeatInterval: "0.25", envReconnectInitial: "0.05",
 		envReconnectMax: "2", envConnectTimeout: "1.5", envPingInterval: "0.75", envDrainTimeout: "0",
-		envTracing: " Yes ",
+		envTracing: " Yes ", envLogFormat: "JSON", envLogLevel: "debug",
 	})
 	w := NewWorker(WorkerOptions{Agents: testAgents})
 	if w.config != nil {
@@ -54,6 +54,9 @@ func TestOptionsNotSetInCodeComeFromTheEnvironment(t *testing.T) {
 	}
 	if !o.Tracing || w.tracer == nil {
 		t.Fatal("DEX_TRACING=Yes turns tracing on")
+	}
+	if o.LogFormat != LogJSON || o.LogLevel != "debug" || !w.log.json || w.log.level != 0 {
+		t.Fatalf("DEX_LOG_FORMAT=JSON and DEX_LOG_LEVEL=debug: got %q, %q", o.LogFormat, o.LogLevel)
 	}
 	want := map[string][2]time.Duration{
 		envHeartbeatInterval: {o.HeartbeatInterval, 250 * time.Millisecond},
@@ -77,7 +80,7 @@ func TestOptionsSetNowhereTakeTheDefaults(t *testing.T) {
 	if w.config != nil || o.Capacity != 16 || o.HeartbeatInterval != time.Second ||
 		o.ReconnectInitial != 100*time.Millisecond || o.ReconnectMax != time.Second ||
 		o.ConnectTimeout != 3*time.Second || o.PingInterval != 2*time.Second || o.DrainTimeout != 30*time.Second || o.Token != "" ||
-		o.Tracing || w.tracer != nil {
+		o.Tracing || w.tracer != nil || o.LogFormat != LogConsole || o.LogLevel != "info" {
 		t.Fatalf("the defaults of the Python and TypeScript Workers, got %+v (%v)", o, w.config)
 	}
 	if o.WorkerID == "" {
@@ -98,12 +101,13 @@ func TestOptionsSetInCodeWinOverTheEnvironment(t *testing.T) {
 		envAddress: "http://from-env:1", envCapacity: "3", envToken: "env-token", envWorkerID: "env-id",
 		envHeartbeatInterval: "9", envReconnectInitial: "9", envReconnectMax: "9",
 		envConnectTimeout: "9", envPingInterval: "9", envDrainTimeout: "9", envTracing: "9",
+		envLogFormat: "xml", envLogLevel: "loud",
 	})
 	code := WorkerOptions{
 		Address: "http://from-code:1", Agents: testAgents, Capacity: 5, Token: "code-token", WorkerID: "code-id",
 		HeartbeatInterval: time.Millisecond, ReconnectInitial: 2 * time.Millisecond, ReconnectMax: 3 * time.Millisecond,
 		ConnectTimeout: 4 * time.Millisecond, DrainTimeout: 5 * time.Millisecond, PingInterval: 6 * time.Millisecond,
-		Tracing: true,
+		Tracing: true, LogFormat: LogJSON, LogLevel: "warning",
 	}
 	w := NewWorker(code)
 	got := w.opts
@@ -117,6 +121,7 @@ func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 	setEnv(t, map[string]string{
 		envCapacity: "sixteen", envReconnectMax: "1s", envDrainTimeout: "-1", envHeartbeatInterval: "0",
 		envConnectTimeout: "NaN", envPingInterval: "2s", envTracing: "maybe",
+		envLogFormat: "xml", envLogLevel: "loud",
 	})
 	w := NewWorker(WorkerOptions{Address: "http://127.0.0.1:1", Agents: testAgents})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -133,6 +138,8 @@ func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 		`DEX_WORKER_CONNECT_TIMEOUT="NaN"`,
 		`DEX_WORKER_PING_INTERVAL="2s": want a number of seconds above 0`,
 		`DEX_TRACING="maybe": want true or false (or 1/0, yes/no, on/off)`,
+		`DEX_LOG_FORMAT="xml": log format: choose console or json`,
+		`DEX_LOG_LEVEL="loud": log level: choose debug, info, warning or error`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error must say %s: %v", want, err)
@@ -142,7 +149,7 @@ func TestAVariableThatDoesNotParseStopsRunNamingItAndItsValue(t *testing.T) {
 	ok := NewWorker(WorkerOptions{
 		Address: "http://127.0.0.1:1", Agents: testAgents, Capacity: 1, ReconnectMax: time.Second,
 		DrainTimeout: time.Second, HeartbeatInterval: time.Second, ConnectTimeout: time.Second,
-		PingInterval: time.Second, Tracing: true,
+		PingInterval: time.Second, Tracing: true, LogFormat: LogConsole, LogLevel: "info",
 	})
 	if ok.config != nil {
 		t.Fatalf("options set in code leave the environment unread: %v", ok.config)

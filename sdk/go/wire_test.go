@@ -92,7 +92,7 @@ func (l *logged) Write(p []byte) (int, error) {
 }
 
 func TestRunStopsDuringTheBackoffWhenItsContextEnds(t *testing.T) {
-	failed := &logged{action: "worker.disconnected", seen: make(chan struct{})}
+	failed := &logged{action: "worker.connect_failed", seen: make(chan struct{})}
 	w := NewWorker(WorkerOptions{
 		Address: "http://127.0.0.1:1", Agents: []Agent{{Name: "a", Model: echoModel{}}},
 		ReconnectInitial: time.Minute, ReconnectMax: time.Minute, Logger: log.New(failed, "", 0),

@@ -67,7 +67,16 @@ type WorkerOptions struct {
 	// global tracer provider (otel.SetTracerProvider). The ctx a model or tool gets
 	// carries its attempt's span.
 	Tracing bool
-	Logger  *log.Logger
+	// LogFormat is how the Worker logs: "console" (one line for people, the default) or
+	// "json" (one object a line), the lines and actions of the Python Worker
+	// (DEX_LOG_FORMAT; see docs/operations.md, "Logs").
+	LogFormat string
+	// LogLevel is the least level logged: "debug", "info" (the default), "warning" or
+	// "error" (DEX_LOG_LEVEL).
+	LogLevel string
+	// Logger, when set, receives each line (after its own prefix and flags: give it none,
+	// log.New(w, "", 0), to keep the format); by default the lines go to stderr.
+	Logger *log.Logger
 }
 
 // ErrRefused is returned by Run when the server refuses this Worker for good
@@ -79,7 +88,8 @@ type Worker struct {
 	opts   WorkerOptions
 	config error // what is wrong with the options (a variable that does not parse, no address): Run returns it
 	agents map[string]*Agent
-	log    *log.Logger
+	log    *logger
+	conn   *connectionLog
 
 	mu       sync.Mutex
 	running  map[string]*attempt // handed out, not settled
@@ -97,6 +107,9 @@ type Worker struct {
 	slots chan struct{}
 	// tracer makes the attempts' spans (nil: Tracing off)
 	tracer trace.Tracer
+	// stopReason says why the Worker drains: "shutdown" (its context ended) or a
+	// signal's name
+	stopReason string
 }
 
 type attempt struct {
@@ -116,20 +129,21 @@ func NewWorker(opts WorkerOptions) *Worker {
 		host, _ := os.Hostname()
 		opts.WorkerID = fmt.Sprintf("%s-%d-%06x", host, os.Getpid(), rand.Intn(1<<24))
 	}
-	logger := opts.Logger
-	if logger == nil {
-		logger = log.New(os.Stderr, "dex-worker ", log.LstdFlags|log.Lmicroseconds)
-	}
+	logger := newLogger(opts.LogFormat, opts.LogLevel, opts.Logger)
 	w := &Worker{
 		opts: opts, config: config, agents: map[string]*Agent{}, log: logger,
-		running: map[string]*attempt{}, results: map[string]message{},
+		stopReason: "shutdown",
+		running:    map[string]*attempt{}, results: map[string]message{},
 		history: newHistoryCache(historySessions),
 		wake:    make(chan struct{}, 1), timeout: 10 * time.Second,
 		slots: make(chan struct{}, opts.Capacity),
 	}
+	names := make([]string, 0, len(opts.Agents))
 	for i := range opts.Agents {
 		w.agents[opts.Agents[i].Name] = &opts.Agents[i]
+		names = append(names, opts.Agents[i].Name)
 	}
+	w.conn = &connectionLog{log: logger, workerID: opts.WorkerID, agents: names, capacity: opts.Capacity}
 	if opts.Tracing {
 		w.tracer = otel.Tracer(tracerName)
 	}
@@ -149,7 +163,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	stopCtx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	stopCtx, stop := w.stopOnSignal(ctx)
 	defer stop()
 	addresses := addressList(w.opts.Address)
 	failures := 0
@@ -157,16 +171,23 @@ func (w *Worker) Run(ctx context.Context) error {
 		for _, address := range addresses {
 			welcomed, err := w.session(stopCtx, address)
 			if errors.Is(err, ErrRefused) {
+				w.conn.stopped("", err)
 				return err
 			}
 			if welcomed {
 				failures = 0
 			}
 			if w.stopping(stopCtx) {
+				w.conn.stopped(w.reason(), nil)
 				return nil
 			}
-			if err != nil {
-				w.logf("worker.disconnected", "address=%s error=%v", address, err)
+			if err == nil {
+				err = errors.New("the connection closed")
+			}
+			if welcomed {
+				w.conn.lost(address, err)
+			} else { // unreachable, or closed before its welcome: a standby, say
+				w.conn.failed(address, err)
 			}
 		}
 		failures++
@@ -176,9 +197,42 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-time.After(w.backoff(failures)):
 		}
 		if w.stopping(stopCtx) {
+			w.conn.stopped(w.reason(), nil)
 			return nil
 		}
 	}
+}
+
+// stopOnSignal is ctx, ended also by SIGTERM or SIGINT, whose name becomes the reason
+// the Worker gives for stopping.
+func (w *Worker) stopOnSignal(ctx context.Context) (context.Context, func()) {
+	stopCtx, cancel := context.WithCancel(ctx)
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		select {
+		case sig := <-signals:
+			name := "SIGTERM"
+			if sig == syscall.SIGINT {
+				name = "SIGINT"
+			}
+			w.mu.Lock()
+			w.stopReason = name
+			w.mu.Unlock()
+			cancel()
+		case <-stopCtx.Done():
+		}
+	}()
+	return stopCtx, func() {
+		signal.Stop(signals)
+		cancel()
+	}
+}
+
+func (w *Worker) reason() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopReason
 }
 
 // stopping: once ctx is done the Worker drains; it stops when nothing of it runs or
@@ -205,10 +259,6 @@ func (w *Worker) backoff(n int) time.Duration {
 		ceiling = w.opts.ReconnectMax
 	}
 	return time.Duration(rand.Int63n(int64(ceiling)) + 1)
-}
-
-func (w *Worker) logf(action, format string, args ...any) {
-	w.log.Printf("action=%s "+format, append([]any{action}, args...)...)
 }
 
 // isDrained: the Worker stops, and nothing of it runs or waits for an ack any more.
@@ -240,6 +290,13 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 	conn, resp, err := dialer.Dial(wsURL(address), header) // not ctx: a draining Worker still delivers
 	if err != nil {
 		if resp != nil && (resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) {
+			why := "no worker token"
+			if resp.StatusCode == http.StatusForbidden {
+				why = "a token without the worker role"
+			}
+			w.log.error("worker.unauthorized", fmt.Sprintf("%s refused this Worker (HTTP %d: %s): set "+
+				"DEX_WORKER_TOKEN (or WorkerOptions.Token) to the server's worker token", address, resp.StatusCode, why),
+				field{"address", address})
 			return false, fmt.Errorf("%w: HTTP %d from %s (check the worker token)", ErrRefused, resp.StatusCode, address)
 		}
 		return false, err
@@ -288,7 +345,7 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 		return false, errors.New("the server did not answer hello with welcome")
 	}
 	w.welcome(frame[0])
-	w.logf("worker.connected", "address=%s worker_id=%s", address, w.opts.WorkerID)
+	w.conn.connected(address)
 	if err := w.handle(ctx, frame[1:]); err != nil {
 		return true, err
 	}
@@ -344,7 +401,10 @@ func (w *Worker) startDrain() {
 	}
 	w.draining = true
 	w.drainAt = time.Now()
-	w.logf("worker.draining", "running=%d", len(w.running))
+	w.log.info("worker.draining",
+		fmt.Sprintf("draining: taking no new Steps, finishing %d running attempts within %ss",
+			len(w.running), fieldText(w.opts.DrainTimeout.Seconds())),
+		field{"running", len(w.running)}, field{"timeout", w.opts.DrainTimeout.Seconds()})
 	w.sendLocked(message{"t": "drain"})
 	for _, a := range w.running {
 		if a.start != nil && a.startSeq == 0 {
@@ -499,7 +559,8 @@ func (w *Worker) pingLoop(conn *websocket.Conn, address string, answered *atomic
 		late := time.Since(last) > interval*3/2
 		last = time.Now()
 		if !answered.Swap(false) && !late {
-			w.logf("worker.ping_timeout", "address=%s interval=%s the node answered no ping in time: giving it up", address, interval)
+			w.log.warning("worker.ping_timeout", "the node did not answer a ping: giving it up",
+				field{"address", address}, field{"interval", interval.Seconds()})
 			return fmt.Errorf("the node answered no ping within %s: it hung, or the network to it did", interval)
 		}
 		// an error (a write that blocks past the deadline) leaves this ping unanswered
@@ -554,7 +615,8 @@ func (w *Worker) handle(ctx context.Context, frame []incoming) error {
 		case "ack":
 			w.mu.Lock()
 			if !m.OK {
-				w.logf("worker.result_refused", "attempt_id=%s error=%v", m.AttemptID, deref(m.Error))
+				w.log.info("worker.result_refused", "result refused: "+deref(m.Error),
+					field{"attempt_id", m.AttemptID})
 			}
 			delete(w.results, m.AttemptID)
 			w.forgetLocked(m.AttemptID)
@@ -603,7 +665,8 @@ func (w *Worker) heartbeatReply(m incoming) {
 func (w *Worker) abandonLocked(id, why string) {
 	a, ok := w.running[id]
 	if ok {
-		w.logf("worker.attempt_stopped", "attempt_id=%s session_id=%s reason=%q", id, a.step.SessionID, why)
+		w.log.info("worker.attempt_abandoned", why,
+			field{"attempt_id", id}, field{"session_id", a.step.SessionID})
 		if a.start != nil {
 			select {
 			case a.start <- false:
@@ -643,7 +706,9 @@ func (w *Worker) handOut(s step) {
 			return
 		}
 		if !ok { // it builds on a view this Worker lacks: the server sends it whole next
-			w.logf("worker.history_missing", "attempt_id=%s session_id=%s history_base=%d", s.AttemptID, s.SessionID, s.HistoryBase)
+			w.log.info("worker.history_missing", "the hand-out builds on a view this Worker lacks",
+				field{"attempt_id", s.AttemptID}, field{"session_id", s.SessionID},
+				field{"history_base", s.HistoryBase})
 			w.settleLocked(message{"t": "back", "attempt_id": s.AttemptID, "reason": "history"})
 			return
 		}
@@ -680,7 +745,8 @@ func (w *Worker) run(ctx context.Context, a *attempt) {
 	select {
 	case w.slots <- struct{}{}:
 	default:
-		w.logf("worker.at_capacity", "attempt_id=%s session_id=%s capacity=%d: waiting for a slot", s.AttemptID, s.SessionID, cap(w.slots))
+		w.log.info("worker.at_capacity", fmt.Sprintf("waiting for a slot (capacity %d)", cap(w.slots)),
+			field{"attempt_id", s.AttemptID}, field{"session_id", s.SessionID})
 		select {
 		case w.slots <- struct{}{}:
 		case <-ctx.Done():
@@ -801,7 +867,8 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 					return message{"t": "back", "attempt_id": s.AttemptID}
 				}
 			}
-			w.logf("worker.start_refused", "attempt_id=%s the server no longer runs this attempt: not starting it", s.AttemptID)
+			w.log.info("worker.start_refused", "the server no longer runs this attempt: not starting it",
+				field{"attempt_id", s.AttemptID})
 			w.forgetLocked(s.AttemptID)
 			return nil
 		}

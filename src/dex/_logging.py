@@ -3,7 +3,11 @@
 Every Dex log record carries a stable ``action`` (``worker.attempt_failed``,
 ``node.ready``...) and the ids it concerns (``session_id``, ``step_id``, ``attempt_id``,
 ``worker_id``, ``tool``) as ``extra`` fields. ``console`` prints them as ``key=value``
-after the message; ``json`` prints one JSON object per line with every field.
+after the message (a list as its items joined by commas, a value with a space, a quote or
+an ``=`` in JSON quotes); ``json`` prints one JSON object per line with every field.
+
+The TypeScript and Go Workers write both formats the same way (``sdk/typescript/src/log.ts``,
+``sdk/go/log.go``): one definition, in docs/operations.md ("Logs").
 """
 
 from __future__ import annotations
@@ -31,10 +35,23 @@ class ConsoleFormatter(logging.Formatter):
         line = super().format(record)
         fields = _fields(record)
         if fields:
-            extra = " ".join(f"{k}={v}" for k, v in fields.items())
+            extra = " ".join(f"{k}={field_text(v)}" for k, v in fields.items())
             head, sep, tail = line.partition("\n")  # a traceback stays below the fields
             line = f"{head} {extra}{sep}{tail}"
         return line
+
+
+def field_text(value: Any) -> str:
+    """A field's value in a console line: one word, quoted as a JSON string when it would
+    not read as one; a whole number of seconds as ``2``, as JavaScript and Go write it."""
+    if isinstance(value, list | tuple):
+        value = ",".join(str(v) for v in value)
+    elif isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        value = int(value)
+    text = str(value)
+    if text == "" or any(c.isspace() or c in '"=' for c in text):
+        return orjson.dumps(text).decode()
+    return text
 
 
 class JsonFormatter(logging.Formatter):

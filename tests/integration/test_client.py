@@ -244,7 +244,7 @@ async def test_concurrent_shutdowns_of_a_running_worker(server_address: str) -> 
 async def test_worker_keeps_retrying_an_unreachable_address_until_shutdown(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="dex.worker")
+    caplog.set_level(logging.DEBUG, logger="dex.worker")  # each try after the first
     config = dex.WorkerConfig(reconnect_initial=0.01, reconnect_max=0.05)
     worker = dex.Worker([HELPER], f"http://127.0.0.1:{free_port()}", config)
     running = asyncio.create_task(worker.run())

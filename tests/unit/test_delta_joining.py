@@ -30,7 +30,7 @@ def test_the_server_joins_consecutive_deltas_of_one_attempt_and_keeps_the_order(
 
 
 def test_the_worker_joins_the_deltas_that_wait_for_its_link() -> None:
-    link = _Link(ws=cast(Any, None), heartbeat_interval=1.0)
+    link = _Link(ws=cast(Any, None), address="http://node", heartbeat_interval=1.0)
     link.put({"t": "delta", "attempt_id": "s/1/1", "text": "he"})
     link.put({"t": "delta", "attempt_id": "s/1/1", "text": "llo"})
     link.put({"t": "hb", "attempts": ["s/1/1"]})

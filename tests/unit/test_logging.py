@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from dex._logging import ConsoleFormatter, JsonFormatter, configure
+from dex._logging import ConsoleFormatter, JsonFormatter, configure, field_text
+from dex.worker.connection_log import ConnectionLog
 
 
 def record(exc: bool = False) -> logging.LogRecord:
@@ -51,3 +52,52 @@ def test_a_bad_level_or_format_names_the_choices() -> None:
         configure("info", "xml")
     with pytest.raises(ValueError, match="choose debug, info"):
         configure("loud", "json")
+
+
+def test_console_values_read_as_one_word_each() -> None:
+    assert field_text(["concierge", "triage"]) == "concierge,triage"
+    assert field_text(16) == "16" and field_text(30.0) == "30" and field_text(2.5) == "2.5"
+    assert field_text("http://127.0.0.1:7450") == "http://127.0.0.1:7450"
+    assert field_text('closed "now" (1006)') == '"closed \\"now\\" (1006)"'
+    assert field_text("a=b") == '"a=b"' and field_text("") == '""'
+    line = ConsoleFormatter().format(
+        logging.makeLogRecord(
+            {"name": "dex.worker", "levelname": "WARNING", "msg": "lost", "error": "cut off"}
+        )
+    )
+    assert line.endswith('WARNING dex.worker lost error="cut off"')
+
+
+def test_a_worker_logs_one_line_per_outage_however_many_tries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    connection = ConnectionLog("w-1", ["concierge"], 16, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, "dex.worker")
+    connection.failed("http://a", "refused")  # started before its server: said once
+    connection.failed("http://a", "refused")
+    connection.connected("http://a")
+    connection.lost("http://a", "the connection closed (1006)")
+    for _ in range(5):
+        now[0] += 0.5
+        connection.failed("http://a", "refused")
+    connection.connected("http://b")
+    connection.stopped("SIGTERM")
+    seen = [(r.levelname, vars(r)["action"], r.getMessage()) for r in caplog.records]
+    assert seen == [
+        (
+            "WARNING",
+            "worker.connect_failed",
+            "cannot reach http://a: refused; trying again until it answers",
+        ),
+        ("INFO", "worker.connected", "connected to http://a"),
+        (
+            "WARNING",
+            "worker.connection_lost",
+            "lost the connection to http://a: the connection closed (1006); reconnecting",
+        ),
+        ("INFO", "worker.reconnected", "reconnected to http://b after 2.5s and 6 tries"),
+        ("INFO", "worker.stopped", "stopped: SIGTERM, drained"),
+    ]
+    back = vars(caplog.records[3])
+    assert (back["address"], back["tries"], back["seconds"]) == ("http://b", 6, 2.5)

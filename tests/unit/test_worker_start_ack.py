@@ -48,7 +48,7 @@ async def test_only_a_timely_answer_with_the_asks_seq_starts_the_tool() -> None:
     asking = asyncio.create_task(worker._start_acknowledged(attempt))
     await asyncio.sleep(0)
     first_seq = sent[-1]["seq"]
-    link = _Link(ws=None, heartbeat_interval=1.0)  # type: ignore[arg-type]
+    link = _Link(ws=None, address="http://node", heartbeat_interval=1.0)  # type: ignore[arg-type]
     aid = attempt.handout.attempt_id
     worker._on_message(link, HeartbeatReply(status={aid: "ok"}))  # a periodic beat's reply
     worker._on_message(link, HeartbeatReply(status={aid: "ok"}, seq=first_seq + 99))
@@ -70,6 +70,6 @@ async def test_a_stop_refuses_the_start() -> None:
     worker._attempts[attempt.handout.attempt_id] = attempt
     asking = asyncio.create_task(worker._start_acknowledged(attempt))
     await asyncio.sleep(0)
-    link = _Link(ws=None, heartbeat_interval=1.0)  # type: ignore[arg-type]
+    link = _Link(ws=None, address="http://node", heartbeat_interval=1.0)  # type: ignore[arg-type]
     worker._on_message(link, HeartbeatReply(status={attempt.handout.attempt_id: "stop"}))
     assert await asking is False

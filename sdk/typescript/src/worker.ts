@@ -9,6 +9,7 @@ import WebSocket from "ws";
 import { Agent, Interrupt, PENDING, ToolContext, ToolError } from "./agent";
 import * as failpoints from "./failpoints";
 import { HistoryCache, HistoryError, checkItems } from "./history";
+import { ConnectionLog, Log, LogFormat, LogLevel, logFormat, logLevel } from "./log";
 import * as p from "./protocol";
 import { checkArguments } from "./schema";
 import type { AttemptTracing } from "./tracing";
@@ -42,6 +43,12 @@ export interface WorkerOptions {
   /** OpenTelemetry spans of the attempts it runs, under the server's, sent to the global
    * tracer provider (default: DEX_TRACING, else off). */
   tracing?: boolean;
+  /** How it logs: console (one line for people, the default) or json (one object a
+   * line), as the Python Worker (default: DEX_LOG_FORMAT). */
+  logFormat?: LogFormat;
+  /** The least level logged: debug, info (the default), warning or error (default:
+   * DEX_LOG_LEVEL). */
+  logLevel?: LogLevel;
 }
 
 /** The server refused this Worker for good (a token, or a worker_id in use): do not retry. */
@@ -63,6 +70,9 @@ interface Attempt {
 
 interface Link {
   ws: WebSocket;
+  address: string;
+  /** Whether the node answered hello: a standby closes the connection before that. */
+  welcomed: boolean;
   pending: p.WorkerMessage[];
   flushing: boolean;
 }
@@ -154,12 +164,6 @@ function loadTracing(): typeof import("./tracing") {
   return require("./tracing") as typeof import("./tracing");
 }
 
-function log(action: string, message: string, ids: Record<string, unknown> = {}): void {
-  process.stderr.write(
-    JSON.stringify({ time: new Date().toISOString(), action, message, ...ids }) + "\n",
-  );
-}
-
 const sleep = (seconds: number): Promise<void> =>
   new Promise((resolve) => setTimeout(resolve, seconds * 1000));
 
@@ -189,6 +193,10 @@ export class Worker {
   private readonly handleSignals: boolean;
   /** The attempts' spans, when tracing is on. */
   private readonly tracing: AttemptTracing | null;
+  private readonly log: Log;
+  private readonly connection: ConnectionLog;
+  /** Why the Worker drains: shutdown (called in code), or a signal's name. */
+  private stopReason = "shutdown";
 
   private readonly attempts = new Map<string, Attempt>();
   private readonly histories = new HistoryCache();
@@ -237,6 +245,15 @@ export class Worker {
     this.handleSignals = options.handleSignals ?? true;
     const tracing = options.tracing ?? envSwitch("DEX_TRACING", false);
     this.tracing = tracing ? new (loadTracing().AttemptTracing)(this.id) : null;
+    this.log = new Log(
+      options.logFormat !== undefined
+        ? logFormat(options.logFormat, "WorkerOptions.logFormat")
+        : logFormat(env("DEX_LOG_FORMAT")),
+      options.logLevel !== undefined
+        ? logLevel(options.logLevel, "WorkerOptions.logLevel")
+        : logLevel(env("DEX_LOG_LEVEL")),
+    );
+    this.connection = new ConnectionLog(this.log, this.id, [...this.agents.keys()], this.capacity);
   }
 
   /** Serve until shutdown(). Rejects with WorkerRefusedError if the server refuses us. */
@@ -252,16 +269,20 @@ export class Worker {
   }
 
   private async runOnce(): Promise<void> {
-    const onSignal = (): void => void this.shutdown();
+    const onSignal = (signal: NodeJS.Signals): void => {
+      if (this.shuttingDown === null) this.stopReason = signal;
+      void this.shutdown();
+    };
     if (this.handleSignals) {
       process.on("SIGTERM", onSignal);
       process.on("SIGINT", onSignal);
     }
-    log("worker.started", `serving ${[...this.agents.keys()].join(", ")}`, {
-      worker_id: this.id,
-    });
     try {
       await this.connectLoop();
+      this.connection.stopped(this.stopReason);
+    } catch (e) {
+      this.connection.stopped("error", e instanceof Error ? e.message : String(e));
+      throw e;
     } finally {
       process.off("SIGTERM", onSignal);
       process.off("SIGINT", onSignal);
@@ -270,7 +291,11 @@ export class Worker {
   }
 
   private async drain(timeout: number): Promise<void> {
-    log("worker.draining", "draining", { worker_id: this.id });
+    this.log.info(
+      "worker.draining",
+      `draining: taking no new Steps, finishing ${this.attempts.size} running attempts within ${timeout}s`,
+      { running: this.attempts.size, timeout },
+    );
     this.draining = true;
     this.send({ t: "drain" });
     for (const attempt of this.attempts.values()) attempt.startDecided?.(false);
@@ -294,23 +319,26 @@ export class Worker {
         ws = await this.connect(base);
       } catch (e) {
         if (e instanceof WorkerRefusedError) throw e;
-        log("worker.connect_failed", `cannot reach ${base}: ${String(e)}`);
+        this.connection.failed(base, e instanceof Error ? e.message : String(e));
         await this.pause(backoff(failures++, this.reconnectInitial, this.reconnectMax));
         continue;
       }
       failures = 0;
-      const { code, reason } = await this.serve(ws);
+      const { code, reason, welcomed } = await this.serve(ws, base);
       if (code === p.CLOSE_UNAUTHORIZED || code === p.CLOSE_ID_IN_USE) {
         const why =
           code === p.CLOSE_UNAUTHORIZED
             ? "the token was refused"
             : `another live connection uses worker_id ${this.id}`;
-        log("worker.refused", `${base} refused this Worker (${code}: ${why}) ${reason}`);
+        this.log.error("worker.refused", `${base} refused this Worker (${code}: ${why}) ${reason}`, {
+          address: base,
+        });
         throw new WorkerRefusedError(`${base} refused this Worker (close ${code}): ${why}`);
       }
-      if (!this.stopping) {
-        log("worker.connection_lost", `connection to ${base} closed (${code}) ${reason}`);
-      }
+      if (this.stopping) break;
+      const ended = `the connection closed (${code}${reason === "" ? "" : `: ${reason}`})`;
+      if (welcomed) this.connection.lost(base, ended);
+      else this.connection.failed(base, ended); // accepted, then closed: a standby, say
       // a node that accepts and closes at once (a standby) is not asked again at once
       await this.pause(this.reconnectInitial * (0.5 + Math.random() / 2));
     }
@@ -346,7 +374,7 @@ export class Worker {
           const message =
             `${base} refused this Worker (HTTP ${status}: ${why}): set DEX_WORKER_TOKEN ` +
             "(or the token option) to the server's worker token";
-          log("worker.unauthorized", message);
+          this.log.error("worker.unauthorized", message, { address: base });
           reject(new WorkerRefusedError(message));
         } else {
           reject(new Error(`HTTP ${status}`));
@@ -356,8 +384,11 @@ export class Worker {
     });
   }
 
-  private serve(ws: WebSocket): Promise<{ code: number; reason: string }> {
-    const link: Link = { ws, pending: [], flushing: false };
+  private serve(
+    ws: WebSocket,
+    address: string,
+  ): Promise<{ code: number; reason: string; welcomed: boolean }> {
+    const link: Link = { ws, address, welcomed: false, pending: [], flushing: false };
     ws.on("error", () => undefined); // the close event follows and says how it ended
     this.link = link;
     this.put(link, {
@@ -390,7 +421,9 @@ export class Worker {
       lastTick = Date.now();
       // this process was blocked (a long synchronous call): the pong may wait unread
       if (!answered && !late) {
-        log("worker.ping_timeout", "the node did not answer a ping: giving it up");
+        this.log.warning("worker.ping_timeout", "the node did not answer a ping: giving it up", {
+          address,
+        });
         ws.terminate();
         return;
       }
@@ -408,17 +441,19 @@ export class Worker {
           frame = e;
         }
         if (!Array.isArray(frame)) {
-          log("worker.bad_frame", "the server sent a frame that is not a JSON array");
+          this.log.error("worker.bad_frame", "the server sent a frame that is not a JSON array", {
+            address,
+          });
           ws.close(p.CLOSE_BAD_FRAME, "a frame is a JSON array of messages");
           return;
         }
-        for (const message of frame as p.ServerMessage[]) this.onMessage(message);
+        for (const message of frame as p.ServerMessage[]) this.onMessage(link, message);
       });
       ws.once("close", (code, reason) => {
         clearInterval(ping);
         if (beat !== null) clearTimeout(beat);
         if (this.link === link) this.link = null;
-        resolve({ code, reason: reason.toString() });
+        resolve({ code, reason: reason.toString(), welcomed: link.welcomed });
       });
     });
   }
@@ -469,7 +504,7 @@ export class Worker {
         } catch (e) {
           const problem = `the result cannot be sent as JSON: ${e instanceof Error ? e.message : e}`;
           const attempt = "attempt_id" in message ? this.attempts.get(message.attempt_id) : undefined;
-          log("worker.result_unencodable", problem, { attempt_id: attempt?.step.attempt_id });
+          this.log.warning("worker.result_unencodable", problem, { attempt_id: attempt?.step.attempt_id });
           if (message.t === "done" && attempt !== undefined) {
             attempt.result = fail(attempt.step, problem, true);
             parts.push(JSON.stringify(attempt.result));
@@ -482,7 +517,7 @@ export class Worker {
 
   // --- receiving ----------------------------------------------------------------------
 
-  private onMessage(message: p.ServerMessage): void {
+  private onMessage(link: Link, message: p.ServerMessage): void {
     switch (message.t) {
       case "welcome": {
         // four beats per timeout: one lost or late beat does not fail an attempt
@@ -491,6 +526,8 @@ export class Worker {
         this.startWindow = Math.min(5, timeout / 2);
         this.resume = message.resume;
         this.histories.clear(); // the server sends each session's whole view first
+        link.welcomed = true;
+        this.connection.connected(link.address);
         for (const id of message.stop ?? []) {
           const stopped = this.attempts.get(id);
           if (stopped !== undefined) this.abandon(stopped, "the server no longer runs this attempt");
@@ -522,7 +559,7 @@ export class Worker {
         const acked = this.attempts.get(message.attempt_id);
         if (acked !== undefined) this.attempts.delete(message.attempt_id);
         if (acked !== undefined && !message.ok) {
-          log("worker.result_refused", `result refused: ${message.error ?? ""}`, {
+          this.log.info("worker.result_refused", `result refused: ${message.error ?? ""}`, {
             attempt_id: message.attempt_id,
           });
         }
@@ -557,7 +594,7 @@ export class Worker {
         const view = this.histories.view(step.session_id, base, step.history ?? []);
         if (view === null) {
           // we lack what it builds on: the server sends it whole next time
-          log("worker.history_missing", "the hand-out builds on a view this Worker lacks", {
+          this.log.info("worker.history_missing", "the hand-out builds on a view this Worker lacks", {
             attempt_id: step.attempt_id,
             session_id: step.session_id,
           });
@@ -589,7 +626,7 @@ export class Worker {
     if (this.slotsTaken < this.capacity) {
       this.slotsTaken++;
     } else {
-      log("worker.at_capacity", `waiting for a slot (capacity ${this.capacity})`, {
+      this.log.info("worker.at_capacity", `waiting for a slot (capacity ${this.capacity})`, {
         attempt_id: attempt.step.attempt_id,
         session_id: attempt.step.session_id,
       });
@@ -605,7 +642,7 @@ export class Worker {
   }
 
   private abandon(attempt: Attempt, why: string): void {
-    log("worker.attempt_abandoned", why, { attempt_id: attempt.step.attempt_id });
+    this.log.info("worker.attempt_abandoned", why, { attempt_id: attempt.step.attempt_id });
     this.attempts.delete(attempt.step.attempt_id);
     attempt.abandoned = true;
     attempt.startDecided?.(false);
@@ -654,7 +691,7 @@ export class Worker {
         }
       } else {
         const error = e instanceof Error ? e : new Error(String(e));
-        log(
+        this.log.warning(
           "worker.attempt_failed",
           `${step.step_type} attempt ${step.attempt} of ${step.tool ?? step.agent} failed: ` +
             `${error.name}: ${error.message}`,
@@ -697,7 +734,7 @@ export class Worker {
     const approvalRequired = [...(response.approval_required ?? [])];
     for (const call of response.tool_calls ?? []) {
       const approval = agent.tools.get(call.name)?.options.approval;
-      if (typeof approval === "function" && needsApproval(approval, call.arguments ?? {})) {
+      if (typeof approval === "function" && needsApproval(this.log, approval, call.arguments ?? {})) {
         approvalRequired.push(call.id);
       }
     }
@@ -744,7 +781,7 @@ export class Worker {
           attempt.result = { t: "back", attempt_id: step.attempt_id };
           this.send(attempt.result);
         } else {
-          log("worker.start_refused", "the server no longer runs this attempt: not starting it", {
+          this.log.info("worker.start_refused", "the server no longer runs this attempt: not starting it", {
             attempt_id: step.attempt_id,
           });
           this.attempts.delete(step.attempt_id);
@@ -838,6 +875,7 @@ function fail(step: p.StepMessage, message: string, retryable: boolean): p.Fail 
 
 /** Whether a call waits for a person's approval: a predicate that throws says yes. */
 function needsApproval(
+  log: Log,
   predicate: (args: Record<string, unknown>) => boolean,
   args: Record<string, unknown>,
 ): boolean {
@@ -845,7 +883,7 @@ function needsApproval(
     return Boolean(predicate(args));
   } catch (e) {
     const why = `the approval predicate threw (a person approves): ${String(e)}`;
-    log("worker.approval_predicate_failed", why);
+    log.warning("worker.approval_predicate_failed", why);
     return true;
   }
 }

@@ -15,6 +15,8 @@ const VARIABLES = [
   "DEX_WORKER_PING_INTERVAL",
   "DEX_DRAIN_TIMEOUT",
   "DEX_TRACING",
+  "DEX_LOG_FORMAT",
+  "DEX_LOG_LEVEL",
 ];
 const saved = new Map(VARIABLES.map((name) => [name, process.env[name]]));
 
@@ -59,6 +61,8 @@ test("a bad or out-of-range variable throws, naming it and its value", () => {
     ["DEX_DRAIN_TIMEOUT", "-0.5", "want a number of seconds, 0 or more"],
     ["DEX_TRACING", "maybe", "want true or false (or 1/0, yes/no, on/off)"],
     ["DEX_TRACING", "2", "want true or false"],
+    ["DEX_LOG_FORMAT", "xml", "log format: choose console or json"],
+    ["DEX_LOG_LEVEL", "loud", "log level: choose debug, info, warning or error"],
   ];
   for (const [name, value, want] of bad) {
     process.env[name] = value;
@@ -116,6 +120,8 @@ test("good values are read; options set in code leave the variables unread", () 
       pingInterval: 1,
       drainTimeout: 1,
       tracing: false,
+      logFormat: "json",
+      logLevel: "warning",
     }),
   );
 });

@@ -190,7 +190,7 @@ test("a question pauses the span, a cancellation marks it, neither an error", as
   await until("the hold tool running", () => holding);
   traced.send([{ t: "cancel", attempt_id: "t5" }]);
   await until("the attempt abandoned", () =>
-    logged.some((l) => l.includes('"worker.attempt_abandoned"') && l.includes('"t5"')),
+    logged.some((l) => l.includes("action=worker.attempt_abandoned") && l.includes("attempt_id=t5")),
   );
   release();
   const cancelled = await spanOf("t5");

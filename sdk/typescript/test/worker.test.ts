@@ -188,7 +188,7 @@ test("no more attempts run at once than the capacity, a stopped one's code inclu
     call_id: id,
     arguments: {},
   }));
-  const waiting = (): number => logged.filter((l) => l.includes('"worker.at_capacity"')).length;
+  const waiting = (): number => logged.filter((l) => l.includes("action=worker.at_capacity")).length;
   node.send(holds.slice(0, 4));
   await until("3 calls running and 1 waiting", () => hold.running === 3 && waiting() === 1);
   node.send([{ t: "cancel", attempt_id: "h1" }]); // its code runs on: its slot stays taken

@@ -50,6 +50,7 @@ from dex.wire import (
 )
 from dex.wire import server_frames as frames
 from dex.wire.protocol import CLOSE_FORBIDDEN
+from dex.worker.connection_log import ConnectionLog
 from dex.worker.history import HistoryCache
 
 if TYPE_CHECKING:
@@ -111,7 +112,12 @@ class _Link:
     """One live connection."""
 
     ws: aiohttp.ClientWebSocketResponse
+    address: str
     heartbeat_interval: float
+    welcomed: bool = False
+    """Whether the node answered hello: a standby closes the connection before that."""
+    ended: str = "the connection closed"
+    """How it ended, as the node or the network said."""
     pending: list[dict[str, Any]] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -168,6 +174,11 @@ class Worker:
         """How soon a start acknowledgement must answer (half the heartbeat timeout)."""
         """The resume token of the last welcome: proves a reconnect is this process."""
         self._link: _Link | None = None
+        self._connection = ConnectionLog(self.id, list(self.agents), self.config.capacity)
+        self._stop_reason = "shutdown"
+        """Why the Worker drains: ``shutdown`` (called in code), or a signal's name."""
+        self._signalled: asyncio.Future[None] | None = None
+        """The drain a signal started (kept: a task nobody holds may be collected)."""
         self._stopping = asyncio.Event()
         self._draining = False
         self._stopped = asyncio.Event()
@@ -193,6 +204,11 @@ class Worker:
                 model.warm_up()
             async with aiohttp.ClientSession() as http:
                 await self._connect_loop(http)
+        except Exception as e:
+            self._connection.stopped("error", e)
+            raise
+        else:
+            self._connection.stopped(self._stop_reason)
         finally:
             for model in self._models():
                 try:
@@ -210,10 +226,15 @@ class Worker:
         async def main() -> None:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.shutdown()))
+                loop.add_signal_handler(sig, self._on_signal, sig)
             await self.run()
 
         _loop.run(main())
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self._draining:
+            self._stop_reason = sig.name
+        self._signalled = asyncio.ensure_future(self.shutdown())
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """Stop taking Steps, let running ones finish (up to the drain timeout), hand back
@@ -230,7 +251,7 @@ class Worker:
             "draining: taking no new Steps, finishing %d running attempts within %gs",
             len(self._attempts),
             timeout,
-            extra={"action": "worker.draining"},
+            extra={"action": "worker.draining", "running": len(self._attempts), "timeout": timeout},
         )
         link = self._link
         if link is not None:
@@ -256,6 +277,7 @@ class Worker:
         starts again from the shortest wait."""
         targets = itertools.cycle(self.addresses)
         while not self._stopping.is_set():
+            base = ""
             retrying = AsyncRetrying(
                 wait=wait_random_exponential(
                     multiplier=self.config.reconnect_initial, max=self.config.reconnect_max
@@ -268,14 +290,22 @@ class Worker:
             try:
                 async for attempt in retrying:
                     with attempt:
-                        ws = await self._connect(http, next(targets))
+                        base = next(targets)
+                        ws = await self._connect(http, base)
             except _Unreachable:
                 return  # shutting down
+            link = _Link(ws, base, self.config.heartbeat_interval)
             try:
                 async with ws:
-                    await self._serve(ws)
+                    await self._serve(link)
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
-                log.info("connection lost: %s", e, extra={"action": "worker.connection_lost"})
+                link.ended = str(e) or type(e).__name__
+            if self._stopping.is_set():
+                return
+            if link.welcomed:
+                self._connection.lost(base, link.ended)
+            else:  # accepted, then closed before its welcome: a standby, say
+                self._connection.failed(base, link.ended)
             # a node that accepts and closes at once (a standby) is not asked again at once
             await self._pause(self.config.reconnect_initial * random.uniform(0.5, 1.0))
 
@@ -308,16 +338,15 @@ class Worker:
                     f"{base} refused this Worker (HTTP {e.status}: {why}): set "
                     "DEX_WORKER_TOKEN (or WorkerConfig(token=...)) to the server's worker token"
                 )
-                log.error(message, extra={"action": "worker.unauthorized"})
+                log.error(message, extra={"action": "worker.unauthorized", "address": base})
                 raise AuthError(message) from None
-            log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
+            self._connection.failed(base, e)
             raise _Unreachable(base) from e
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            log.info("cannot reach %s: %s", base, e, extra={"action": "worker.connect_failed"})
+            self._connection.failed(base, str(e) or type(e).__name__)
             raise _Unreachable(base) from e
 
-    async def _serve(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        link = _Link(ws, self.config.heartbeat_interval)
+    async def _serve(self, link: _Link) -> None:
         link.put(
             {
                 "t": "hello",
@@ -407,6 +436,7 @@ class Worker:
                     why = f"the server refused this Worker: {frame.extra or 'forbidden'}"
                     log.error(why, extra={"action": "worker.forbidden"})
                     raise AuthError(why)  # for good: connecting again cannot help
+                link.ended = _ending(frame, link.ws)
                 break
             # the whole frame decoded (and checked against the protocol) in one pass
             for message in frames.decode(frame.data):
@@ -454,6 +484,8 @@ class Worker:
             link.heartbeat_interval = min(self.config.heartbeat_interval, timeout / 4)
             self._start_window = min(5.0, timeout / 2)
             self._resume = message.resume
+            link.welcomed = True
+            self._connection.connected(link.address)
             for attempt_id in message.stop:
                 stopped = self._attempts.get(attempt_id)
                 if stopped is not None:
@@ -689,6 +721,17 @@ def succeeded(value: Any) -> dict[str, Any]:
     the cost. ``value`` goes through the same serializer that dump uses for ``Any``
     (a value it cannot serialize raises the same error, and the attempt fails)."""
     return {**_SUCCEEDED, "result": to_jsonable_python(value, by_alias=False, inf_nan_mode="null")}
+
+
+def _ending(frame: aiohttp.WSMessage, ws: aiohttp.ClientWebSocketResponse) -> str:
+    """How a connection ended, from the frame that ended it."""
+    if frame.type == aiohttp.WSMsgType.CLOSE:
+        reason = f": {frame.extra}" if frame.extra else ""
+        return f"closed by the node ({frame.data}{reason})"
+    error = ws.exception() or (frame.data if isinstance(frame.data, BaseException) else None)
+    if error is not None:
+        return str(error) or type(error).__name__
+    return f"the connection closed (code {ws.close_code})"
 
 
 class _Unreachable(Exception):
