@@ -170,7 +170,7 @@ def server(
     streams: Annotated[
         str | None,
         typer.Option(
-            help="Where live events wait for subscribers: memory, or redis://HOST:PORT[/DB] "
+            help="Where live events wait for subscribers: memory, or redis://HOST:PORT\\[/DB] "
             "to survive a restart or a takeover (DEX_STREAMS; needs dex-runtime\\[redis]).  "
             "\\[default: memory]",
         ),
