@@ -25,7 +25,7 @@ COMMANDS = list(_commands(typer.main.get_command(app)))
 
 def test_the_walk_finds_every_command() -> None:
     names = {path[0] for path in COMMANDS if path}
-    assert {"server", "worker", "send", "new", "reconcile", "chat"} <= names
+    assert {"server", "worker", "send", "new", "reconcile", "chat", "turn"} <= names
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda path: " ".join(("dex", *path)))
