@@ -183,7 +183,7 @@ def steps_table(turn: dict[str, Any]) -> Table:
             if error.get("attempt_progress") not in (None, "UNSPECIFIED"):
                 outcome += f" {error['attempt_progress']}"
             last = i == len(attempts) - 1
-            detail = clip(error.get("message") or "", 80) or (note if last else "")
+            detail = clip(error.get("message") or "", 240) or (note if last else "")
             rows.append(
                 [
                     *(head if i == 0 else ["", "", "", ""]),
@@ -207,7 +207,7 @@ def _args(arguments: dict[str, Any]) -> str:
 def _step_note(step: dict[str, Any]) -> str:
     """What a Step without an attempt error says: its own error, or how its wait ended."""
     if step.get("error"):
-        return clip(step["error"].get("message") or "", 80)
+        return clip(step["error"].get("message") or "", 240)
     wait = step.get("wait")
     if wait and wait.get("resolution"):
         resolution = wait["resolution"]
