@@ -48,6 +48,7 @@ def test_a_person_approves_from_the_command_line(rig: Rig) -> None:
         pending["arguments_hash"],
     )
     assert approved.returncode == 0, approved.stderr
+    assert approved.stdout == f"approved {pending['call_id']}: it runs once\n"
     t = rig.wait_turn(sid, turn)
     assert t["tool_calls"][0]["status"] == "succeeded"
     assert t["tool_calls"][0]["approval"]["by"] == "ops"

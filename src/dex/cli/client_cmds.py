@@ -358,25 +358,57 @@ def approve(
     arguments_hash: Annotated[
         str | None, typer.Option(help="The arguments_hash you reviewed: refuse any other.")
     ] = None,
+    json_output: JsonFlag = False,
 ) -> None:
     """Approve a tool call: it runs once."""
-    _call(address, lambda c: c.approve(session_id, call_id, by=by, arguments_hash=arguments_hash))
+    _call(
+        address,
+        lambda c: _said(
+            c.approve(session_id, call_id, by=by, arguments_hash=arguments_hash),
+            json_output,
+            f"approved {call_id}: it runs once",
+        ),
+    )
 
 
 @app.command()
 def deny(
-    session_id: str, call_id: str, reason: str, address: Address = DEFAULT_ADDRESS, by: By = None
+    session_id: str,
+    call_id: str,
+    reason: str,
+    address: Address = DEFAULT_ADDRESS,
+    by: By = None,
+    json_output: JsonFlag = False,
 ) -> None:
     """Deny a tool call: the model sees REASON."""
-    _call(address, lambda c: c.deny(session_id, call_id, reason, by=by))
+    _call(
+        address,
+        lambda c: _said(
+            c.deny(session_id, call_id, reason, by=by),
+            json_output,
+            f"denied {call_id}: it does not run, and the model sees why",
+        ),
+    )
 
 
 @app.command()
 def answer(
-    session_id: str, call_id: str, text: str, address: Address = DEFAULT_ADDRESS, by: By = None
+    session_id: str,
+    call_id: str,
+    text: str,
+    address: Address = DEFAULT_ADDRESS,
+    by: By = None,
+    json_output: JsonFlag = False,
 ) -> None:
     """Answer the question a tool asked."""
-    _call(address, lambda c: c.answer(session_id, call_id, text, by=by))
+    _call(
+        address,
+        lambda c: _said(
+            c.answer(session_id, call_id, text, by=by),
+            json_output,
+            f"answered {call_id}: the tool goes on with the answer",
+        ),
+    )
 
 
 @app.command()
@@ -384,9 +416,23 @@ def cancel(
     session_id: str,
     address: Address = DEFAULT_ADDRESS,
     reason: Annotated[str, typer.Option()] = "cancelled from the command line",
+    json_output: JsonFlag = False,
 ) -> None:
     """Cancel the running turn of a session."""
-    _call(address, lambda c: c.cancel_turn(session_id, reason))
+
+    def cancelled(client: SyncClient) -> Any:
+        done = client.cancel_turn(session_id, reason)
+        return _said(done, json_output, f"cancelled turn {done['turn']} of {session_id}")
+
+    _call(address, cancelled)
+
+
+def _said(answer: dict[str, Any], json_output: bool, sentence: str) -> dict[str, Any] | None:
+    """What an action answered, for ``_call``: whole with ``--json``, else ``sentence``."""
+    if json_output:
+        return answer
+    typer.echo(sentence)
+    return None
 
 
 class Outcome(StrEnum):
