@@ -78,6 +78,8 @@ class Transition:
     events: list[dict[str, Any]] = field(default_factory=list)
     message: int | None = None
     """For a user message: its number (the number of the turn it starts, now or later)."""
+    unknown: list[tuple[ToolCall, Step]] = field(default_factory=list)
+    """Tool calls whose outcome became unknown, each with its failed Step (to be logged)."""
 
 
 def model_queue(agent: str) -> str:
@@ -197,7 +199,7 @@ def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -
         if call is not None and not call.settled:
             call.checking = False
             if not call.status.terminal:
-                _settle_failed_call(call, error)
+                _settle_failed_call(call, step, error, t)
     state.inbox = []
     _end_turn(state, spec, TurnStatus.CANCELLED, now, t, error=f"cancelled: {reason}")
     return t
@@ -654,11 +656,11 @@ def _fail_step(
     if step.type == StepType.CHECK_TOOL_CALL:
         call.checking = False  # the outcome stays unknown
     else:
-        _settle_failed_call(call, step.error)
+        _settle_failed_call(call, step, step.error, t)
     _after_tool_call(state, spec, now, t)
 
 
-def _settle_failed_call(call: ToolCall, error: AttemptError) -> None:
+def _settle_failed_call(call: ToolCall, step: Step, error: AttemptError, t: Transition) -> None:
     """The failure route: reads ``attempt_progress`` (a call that ran before is never
     NOT_STARTED)."""
     if not call.started and error.attempt_progress != AttemptProgress.NOT_COMPLETED:
@@ -673,6 +675,7 @@ def _settle_failed_call(call: ToolCall, error: AttemptError) -> None:
             f"the outcome is unknown: the tool may have run ({error.message}); "
             "it will not run again"
         )
+        t.unknown.append((call, step))
 
 
 def _end_turn(
@@ -861,5 +864,6 @@ def _merge(into: Transition, other: Transition) -> None:
     into.timers.extend(other.timers)
     into.cancel.extend(other.cancel)
     into.events.extend(other.events)
+    into.unknown.extend(other.unknown)
     if other.ended_turn is not None:
         into.ended_turn = other.ended_turn
