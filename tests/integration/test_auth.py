@@ -103,6 +103,7 @@ EXPECTED: dict[str, str] = {
     "console_answer": Role.CLIENT,
     "console_reconcile": Role.CLIENT,
     "console_cancel": Role.CLIENT,
+    "console_send": Role.CLIENT,
     "console_login_form": OPEN,
     "console_login": OPEN,
     "console_logout": OPEN,
