@@ -39,6 +39,7 @@ from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.server.start_lines import announce
 from dex.server.store.base import Store
+from dex.server.store.open import open_store
 from dex.server.streams import open_streams
 
 log = logging.getLogger("dex.server")
@@ -59,7 +60,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store.from_url(config.database_url)
+        store = open_store(config.database_url)
         store.on_lost = on_store_lost
         await store.open()  # a DexError says why it cannot start (``serve`` logs it)
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)

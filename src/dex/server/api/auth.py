@@ -33,9 +33,9 @@ from fastapi.params import Security as SecurityParam
 from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dex.server import pages
 from dex.server.api.ratelimit import RateLimits
 from dex.server.api.tokens import Role, Token, Tokens
-from dex.server.console import pages
 from dex.wire import error_body
 
 OPEN = ("/", "/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")

@@ -13,9 +13,9 @@ from dex.server.api import models, sse
 from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse, RecordsResponse
-from dex.server.engine.state import Turn
 from dex.server.fleet import Filters
 from dex.server.sessions import Sessions
+from dex.server.views import Turn
 from dex.wire import Wire
 
 router = APIRouter(
