@@ -32,10 +32,10 @@ from dex.server.api.tokens import Role, Tokens, check_rate_limit
 from dex.server.clock import Clock
 from dex.server.config import ServerConfig
 from dex.server.console import routes as console
-from dex.server.console.pages import PREFIX as CONSOLE
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.ha.leadership import Leadership, Solo
 from dex.server.ha.node import Node
+from dex.server.pages import PREFIX as CONSOLE
 from dex.server.sessions import Sessions
 from dex.server.start_lines import announce
 from dex.server.store.base import Store

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import dex
 from dex.server.config import ServerConfig
-from dex.server.console.pages import PREFIX as CONSOLE
+from dex.server.pages import PREFIX as CONSOLE
 
 log = logging.getLogger("dex.server")
 
