@@ -60,7 +60,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
         created = dex_("new", "reporter", "--session-id", "first")
         assert created.startswith("session first with agent reporter: idle")
         sent = dex_("send", "first", "Report on Paris, please", "--wait", "0")
-        assert sent.startswith("turn 1 running")
+        assert sent.splitlines() == ["turn 1 running", "its Steps and attempts: dex turn first 1"]
 
         def tool_runs() -> bool:  # what `dex turn first 1` shows, read quicker
             turn = client.get_agent_snapshot("first")["current_turn"] or {}

@@ -158,7 +158,7 @@ def turn_summary(turn: dict[str, Any], hint: bool = True) -> list[str]:
         lines.append(f"text: {turn['text']}")
     if turn.get("error"):
         lines.append(f"error: {turn['error']}")
-    if hint and turn.get("steps"):
+    if hint and (turn.get("steps") or turn["status"] == "running"):
         lines.append(f"its Steps and attempts: dex turn {sid} {number}")
     return lines
 

@@ -177,7 +177,8 @@ def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
 
 
 STARTUP_FAILED = 3
-"""The exit status of a node that could not start (its store would not open), as uvicorn's."""
+"""The exit status of a node that could not start (its address could not be bound, its
+store would not open, a setting was refused), as uvicorn's."""
 
 SWITCH_INTERVAL = 0.0005
 """Seconds a thread may hold the GIL while another waits (Python's default is 5 ms). Set
