@@ -263,6 +263,14 @@ def results(turn: dict[str, Any]) -> list[dict[str, Any]]:
     return parsed
 
 
+def model_calls(rig: Rig, session_id: str, effect: str = "model") -> list[int]:
+    """The attempt number of every call the session's scripted model received, in order,
+    by the model's own ledger (``tests/support/agents.py`` and its ports): ``model`` for
+    model calls, ``summary`` for summary calls. A call counts once it started, however it
+    ended (and whether Dex took its result or not)."""
+    return [e["attempt"] for e in rig.ledger.entries(effect) if e["session_id"] == session_id]
+
+
 def attempts(turn: dict[str, Any], step_type: str) -> list[list[tuple[int, str]]]:
     """(number, outcome) of every attempt, per Step of that type, in order."""
     return [

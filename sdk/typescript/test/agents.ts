@@ -6,6 +6,8 @@
  *     "call: [[tool, {args}], ...]"  asks for those tool calls (all in one response),
  *     anything else                  answers "echo: <text>".
  * Once every call has a result, it answers "results: <json of statuses and results>".
+ * It records every model call (``model``) and summary call (``summary``) in the ledger as
+ * it starts, with ``session_id`` and ``attempt``, as the tools record their effects.
  *
  * Run: node dist/test/agents.js   (DEX_ADDRESS, DEX_TEST_LEDGER, DEX_TEST_GATES)
  */
@@ -93,7 +95,8 @@ function script(history: Item[]): ModelResponse {
   };
 }
 
-/** dex.models.Scripted: answers by ``respond``, optionally streamed in chunks. */
+/** dex.models.Scripted: answers by ``respond``, optionally streamed in chunks; each call
+ * recorded in the ledger as it starts. */
 class Scripted implements Model {
   constructor(
     private readonly respond: (history: Item[]) => ModelResponse,
@@ -106,6 +109,7 @@ class Scripted implements Model {
   }
 
   async *stream(request: ModelRequest): AsyncIterable<string | ModelResponse> {
+    record("model", { session_id: request.sessionId, attempt: request.attempt });
     const response = this.respond(request.history);
     const text = response.text ?? "";
     if (this.chunkChars > 0 && text) {
@@ -122,25 +126,29 @@ class Scripted implements Model {
     yield response;
   }
 
-  /** A deterministic summary: how much there was, and what the user asked. */
   async summarize(request: ModelRequest): Promise<Summary> {
-    const history = request.history;
-    const asked = history.flatMap((i) => (i.type === "user" ? [i.text] : []));
-    const earlier = history.flatMap((i) => (i.type === "summary" ? [i.text] : []));
-    const parts = [`Summary of ${history.length} items.`];
-    if (earlier.length > 0) parts.push(`Before that: ${earlier[earlier.length - 1]}`);
-    if (asked.length > 0) parts.push("The user said: " + asked.join(" | "));
-    return { text: parts.join(" ") };
+    record("summary", { session_id: request.sessionId, attempt: request.attempt });
+    return digest(request.history);
   }
 }
 
-/** Scripted, whose summary call records ``summary`` in the ledger and then waits behind
- * the gate ``summary``, so a test can interrupt a CompactContext while it runs. */
+/** A deterministic summary: how much there was, and what the user asked. */
+function digest(history: Item[]): Summary {
+  const asked = history.flatMap((i) => (i.type === "user" ? [i.text] : []));
+  const earlier = history.flatMap((i) => (i.type === "summary" ? [i.text] : []));
+  const parts = [`Summary of ${history.length} items.`];
+  if (earlier.length > 0) parts.push(`Before that: ${earlier[earlier.length - 1]}`);
+  if (asked.length > 0) parts.push("The user said: " + asked.join(" | "));
+  return { text: parts.join(" ") };
+}
+
+/** Scripted, whose summary call, once recorded in the ledger, waits behind the gate
+ * ``summary``, so a test can interrupt a CompactContext while it runs. */
 class GatedSummaries extends Scripted {
   override async summarize(request: ModelRequest): Promise<Summary> {
-    record("summary", { attempt: request.attempt });
+    record("summary", { session_id: request.sessionId, attempt: request.attempt });
     await gate("summary", request.attempt, request.signal);
-    return super.summarize(request);
+    return digest(request.history);
   }
 }
 
