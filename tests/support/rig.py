@@ -100,9 +100,11 @@ class Rig:
         module: str | None = None,
         env: dict[str, str] | None = None,
         language: str | None = None,
+        capacity: int = 16,
     ) -> AnyWorker:
         """A Worker serving the test agents: in Python (``module``, default ``agents.py``)
-        or, with ``language`` ``typescript`` or ``go``, that SDK's port (``SDK_AGENTS``)."""
+        or, with ``language`` ``typescript`` or ``go``, that SDK's port (``SDK_AGENTS``);
+        running ``capacity`` attempts at once."""
         log = self.tmp / f"worker-{len(self.workers) + 1}.log"
         worker_env = {
             "DEX_TEST_LEDGER": str(self.ledger.path),
@@ -116,9 +118,13 @@ class Rig:
         language = language or self.worker_language
         if language != "python":
             assert module is None, f"the {language} Worker serves its port of agents.py only"
-            worker = SdkWorkerProcess(sdk_command(language), self.address, log, env=worker_env)
+            worker = SdkWorkerProcess(
+                sdk_command(language), self.address, log, env=worker_env, capacity=capacity
+            )
         else:
-            worker = WorkerProcess(module or self.worker_module, self.address, log, env=worker_env)
+            worker = WorkerProcess(
+                module or self.worker_module, self.address, log, env=worker_env, capacity=capacity
+            )
         self.workers.append(worker.start())
         return worker
 
