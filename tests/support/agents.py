@@ -46,17 +46,27 @@ GATES = Path(os.environ.get("DEX_TEST_GATES", "."))
 GATE = Gates(GATES)
 
 
+COUNT_CALLS = "DEX_TEST_LEDGER" in os.environ
+"""The model records its calls only in a ledger a test named: a Worker some end-to-end
+test starts without one (its model calls, no tools) leaves no ledger.jsonl behind."""
+
+
+def record_call(effect: str, request: ModelRequest) -> None:
+    if COUNT_CALLS:
+        LEDGER.record(effect, session_id=request.session_id, attempt=request.attempt)
+
+
 class Scripted(_Scripted):
     """``dex.models.Scripted`` that records each call in the ledger as it starts: ``model``
     for a model call, ``summary`` for a summary call (``session_id``, ``attempt``)."""
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
-        LEDGER.record("model", session_id=request.session_id, attempt=request.attempt)
+        record_call("model", request)
         async for event in super().stream(request):
             yield event
 
     async def summarize(self, request: ModelRequest) -> Summary:
-        LEDGER.record("summary", session_id=request.session_id, attempt=request.attempt)
+        record_call("summary", request)
         return await super().summarize(request)
 
 
@@ -348,7 +358,7 @@ class GatedSummaries(Scripted):
     interrupt a CompactContext while its summary call runs."""
 
     async def summarize(self, request: ModelRequest) -> Summary:
-        LEDGER.record("summary", session_id=request.session_id, attempt=request.attempt)
+        record_call("summary", request)
         await GATE.wait("summary", request.attempt)
         return await _Scripted.summarize(self, request)
 

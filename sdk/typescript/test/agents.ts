@@ -57,6 +57,13 @@ function record(effect: string, fields: Record<string, unknown>): void {
   }
 }
 
+/** A model or summary call, recorded as it starts: only in a ledger a test named (a
+ * Worker some end-to-end test starts without one leaves no ledger.jsonl behind). */
+function recordCall(effect: string, request: ModelRequest): void {
+  if (process.env.DEX_TEST_LEDGER === undefined) return;
+  record(effect, { session_id: request.sessionId, attempt: request.attempt });
+}
+
 /** dex.testing.Gates: write <gate>.<attempt>.entered, then wait for <gate>.open. */
 async function gate(name: unknown, attempt: number, signal: AbortSignal): Promise<void> {
   if (typeof name !== "string" || name === "") return;
@@ -109,7 +116,7 @@ class Scripted implements Model {
   }
 
   async *stream(request: ModelRequest): AsyncIterable<string | ModelResponse> {
-    record("model", { session_id: request.sessionId, attempt: request.attempt });
+    recordCall("model", request);
     const response = this.respond(request.history);
     const text = response.text ?? "";
     if (this.chunkChars > 0 && text) {
@@ -127,7 +134,7 @@ class Scripted implements Model {
   }
 
   async summarize(request: ModelRequest): Promise<Summary> {
-    record("summary", { session_id: request.sessionId, attempt: request.attempt });
+    recordCall("summary", request);
     return digest(request.history);
   }
 }
@@ -146,7 +153,7 @@ function digest(history: Item[]): Summary {
  * ``summary``, so a test can interrupt a CompactContext while it runs. */
 class GatedSummaries extends Scripted {
   override async summarize(request: ModelRequest): Promise<Summary> {
-    record("summary", { session_id: request.sessionId, attempt: request.attempt });
+    recordCall("summary", request);
     await gate("summary", request.attempt, request.signal);
     return digest(request.history);
   }
