@@ -1,7 +1,12 @@
-"""Project-wide pytest options: ``--write-crash-matrix PATH`` writes docs/crash-matrix.md
-from the ``crash`` marks of the collected tests. Fixtures for every test directory: a
-PostgreSQL database (``postgres_url``) and Redis (``redis_url``), each skipped when it
-cannot be reached."""
+"""Project-wide pytest options and fixtures for every test directory.
+
+- ``--write-crash-matrix PATH`` writes docs/crash-matrix.md from the ``crash`` marks of
+  the collected tests.
+- ``--fail-on-skip`` (or ``DEX_FAIL_ON_SKIP=1``, or ``CI=true``) fails the run on a skip
+  that the reviewed allow-list does not name (``tests.support.skips``).
+- A PostgreSQL database (``postgres_url``) and Redis (``redis_url``), each skipped when it
+  cannot be reached (a skip that ``--fail-on-skip`` fails).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import skips
 from tests.support.crash_matrix import check_mark, render
 from tests.support.postgres import postgres_database, postgres_url
 from tests.support.redis import redis_url
@@ -23,6 +29,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="write the crash matrix page from the collected crash tests",
     )
+    parser.addoption(
+        skips.OPTION,
+        action="store_true",
+        default=False,
+        help=f"fail the run on a skip the allow-list does not name (or {skips.ENV}=1, CI=true)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    skips.register(config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
