@@ -47,11 +47,23 @@ ALLOWED: tuple[Allowed, ...] = (
 """The reviewed list of skips a run accepts. Keep it short; a crash, failover, lease,
 stream or browser test may never be on it (``check_allowed`` refuses such an entry)."""
 
-FORBIDDEN = re.compile(
-    r"^tests/(crash|browser)/|^[^:]*(failover|lease|stream|takeover)[^:/]*\.py::|takeover|failover"
-)
-"""Tests that must never skip: the crash tests (tests/crash), the browser tests
-(tests/browser), and the failover, takeover, lease and stream tests (by file or test)."""
+MUST_RUN_DIRECTORIES = ("tests/crash/", "tests/browser/")
+MUST_RUN_FILE_WORDS = {"failover", "takeover", "lease", "stream", "streams"}
+MUST_RUN_TEST_WORDS = {"failover", "takeover", "lease"}
+
+
+def must_run(test: str) -> bool:
+    """Whether a test may never be allowed to skip: the crash tests, the browser tests,
+    the failover, takeover, lease and stream tests (by the words of their file's name),
+    and any test whose name or case speaks of a failover, a takeover or a lease."""
+    path, _, name = test.partition("::")
+    file_words = set(re.split(r"[_.]", path.rsplit("/", 1)[-1]))
+    test_words = set(re.split(r"[^a-z]+", name.lower()))
+    return (
+        path.startswith(MUST_RUN_DIRECTORIES)
+        or bool(file_words & MUST_RUN_FILE_WORDS)
+        or bool(test_words & MUST_RUN_TEST_WORDS)
+    )
 
 
 def check_allowed(allowed: tuple[Allowed, ...]) -> None:
@@ -60,7 +72,7 @@ def check_allowed(allowed: tuple[Allowed, ...]) -> None:
     for entry in allowed:
         if not entry.reason.strip() or not entry.why.strip():
             raise pytest.UsageError(f"skip allow-list: {entry.test} needs a reason and a why")
-        if FORBIDDEN.search(entry.test):
+        if must_run(entry.test):
             raise pytest.UsageError(
                 f"skip allow-list: {entry.test} may never skip "
                 "(crash, failover, takeover, lease, stream and browser tests must run)"
