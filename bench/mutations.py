@@ -121,6 +121,8 @@ class Outcome:
     tests: int
     failed: int
     verdict: str
+    failures: tuple[str, ...] = ()
+    """The tests that failed, each with the first line of why."""
 
 
 def copy_tree(into: Path) -> Path:
@@ -208,8 +210,8 @@ def parameters(test_id: str) -> list[str]:
     return rest.rstrip("]").split("-") if bracket else []
 
 
-def run_tests(tree: Path, ids: list[str], jobs: int) -> tuple[int, int]:
-    """Run the tests in the copy: (how many ran, how many failed)."""
+def run_tests(tree: Path, ids: list[str], jobs: int) -> tuple[int, list[str]]:
+    """Run the tests in the copy: how many ran, and those that failed (with why)."""
     report = tree / "report.xml"
     subprocess.run(
         [
@@ -231,7 +233,11 @@ def run_tests(tree: Path, ids: list[str], jobs: int) -> tuple[int, int]:
     )
     suite = ET.parse(report).getroot().find("testsuite")
     assert suite is not None
-    failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    failed = []
+    for case in suite.iter("testcase"):
+        for problem in (*case.findall("failure"), *case.findall("error")):
+            why = (problem.get("message") or "").strip().splitlines() or [""]
+            failed.append(f"{case.get('name')}: {why[0][:160]}")
     return int(suite.get("tests", 0)) - int(suite.get("skipped", 0)), failed
 
 
@@ -251,10 +257,10 @@ def check(mutation: Mutation | None, chosen: list[Mutation], jobs: int) -> Outco
             ids = python_cells(tree, mutation)
         ran, failed = run_tests(tree, ids, jobs)
     if mutation is None:
-        verdict = "all pass" if failed == 0 else "FAILING WITHOUT A MUTATION"
+        verdict = "all pass" if not failed else "FAILING WITHOUT A MUTATION"
     else:
         verdict = "caught" if failed else "NOT CAUGHT"
-    return Outcome(name, ran, failed, verdict)
+    return Outcome(name, ran, len(failed), verdict, tuple(failed))
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -262,6 +268,13 @@ def table(outcomes: list[Outcome]) -> str:
     lines = [f"{'mutation':<{width}}  tests  failed  verdict"]
     lines += [f"{o.name:<{width}}  {o.tests:5}  {o.failed:6}  {o.verdict}" for o in outcomes]
     return "\n".join(lines)
+
+
+def report(outcome: Outcome) -> None:
+    """One mutation's row as soon as it is known, and the tests that failed."""
+    print(table([outcome]).splitlines()[-1], flush=True)
+    for failure in outcome.failures:
+        print(f"    failed: {failure}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,11 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     if args.baseline:
         outcomes.append(check(None, chosen, args.jobs))
-        print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+        report(outcomes[-1])
     for mutation in chosen:
         print(f"{mutation.name}: {mutation.promise}", flush=True)
         outcomes.append(check(mutation, chosen, args.jobs))
-        print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+        report(outcomes[-1])
     print()
     print(table(outcomes))
     caught = all(o.verdict in ("caught", "all pass") for o in outcomes)
