@@ -31,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHON_CELLS = ("-typescript]", "-go]")
-"""The ends of the test ids of other SDKs' Workers, left out: the Python cells are enough."""
+OTHER_WORKERS = {"typescript", "go"}
+"""The words of a test id's parameters that name another SDK's Worker: those cells are left
+out (``[worker-kill-go]``, ``[server-restart-typescript-timer]``); the Python cells are
+enough, and the copy has no built TypeScript or Go Worker."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Mutation:
     after: str
     tests: tuple[str, ...]
     """pytest selections (files, or node ids without their parameters)."""
+    only: str = ""
+    """Of the tests selected, run those whose id holds this text."""
 
 
 MUTATIONS = (
@@ -83,7 +87,6 @@ MUTATIONS = (
             "tests/crash/test_single_attempt_tool.py",
             "tests/crash/test_call_tool.py::"
             "test_every_attempt_interrupted_read_fails_and_write_is_unknown",
-            "tests/crash/test_queue_and_commit.py",
         ),
     ),
     Mutation(
@@ -94,6 +97,7 @@ MUTATIONS = (
         "or step.tool_call_id is None:\n",
         "            if step is None or step.tool_call_id is None:\n",
         ("tests/crash/test_waits.py",),
+        only="timer",
     ),
     Mutation(
         "write-failure-route",
@@ -117,6 +121,8 @@ class Outcome:
     tests: int
     failed: int
     verdict: str
+    failures: tuple[str, ...] = ()
+    """The tests that failed, each with the first line of why."""
 
 
 def copy_tree(into: Path) -> Path:
@@ -169,8 +175,9 @@ def imports_the_copy(tree: Path) -> bool:
     return Path(found.stdout.strip()).is_relative_to(tree)
 
 
-def python_cells(tree: Path, selections: tuple[str, ...]) -> list[str]:
-    """The test ids of the selections, without other SDKs' Worker cells."""
+def python_cells(tree: Path, mutation: Mutation) -> list[str]:
+    """The ids of the tests the mutation selects, without other SDKs' Worker cells."""
+    selections = mutation.tests
     collected = subprocess.run(
         [
             sys.executable,
@@ -190,11 +197,21 @@ def python_cells(tree: Path, selections: tuple[str, ...]) -> list[str]:
     ids = [line for line in collected.stdout.splitlines() if "::" in line]
     if collected.returncode != 0 or not ids:
         raise RuntimeError(f"collecting {selections} failed:\n{collected.stdout[-3000:]}")
-    return [i for i in ids if not i.endswith(PYTHON_CELLS)]
+    kept = [i for i in ids if mutation.only in i and not OTHER_WORKERS & set(parameters(i))]
+    if not kept:
+        raise RuntimeError(f"{mutation.name} selects no test of the Python Worker")
+    return kept
 
 
-def run_tests(tree: Path, ids: list[str], jobs: int) -> tuple[int, int]:
-    """Run the tests in the copy: (how many ran, how many failed)."""
+def parameters(test_id: str) -> list[str]:
+    """The words of a test id's parameters: ``[server-restart-go-timer]`` gives
+    ``server``, ``restart``, ``go``, ``timer``."""
+    _, bracket, rest = test_id.partition("[")
+    return rest.rstrip("]").split("-") if bracket else []
+
+
+def run_tests(tree: Path, ids: list[str], jobs: int) -> tuple[int, list[str]]:
+    """Run the tests in the copy: how many ran, and those that failed (with why)."""
     report = tree / "report.xml"
     subprocess.run(
         [
@@ -216,11 +233,17 @@ def run_tests(tree: Path, ids: list[str], jobs: int) -> tuple[int, int]:
     )
     suite = ET.parse(report).getroot().find("testsuite")
     assert suite is not None
-    failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    failed = []
+    for case in suite.iter("testcase"):
+        for problem in (*case.findall("failure"), *case.findall("error")):
+            why = (problem.get("message") or "").strip().splitlines() or [""]
+            failed.append(f"{case.get('name')}: {why[0][:160]}")
     return int(suite.get("tests", 0)) - int(suite.get("skipped", 0)), failed
 
 
-def check(mutation: Mutation | None, selections: tuple[str, ...], jobs: int) -> Outcome:
+def check(mutation: Mutation | None, chosen: list[Mutation], jobs: int) -> Outcome:
+    """Run the mutation's tests on a broken copy; with no mutation, every chosen one's
+    tests on an unbroken copy (the baseline)."""
     name = mutation.name if mutation else "none (baseline)"
     with tempfile.TemporaryDirectory(prefix="dex-mutation-") as tmp:
         tree = copy_tree(Path(tmp))
@@ -228,13 +251,16 @@ def check(mutation: Mutation | None, selections: tuple[str, ...], jobs: int) -> 
             return Outcome(name, 0, 0, f"DOES NOT APPLY: {why}")
         if not imports_the_copy(tree):
             raise RuntimeError(f"dex does not import from the copy {tree}")
-        ids = python_cells(tree, selections)
+        if mutation is None:
+            ids = list(dict.fromkeys(i for m in chosen for i in python_cells(tree, m)))
+        else:
+            ids = python_cells(tree, mutation)
         ran, failed = run_tests(tree, ids, jobs)
     if mutation is None:
-        verdict = "all pass" if failed == 0 else "FAILING WITHOUT A MUTATION"
+        verdict = "all pass" if not failed else "FAILING WITHOUT A MUTATION"
     else:
         verdict = "caught" if failed else "NOT CAUGHT"
-    return Outcome(name, ran, failed, verdict)
+    return Outcome(name, ran, len(failed), verdict, tuple(failed))
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -242,6 +268,13 @@ def table(outcomes: list[Outcome]) -> str:
     lines = [f"{'mutation':<{width}}  tests  failed  verdict"]
     lines += [f"{o.name:<{width}}  {o.tests:5}  {o.failed:6}  {o.verdict}" for o in outcomes]
     return "\n".join(lines)
+
+
+def report(outcome: Outcome) -> None:
+    """One mutation's row as soon as it is known, and the tests that failed."""
+    print(table([outcome]).splitlines()[-1], flush=True)
+    for failure in outcome.failures:
+        print(f"    failed: {failure}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,13 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
     outcomes = []
     if args.baseline:
-        every = tuple(dict.fromkeys(s for m in chosen for s in m.tests))
-        outcomes.append(check(None, every, args.jobs))
-        print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+        outcomes.append(check(None, chosen, args.jobs))
+        report(outcomes[-1])
     for mutation in chosen:
         print(f"{mutation.name}: {mutation.promise}", flush=True)
-        outcomes.append(check(mutation, mutation.tests, args.jobs))
-        print(table(outcomes[-1:]).splitlines()[-1], flush=True)
+        outcomes.append(check(mutation, chosen, args.jobs))
+        report(outcomes[-1])
     print()
     print(table(outcomes))
     caught = all(o.verdict in ("caught", "all pass") for o in outcomes)
