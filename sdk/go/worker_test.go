@@ -72,15 +72,7 @@ func (viewModel) Summarize(ctx context.Context, req ModelRequest) (Summary, erro
 
 func modelText(t *testing.T, m message) string {
 	t.Helper()
-	done, ok := m.(doneMessage)
-	if !ok {
-		t.Fatalf("want a done, got %v", m)
-	}
-	var r ModelResponse
-	if err := json.Unmarshal(done.Result, &r); err != nil {
-		t.Fatal(err)
-	}
-	return r.Text
+	return modelResponse(t, m).Text
 }
 
 func runModelStep(id, session string, base int, items ...Item) step {
