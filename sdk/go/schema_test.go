@@ -118,7 +118,7 @@ func TestAnInvalidCallNeverRunsItsBodyAndAValidOneSeesTheTraceparent(t *testing.
 		}
 	}
 	for m, into := range map[string]any{"bad": &bad, "good": &good} {
-		if err := json.Unmarshal(w.result(m)["result"].(json.RawMessage), into); err != nil {
+		if err := json.Unmarshal(w.result(m).(doneMessage).Result, into); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -19,11 +19,12 @@ func weatherScript(history []Item) ModelResponse {
 
 func modelResponse(t *testing.T, m message) ModelResponse {
 	t.Helper()
-	if m["t"] != "done" {
+	done, ok := m.(doneMessage)
+	if !ok {
 		t.Fatalf("want a done, got %v", m)
 	}
 	var r ModelResponse
-	if err := json.Unmarshal(m["result"].(json.RawMessage), &r); err != nil {
+	if err := json.Unmarshal(done.Result, &r); err != nil {
 		t.Fatal(err)
 	}
 	return r

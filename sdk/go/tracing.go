@@ -105,16 +105,15 @@ func endSpan(ctx context.Context, span trace.Span, s step, result message) {
 		span.SetAttributes(attribute.Bool("dex.cancelled", true))
 		return
 	}
-	switch result["t"] {
-	case "fail":
-		failure, _ := result["error"].(recoveryError)
-		span.RecordError(errors.New(failure.Message))
-		span.SetStatus(codes.Error, failure.Message)
-	case "done":
+	switch result := result.(type) {
+	case failMessage:
+		span.RecordError(errors.New(result.Error.Message))
+		span.SetStatus(codes.Error, result.Error.Message)
+	case doneMessage:
 		if s.StepType == StepRunModel || s.StepType == StepCompactContext {
 			return
 		}
-		raw, _ := result["result"].(json.RawMessage)
+		raw := result.Result
 		var outcome struct {
 			Status string  `json:"status"`
 			Error  *string `json:"error"`

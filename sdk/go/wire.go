@@ -170,8 +170,67 @@ type incoming struct {
 	raw       json.RawMessage
 }
 
-// message is one Worker → server message, ready to encode.
-type message map[string]any
+// message is one Worker → server message (docs/worker-protocol.md): a drainMessage,
+// heartbeatMessage, deltaMessage, doneMessage, failMessage or backMessage.
+type message interface {
+	// attempt is the attempt the message is about ("" for drain and hb).
+	attempt() string
+}
+
+type drainMessage struct {
+	T string `json:"t"` // "drain"
+}
+
+type heartbeatMessage struct {
+	T        string   `json:"t"` // "hb"
+	Attempts []string `json:"attempts"`
+	Seq      *int64   `json:"seq,omitempty"` // asks for the start acknowledgement
+}
+
+type deltaMessage struct {
+	T         string `json:"t"` // "delta"
+	AttemptID string `json:"attempt_id"`
+	Text      string `json:"text"`
+}
+
+type doneMessage struct {
+	T         string          `json:"t"` // "done"
+	AttemptID string          `json:"attempt_id"`
+	Result    json.RawMessage `json:"result"`
+}
+
+type failMessage struct {
+	T         string        `json:"t"` // "fail"
+	AttemptID string        `json:"attempt_id"`
+	Error     recoveryError `json:"error"`
+}
+
+type backMessage struct {
+	T         string `json:"t"` // "back"
+	AttemptID string `json:"attempt_id"`
+	Reason    string `json:"reason,omitempty"` // "history", or none
+}
+
+func drain() drainMessage { return drainMessage{T: "drain"} }
+
+func heartbeat(attempts []string, seq *int64) heartbeatMessage {
+	return heartbeatMessage{T: "hb", Attempts: attempts, Seq: seq}
+}
+
+func delta(attemptID, text string) deltaMessage {
+	return deltaMessage{T: "delta", AttemptID: attemptID, Text: text}
+}
+
+func handBack(attemptID, reason string) backMessage {
+	return backMessage{T: "back", AttemptID: attemptID, Reason: reason}
+}
+
+func (drainMessage) attempt() string     { return "" }
+func (heartbeatMessage) attempt() string { return "" }
+func (m deltaMessage) attempt() string   { return m.AttemptID }
+func (m doneMessage) attempt() string    { return m.AttemptID }
+func (m failMessage) attempt() string    { return m.AttemptID }
+func (m backMessage) attempt() string    { return m.AttemptID }
 
 // decodeFrame reads a frame: a JSON array of messages, each with a t.
 func decodeFrame(data []byte) ([]incoming, error) {
@@ -202,16 +261,17 @@ type outbox struct {
 }
 
 func (o *outbox) add(m message) {
-	if m["t"] == "delta" {
-		id, _ := m["attempt_id"].(string)
-		if i, ok := o.deltas[id]; ok {
-			o.pending[i]["text"] = o.pending[i]["text"].(string) + m["text"].(string)
+	if d, ok := m.(deltaMessage); ok {
+		if i, ok := o.deltas[d.AttemptID]; ok {
+			joined := o.pending[i].(deltaMessage)
+			joined.Text += d.Text
+			o.pending[i] = joined
 			return
 		}
 		if o.deltas == nil {
 			o.deltas = map[string]int{}
 		}
-		o.deltas[id] = len(o.pending)
+		o.deltas[d.AttemptID] = len(o.pending)
 	}
 	o.pending = append(o.pending, m)
 }
@@ -227,7 +287,8 @@ func (o *outbox) take() (data []byte, results bool) {
 		panic(fmt.Sprintf("dex: a Worker message does not encode: %v", err))
 	}
 	for _, m := range o.pending {
-		if m["t"] == "done" || m["t"] == "fail" {
+		switch m.(type) {
+		case doneMessage, failMessage:
 			results = true
 		}
 	}

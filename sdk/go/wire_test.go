@@ -15,10 +15,10 @@ import (
 
 func TestOutboxBatchesAFrameAndJoinsDeltasOfOneAttempt(t *testing.T) {
 	var box outbox
-	box.add(message{"t": "delta", "attempt_id": "a", "text": "he"})
-	box.add(message{"t": "hb", "attempts": []string{"b"}})
-	box.add(message{"t": "delta", "attempt_id": "b", "text": "x"})
-	box.add(message{"t": "delta", "attempt_id": "a", "text": "llo"})
+	box.add(delta("a", "he"))
+	box.add(heartbeat([]string{"b"}, nil))
+	box.add(delta("b", "x"))
+	box.add(delta("a", "llo"))
 	var frame []map[string]any
 	data, results := box.take()
 	if err := json.Unmarshal(data, &frame); err != nil {
@@ -36,8 +36,8 @@ func TestOutboxBatchesAFrameAndJoinsDeltasOfOneAttempt(t *testing.T) {
 	if data, _ := box.take(); data != nil {
 		t.Fatal("an empty outbox gives no frame")
 	}
-	box.add(message{"t": "delta", "attempt_id": "a", "text": "again"})
-	box.add(message{"t": "done", "attempt_id": "a", "result": map[string]any{}})
+	box.add(delta("a", "again"))
+	box.add(doneMessage{T: "done", AttemptID: "a", Result: json.RawMessage(`{}`)})
 	data, results = box.take()
 	if err := json.Unmarshal(data, &frame); err != nil || frame[0]["text"] != "again" {
 		t.Fatalf("a delta after a frame starts anew: %v %v", frame, err)
@@ -136,7 +136,7 @@ func TestHelloAfterReconnectNamesUnsettledAttemptsAndResumeToken(t *testing.T) {
 	w := testWorker()
 	w.welcome(incoming{T: "welcome", Resume: "r1", HeartbeatTimeout: 2})
 	w.running["run"] = &attempt{step: step{AttemptID: "run"}, cancel: func() {}}
-	w.results["done"] = message{"t": "done", "attempt_id": "done", "result": map[string]any{}}
+	w.results["done"] = doneMessage{T: "done", AttemptID: "done", Result: json.RawMessage(`{}`)}
 	var frame []hello
 	if err := json.Unmarshal(w.helloFrame(), &frame); err != nil {
 		t.Fatal(err)
@@ -193,6 +193,31 @@ func TestCloseCodesThatRetryingCannotFixAreRefusals(t *testing.T) {
 		err := closeError(&websocket.CloseError{Code: code})
 		if got := errors.Is(err, ErrRefused); got != refused {
 			t.Fatalf("close %d: refused %v, want %v", code, got, refused)
+		}
+	}
+}
+
+// The messages a Worker writes carry the fields of docs/worker-protocol.md, and leave
+// out an hb's seq and a back's reason when they have none.
+func TestWorkerMessagesEncodeAsTheProtocolNamesThem(t *testing.T) {
+	seq := int64(7)
+	s := step{AttemptID: "a"}
+	for _, c := range []struct {
+		m    message
+		want string
+	}{
+		{drain(), `{"t":"drain"}`},
+		{heartbeat([]string{}, nil), `{"t":"hb","attempts":[]}`},
+		{heartbeat([]string{"a"}, &seq), `{"t":"hb","attempts":["a"],"seq":7}`},
+		{delta("a", "hi"), `{"t":"delta","attempt_id":"a","text":"hi"}`},
+		{done(s, Summary{Text: "s"}), `{"t":"done","attempt_id":"a","result":{"text":"s","usage":{"input_tokens":0,"output_tokens":0}}}`},
+		{failed(s, "boom", false), `{"t":"fail","attempt_id":"a","error":{"message":"boom","attempt_progress":"NOT_COMPLETED","retryable":false}}`},
+		{handBack("a", ""), `{"t":"back","attempt_id":"a"}`},
+		{handBack("a", "history"), `{"t":"back","attempt_id":"a","reason":"history"}`},
+	} {
+		data, err := json.Marshal(c.m)
+		if err != nil || string(data) != c.want {
+			t.Fatalf("%T encodes as %s (%v), want %s", c.m, data, err, c.want)
 		}
 	}
 }

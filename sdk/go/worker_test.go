@@ -72,14 +72,7 @@ func (viewModel) Summarize(ctx context.Context, req ModelRequest) (Summary, erro
 
 func modelText(t *testing.T, m message) string {
 	t.Helper()
-	if m["t"] != "done" {
-		t.Fatalf("want a done, got %v", m)
-	}
-	var r ModelResponse
-	if err := json.Unmarshal(m["result"].(json.RawMessage), &r); err != nil {
-		t.Fatal(err)
-	}
-	return r.Text
+	return modelResponse(t, m).Text
 }
 
 func runModelStep(id, session string, base int, items ...Item) step {
@@ -102,18 +95,17 @@ func TestRunModelHandOutsBuildOnTheHistoryTheWorkerKeeps(t *testing.T) {
 
 	// a delta on a view this Worker does not hold goes back, never runs on a guess
 	w.handOut(runModelStep("m3", "s2", 4, Item{Type: "user", Text: "five"}))
-	back := w.result("m3")
-	if back["t"] != "back" || back["reason"] != "history" {
+	if back := w.result("m3"); back != handBack("m3", "history") {
 		t.Fatalf("want back with reason history, got %v", back)
 	}
 	// after a reconnect the server sends whole views first: nothing kept is built on
 	w.welcome(incoming{T: "welcome", Resume: "r"})
 	w.handOut(runModelStep("m4", "s1", 3, Item{Type: "user", Text: "three"}))
-	if r := w.result("m4"); r["t"] != "back" || r["reason"] != "history" {
+	if r := w.result("m4"); r != handBack("m4", "history") {
 		t.Fatalf("a new connection holds no views: %v", r)
 	}
 	w.handOut(runModelStep("m5", "s1", 0, Item{Type: "robot"}))
-	if r := w.result("m5"); r["t"] != "fail" || !strings.Contains(r["error"].(recoveryError).Message, "history item 0") {
+	if r, ok := w.result("m5").(failMessage); !ok || r.Error.Retryable || !strings.Contains(r.Error.Message, "history item 0") {
 		t.Fatalf("a history item that does not fit fails the attempt for good: %v", r)
 	}
 }
@@ -212,7 +204,7 @@ func TestApprovalIsNeverAlwaysOrDecidedPerCall(t *testing.T) {
 	w.handOut(runModelStep("m", "s", 0, Item{Type: "user", Text: "pay"}))
 	eventually(t, "the model call", func() bool { return w.result("m") != nil })
 	var r ModelResponse
-	if err := json.Unmarshal(w.result("m")["result"].(json.RawMessage), &r); err != nil {
+	if err := json.Unmarshal(w.result("m").(doneMessage).Result, &r); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Join(r.ApprovalRequired, ",") != "c3,c4,c5" {
@@ -240,11 +232,11 @@ func TestAResultWithAnIntegerBeyond64BitsFailsItsAttemptInsteadOfTheConnection(t
 	s := step{AttemptID: "s1/1.2/1"}
 	huge, _ := new(big.Int).SetString("18446744073709551616", 10) // 2^64
 	for _, result := range []any{huge, map[string]any{"ids": []any{1, json.Number("-9223372036854775809")}}} {
-		m := done(s, result)
-		if m["t"] != "fail" {
-			t.Fatalf("%v: want a fail, got %v", result, m)
+		m, ok := done(s, result).(failMessage)
+		if !ok {
+			t.Fatalf("%v: want a fail, got %v", result, done(s, result))
 		}
-		e := m["error"].(recoveryError)
+		e := m.Error
 		if !e.Retryable || !strings.Contains(e.Message, "beyond what the protocol carries") {
 			t.Fatalf("%v: %+v", result, e)
 		}
@@ -254,7 +246,7 @@ func TestAResultWithAnIntegerBeyond64BitsFailsItsAttemptInsteadOfTheConnection(t
 		uint64(18446744073709551615), int64(-9223372036854775808),
 		"123456789012345678901234567890", 1e300, json.Number("12345678901234567890.5"),
 	} {
-		if m := done(s, result); m["t"] != "done" {
+		if m, ok := done(s, result).(doneMessage); !ok {
 			t.Fatalf("%v: want a done, got %v", result, m)
 		}
 	}

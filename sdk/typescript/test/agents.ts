@@ -17,18 +17,22 @@ import * as path from "node:path";
 import {
   Args,
   Item,
-  Model,
   PENDING,
   ModelRequest,
   ModelResponse,
   RetryPolicy,
+  Script,
+  Scripted,
   Summary,
+  Tool,
   ToolContext,
   ToolError,
+  ToolOptions,
   Worker,
   WorkerRefusedError,
   defineAgent,
   defineTool,
+  say,
 } from "../src/index";
 
 const LEDGER = process.env.DEX_TEST_LEDGER ?? "ledger.jsonl";
@@ -74,10 +78,6 @@ async function gate(name: unknown, attempt: number, signal: AbortSignal): Promis
   }
 }
 
-function say(text: string): ModelResponse {
-  return { text };
-}
-
 function script(history: Item[]): ModelResponse {
   let lastUser = -1;
   history.forEach((item, i) => {
@@ -102,60 +102,49 @@ function script(history: Item[]): ModelResponse {
   };
 }
 
-/** dex.models.Scripted: answers by ``respond``, optionally streamed in chunks; each call
- * recorded in the ledger as it starts. */
-class Scripted implements Model {
+/** The SDK's Scripted, which records each call in the ledger as it starts, and streams its
+ * text in chunks of ``chunkChars``, ``delayPerChunk`` seconds apart (0: in one piece). */
+class Recorded extends Scripted {
   constructor(
-    private readonly respond: (history: Item[]) => ModelResponse,
+    script: Script,
     private readonly chunkChars = 0,
     private readonly delayPerChunk = 0,
-  ) {}
-
-  spec(): Record<string, unknown> {
-    return { provider: "scripted", name: "scripted" };
+  ) {
+    super(script);
   }
 
-  async *stream(request: ModelRequest): AsyncIterable<string | ModelResponse> {
+  override async *stream(request: ModelRequest): AsyncIterable<string | ModelResponse> {
     recordCall("model", request);
-    const response = this.respond(request.history);
-    const text = response.text ?? "";
-    if (this.chunkChars > 0 && text) {
-      for (let i = 0; i < text.length; i += this.chunkChars) {
+    for await (const event of super.stream(request)) {
+      if (typeof event !== "string" || this.chunkChars <= 0) {
+        yield event;
+        continue;
+      }
+      for (let i = 0; i < event.length; i += this.chunkChars) {
         if (this.delayPerChunk) {
           await new Promise((resolve) => setTimeout(resolve, this.delayPerChunk * 1000));
         }
         request.signal.throwIfAborted();
-        yield text.slice(i, i + this.chunkChars);
+        yield event.slice(i, i + this.chunkChars);
       }
-    } else if (text) {
-      yield text;
     }
-    yield response;
   }
 
-  async summarize(request: ModelRequest): Promise<Summary> {
-    recordCall("summary", request);
-    return digest(request.history);
-  }
-}
-
-/** A deterministic summary: how much there was, and what the user asked. */
-function digest(history: Item[]): Summary {
-  const asked = history.flatMap((i) => (i.type === "user" ? [i.text] : []));
-  const earlier = history.flatMap((i) => (i.type === "summary" ? [i.text] : []));
-  const parts = [`Summary of ${history.length} items.`];
-  if (earlier.length > 0) parts.push(`Before that: ${earlier[earlier.length - 1]}`);
-  if (asked.length > 0) parts.push("The user said: " + asked.join(" | "));
-  return { text: parts.join(" ") };
-}
-
-/** Scripted, whose summary call, once recorded in the ledger, waits behind the gate
- * ``summary``, so a test can interrupt a CompactContext while it runs. */
-class GatedSummaries extends Scripted {
   override async summarize(request: ModelRequest): Promise<Summary> {
     recordCall("summary", request);
+    await this.beforeSummary(request);
+    return super.summarize(request);
+  }
+
+  /** What a summary call does once recorded, before it summarizes: nothing here. */
+  protected async beforeSummary(_request: ModelRequest): Promise<void> {}
+}
+
+/** Recorded, whose summary call, once recorded in the ledger, waits behind the gate
+ * ``summary``, so a test can interrupt a CompactContext while it runs. */
+class GatedSummaries extends Recorded {
+  protected override async beforeSummary(request: ModelRequest): Promise<void> {
     await gate("summary", request.attempt, request.signal);
-    return digest(request.history);
   }
 }
 
@@ -170,48 +159,55 @@ function keyed(extra: Record<string, unknown>): Record<string, unknown> {
   };
 }
 
-const lookup = defineTool({
-  name: "lookup",
-  description: "Read a value.",
-  kind: "read",
-  retry: FAST,
-  parameters: keyed({ key: { type: "string" } }),
-  async run(args: Args, ctx: ToolContext) {
+/** A tool of agents.py's shape: it records its effect in the ledger (the fields ``effect``
+ * gives, with the call's idempotency key and attempt), waits at the gate its call names,
+ * then returns the value ``effect`` gives. */
+function recorded(
+  options: Omit<ToolOptions, "parameters" | "run">,
+  parameter: Record<string, unknown>,
+  effect: (args: Args) => { value: unknown; fields: Record<string, unknown> },
+): Tool {
+  return defineTool({
+    ...options,
+    parameters: keyed(parameter),
+    async run(args: Args, ctx: ToolContext) {
+      const { value, fields } = effect(args);
+      record(options.name, { ...fields, idempotency_key: ctx.idempotencyKey, attempt: ctx.attempt });
+      await gate(args.gate, ctx.attempt, ctx.signal);
+      return value;
+    },
+  });
+}
+
+const lookup = recorded(
+  { name: "lookup", description: "Read a value.", kind: "read", retry: FAST },
+  { key: { type: "string" } },
+  (args) => {
     const key = String(args.key);
-    record("lookup", { key, idempotency_key: ctx.idempotencyKey, attempt: ctx.attempt });
-    await gate(args.gate, ctx.attempt, ctx.signal);
-    return { key, value: key.toUpperCase() };
+    return { value: { key, value: key.toUpperCase() }, fields: { key } };
   },
-});
+);
 
-const charge = defineTool({
-  name: "charge",
-  description: "Charge a card: not idempotent, so Dex runs it at most once.",
-  kind: "write",
-  parameters: keyed({ amount: { type: "integer" } }),
-  async run(args: Args, ctx: ToolContext) {
-    record("charge", {
-      amount: args.amount,
-      idempotency_key: ctx.idempotencyKey,
-      attempt: ctx.attempt,
-    });
-    await gate(args.gate, ctx.attempt, ctx.signal);
-    return `charged ${String(args.amount)}`;
+const charge = recorded(
+  {
+    name: "charge",
+    description: "Charge a card: not idempotent, so Dex runs it at most once.",
+    kind: "write",
   },
-});
+  { amount: { type: "integer" } },
+  (args) => ({ value: `charged ${String(args.amount)}`, fields: { amount: args.amount } }),
+);
 
-const upsert = defineTool({
-  name: "upsert",
-  description: "Write a record keyed by the idempotency key.",
-  kind: "idempotent_write",
-  retry: FAST,
-  parameters: keyed({ key: { type: "string" } }),
-  async run(args: Args, ctx: ToolContext) {
-    record("upsert", { key: args.key, idempotency_key: ctx.idempotencyKey, attempt: ctx.attempt });
-    await gate(args.gate, ctx.attempt, ctx.signal);
-    return `stored ${String(args.key)}`;
+const upsert = recorded(
+  {
+    name: "upsert",
+    description: "Write a record keyed by the idempotency key.",
+    kind: "idempotent_write",
+    retry: FAST,
   },
-});
+  { key: { type: "string" } },
+  (args) => ({ value: `stored ${String(args.key)}`, fields: { key: args.key } }),
+);
 
 const refuse = defineTool({
   name: "refuse",
@@ -240,23 +236,44 @@ function handleGate(handle: unknown, suffix: string): string {
   return path.join(GATES, `${String(handle).replace(/\//g, "_")}.${suffix}`);
 }
 
-const render = defineTool({
-  name: "render",
-  description: "Starts a render job; the handle is the idempotency key.",
-  kind: "task",
-  retry: FAST,
-  pollIntervalSeconds: 0.05,
-  parameters: keyed({ scene: { type: "string" } }),
-  run(args: Args, ctx: ToolContext) {
-    record("render.start", {
-      scene: args.scene,
-      idempotency_key: ctx.idempotencyKey,
-      attempt: ctx.attempt,
-    });
-    return ctx.idempotencyKey;
-  },
-  async poll(ctx: ToolContext, handle: unknown) {
-    record("render.poll", { handle, attempt: ctx.attempt });
+/** A task tool of agents.py's: its start records ``<name>.start`` (its ``param``, the
+ * idempotency key and attempt) and returns the idempotency key as the handle; each poll
+ * records ``<name>.poll`` (handle, attempt), then answers by ``poll``. */
+function task(
+  name: string,
+  param: string,
+  description: string,
+  pollIntervalSeconds: number,
+  poll: (ctx: ToolContext, handle: unknown) => unknown,
+): Tool {
+  return defineTool({
+    name,
+    description,
+    kind: "task",
+    retry: FAST,
+    pollIntervalSeconds,
+    parameters: keyed({ [param]: { type: "string" } }),
+    run(args: Args, ctx: ToolContext) {
+      record(`${name}.start`, {
+        [param]: args[param],
+        idempotency_key: ctx.idempotencyKey,
+        attempt: ctx.attempt,
+      });
+      return ctx.idempotencyKey;
+    },
+    poll(ctx: ToolContext, handle: unknown) {
+      record(`${name}.poll`, { handle, attempt: ctx.attempt });
+      return poll(ctx, handle);
+    },
+  });
+}
+
+const render = task(
+  "render",
+  "scene",
+  "Starts a render job; the handle is the idempotency key.",
+  0.05,
+  async (ctx, handle) => {
     if (fs.existsSync(handleGate(handle, "pause"))) {
       fs.writeFileSync(handleGate(handle, "polling"), "");
       while (!fs.existsSync(handleGate(handle, "open"))) {
@@ -266,28 +283,15 @@ const render = defineTool({
     }
     return fs.existsSync(handleGate(handle, "done")) ? `rendered ${String(handle)}` : PENDING;
   },
-});
+);
 
-const exportReport = defineTool({
-  name: "export",
-  description: "Starts an export job polled once a second; the handle is the idempotency key.",
-  kind: "task",
-  retry: FAST,
-  pollIntervalSeconds: 1.0,
-  parameters: keyed({ report: { type: "string" } }),
-  run(args: Args, ctx: ToolContext) {
-    record("export.start", {
-      report: args.report,
-      idempotency_key: ctx.idempotencyKey,
-      attempt: ctx.attempt,
-    });
-    return ctx.idempotencyKey;
-  },
-  poll(ctx: ToolContext, handle: unknown) {
-    record("export.poll", { handle, attempt: ctx.attempt });
-    return fs.existsSync(handleGate(handle, "done")) ? `exported ${String(handle)}` : PENDING;
-  },
-});
+const exportReport = task(
+  "export",
+  "report",
+  "Starts an export job polled once a second; the handle is the idempotency key.",
+  1.0,
+  (_ctx, handle) => (fs.existsSync(handleGate(handle, "done")) ? `exported ${String(handle)}` : PENDING),
+);
 
 // --- waits: approvals, questions, timers ----------------------------------------------
 
@@ -351,7 +355,7 @@ const publish = defineTool({
 
 export const assistant = defineAgent({
   name: "assistant",
-  model: new Scripted(script),
+  model: new Recorded(script),
   instructions: "You are a test agent.",
   tools: [lookup, charge, upsert, refuse, flaky],
   modelRetry: FAST,
@@ -359,7 +363,7 @@ export const assistant = defineAgent({
 
 export const streamer = defineAgent({
   name: "streamer",
-  model: new Scripted(script, 4, 0.01),
+  model: new Recorded(script, 4, 0.01),
   tools: [lookup],
   modelRetry: FAST,
 });
@@ -368,14 +372,14 @@ export const streamer = defineAgent({
  * predicate approval, check probe or timer tool). */
 export const waiter = defineAgent({
   name: "waiter",
-  model: new Scripted(script),
+  model: new Recorded(script),
   tools: [deleteAll, order, remind, render, lookup, charge, publish, exportReport],
   modelRetry: FAST,
 });
 
 export const compactor = defineAgent({
   name: "compactor",
-  model: new Scripted(script),
+  model: new Recorded(script),
   tools: [lookup],
   modelRetry: FAST,
   compactThresholdChars: 400,

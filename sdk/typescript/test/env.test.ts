@@ -4,6 +4,7 @@ import { afterEach, test } from "node:test";
 import assert from "node:assert/strict";
 
 import { Worker } from "../src";
+import type { Settings } from "../src/settings";
 
 const VARIABLES = [
   "DEX_ADDRESS",
@@ -27,15 +28,15 @@ afterEach(() => {
   }
 });
 
-/** A Worker's private fields, where it keeps the options it read. */
-const fields = (w: Worker): Record<string, number> => w as unknown as Record<string, number>;
+/** The settings a Worker keeps (private), where it keeps the options it read. */
+const fields = (w: Worker): Settings => (w as unknown as { settings: Settings }).settings;
 
 const worker = (options: Partial<ConstructorParameters<typeof Worker>[0]> = {}): Worker =>
   new Worker({ address: "http://127.0.0.1:1", agents: [], handleSignals: false, ...options });
 
 test("with no address in code or DEX_ADDRESS, the Worker serves the local dex server", () => {
   delete process.env.DEX_ADDRESS;
-  const addresses = (w: Worker): unknown => (w as unknown as { addresses: string[] }).addresses;
+  const addresses = (w: Worker): unknown => fields(w).addresses;
   assert.deepEqual(addresses(worker({ address: undefined })), ["http://127.0.0.1:7450"]);
   process.env.DEX_ADDRESS = "";
   assert.deepEqual(addresses(worker({ address: undefined })), ["http://127.0.0.1:7450"]);
@@ -90,7 +91,7 @@ test("good values are read; options set in code leave the variables unread", () 
   assert.deepEqual(
     {
       capacity: read.capacity,
-      heartbeatInterval: read.heartbeatMax,
+      heartbeatInterval: read.heartbeatInterval,
       reconnectInitial: read.reconnectInitial,
       reconnectMax: read.reconnectMax,
       connectTimeout: read.connectTimeout,
@@ -127,7 +128,8 @@ test("good values are read; options set in code leave the variables unread", () 
 });
 
 test("DEX_TRACING takes the Python Worker's words for on and off, in any case", () => {
-  const tracing = (w: Worker): boolean => (w as unknown as { tracing: unknown }).tracing !== null;
+  const tracing = (w: Worker): boolean =>
+    (w as unknown as { runner: { tracing: unknown } }).runner.tracing !== null;
   assert.equal(tracing(worker()), false); // off unless asked
   for (const [value, on] of [
     ["true", true],

@@ -5,7 +5,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 
 import { defineAgent, defineTool, ModelRequest, ModelResponse, Worker } from "../src";
-import { backoff } from "../src/worker";
+import { backoff } from "../src/connection";
 import type * as p from "../src/protocol";
 import { FakeNode, logged, until } from "./fake-node";
 

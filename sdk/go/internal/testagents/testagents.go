@@ -63,18 +63,21 @@ func (g Gates) Wait(ctx context.Context, gate string, attempt int) error {
 	}
 }
 
-// Scripted is the test model: "call: [[tool, {args}], ...]" asks for those calls, then
-// answers "results: <json>"; anything else answers "echo: <text>". It records every
+// Scripted is the test model: the SDK's dex.Scripted with script, which records every
 // model call ("model") and summary call ("summary") in Ledger as it starts, with
-// session_id and attempt, as the tools record their effects.
+// session_id and attempt, as the tools record their effects, and streams its text in
+// chunks of ChunkChars, Delay apart (ChunkChars 0: in one piece).
 type Scripted struct {
 	Ledger     Ledger
 	ChunkChars int
 	Delay      time.Duration
 }
 
+// model is the SDK's scripted model that this one records and streams.
+var model = dex.Scripted(script)
+
 func (m Scripted) Spec() map[string]any {
-	return map[string]any{"provider": "scripted", "name": "scripted"}
+	return model.Spec()
 }
 
 // record records a model or summary call as it starts: only in a ledger a test named
@@ -86,33 +89,13 @@ func (m Scripted) record(effect string, req dex.ModelRequest) error {
 	return m.Ledger.Record(effect, map[string]any{"session_id": req.SessionID, "attempt": req.Attempt})
 }
 
-// Summarize is dex.models.Scripted's deterministic digest: how much there was, and what
-// the user asked.
+// Summarize is dex.Scripted's deterministic digest: how much there was, and what the
+// user asked.
 func (m Scripted) Summarize(ctx context.Context, req dex.ModelRequest) (dex.Summary, error) {
 	if err := m.record("summary", req); err != nil {
 		return dex.Summary{}, err
 	}
-	return digest(req.History), nil
-}
-
-func digest(history []dex.Item) dex.Summary {
-	var asked, earlier []string
-	for _, item := range history {
-		switch item.Type {
-		case "user":
-			asked = append(asked, item.Text)
-		case "summary":
-			earlier = append(earlier, item.Text)
-		}
-	}
-	parts := []string{fmt.Sprintf("Summary of %d items.", len(history))}
-	if len(earlier) > 0 {
-		parts = append(parts, "Before that: "+earlier[len(earlier)-1])
-	}
-	if len(asked) > 0 {
-		parts = append(parts, "The user said: "+strings.Join(asked, " | "))
-	}
-	return dex.Summary{Text: strings.Join(parts, " ")}
+	return model.Summarize(ctx, req)
 }
 
 // GatedSummaries is Scripted, whose summary call, once recorded in the ledger, waits
@@ -129,31 +112,31 @@ func (m GatedSummaries) Summarize(ctx context.Context, req dex.ModelRequest) (de
 	if err := m.Gates.Wait(ctx, "summary", req.Attempt); err != nil {
 		return dex.Summary{}, err
 	}
-	return digest(req.History), nil
+	return model.Summarize(ctx, req)
 }
 
 func (m Scripted) Stream(ctx context.Context, req dex.ModelRequest, emit func(string)) (dex.ModelResponse, error) {
 	if err := m.record("model", req); err != nil {
 		return dex.ModelResponse{}, err
 	}
-	response, err := script(req.History)
-	if err != nil {
-		return response, err
+	if m.ChunkChars <= 0 {
+		return model.Stream(ctx, req, emit)
 	}
-	text := response.Text
-	if m.ChunkChars > 0 {
+	chunked := func(text string) {
 		for i := 0; i < len(text); i += m.ChunkChars {
 			select {
 			case <-ctx.Done():
-				return response, ctx.Err()
+				return
 			case <-time.After(m.Delay):
 			}
 			emit(text[i:minInt(i+m.ChunkChars, len(text))])
 		}
-	} else {
-		emit(text)
 	}
-	return response, nil
+	response, err := model.Stream(ctx, req, chunked)
+	if err == nil {
+		err = ctx.Err() // stopped while it streamed
+	}
+	return response, err
 }
 
 func minInt(a, b int) int {
@@ -163,7 +146,19 @@ func minInt(a, b int) int {
 	return b
 }
 
-func script(history []dex.Item) (dex.ModelResponse, error) {
+// script is tests/support/agents.py's: "call: [[tool, {args}], ...]" asks for those
+// calls, then answers "results: <json>"; anything else answers "echo: <text>". A history
+// it cannot answer (no user message, calls that do not decode) panics, as the Python
+// script raises: the Worker fails the attempt.
+func script(history []dex.Item) dex.ModelResponse {
+	response, err := answer(history)
+	if err != nil {
+		panic(err)
+	}
+	return response
+}
+
+func answer(history []dex.Item) (dex.ModelResponse, error) {
 	last := -1
 	for i, item := range history {
 		if item.Type == "user" {
@@ -175,7 +170,7 @@ func script(history []dex.Item) (dex.ModelResponse, error) {
 	}
 	user, after := history[last], history[last+1:]
 	if !strings.HasPrefix(user.Text, "call:") {
-		return dex.ModelResponse{Text: "echo: " + user.Text}, nil
+		return dex.Say("echo: " + user.Text), nil
 	}
 	for _, item := range after {
 		if item.Type == "assistant" {
@@ -188,7 +183,7 @@ func script(history []dex.Item) (dex.ModelResponse, error) {
 				}
 			}
 			data, err := json.Marshal(summary)
-			return dex.ModelResponse{Text: "results: " + string(data)}, err
+			return dex.Say("results: " + string(data)), err
 		}
 	}
 	var calls [][2]json.RawMessage
@@ -284,10 +279,10 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 			return nil, &dex.ToolError{Message: a.Reason}
 		},
 	}
-	model := Scripted{Ledger: ledger}
+	scripted := Scripted{Ledger: ledger}
 	return []dex.Agent{
 		{
-			Name: "assistant", Instructions: "You are a test agent.", Model: model,
+			Name: "assistant", Instructions: "You are a test agent.", Model: scripted,
 			Tools: []dex.Tool{lookup, charge, upsert, refuse}, ModelRetry: fast,
 		},
 		{
@@ -295,15 +290,15 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 			Tools: []dex.Tool{lookup}, ModelRetry: fast,
 		},
 		{
-			Name: "waiter", Model: model,
+			Name: "waiter", Model: scripted,
 			Tools: append(waits(ledger, fast), append(tasks(ledger, gates, fast), lookup, charge)...), ModelRetry: fast,
 		},
 		{
-			Name: "compactor", Model: model, Tools: []dex.Tool{lookup}, ModelRetry: fast,
+			Name: "compactor", Model: scripted, Tools: []dex.Tool{lookup}, ModelRetry: fast,
 			CompactThresholdChars: 400,
 		},
 		{
-			Name: "slow_summaries", Model: GatedSummaries{Scripted: model, Gates: gates},
+			Name: "slow_summaries", Model: GatedSummaries{Scripted: scripted, Gates: gates},
 			Tools: []dex.Tool{lookup}, ModelRetry: fast, CompactThresholdChars: 400,
 		},
 	}

@@ -1,0 +1,381 @@
+// The attempts a Worker runs: hand-outs, heartbeats and the start acknowledgement,
+// the frames the server sends about them, and running their models and tools.
+
+package dex
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dex-run/dex/sdk/go/internal/failpoint"
+	"go.opentelemetry.io/otel/trace"
+)
+
+type attempt struct {
+	step     step
+	history  []Item // RunModel and CompactContext: the model's view
+	cancel   context.CancelFunc
+	startSeq int64
+	startAt  time.Time
+	start    chan bool // the start acknowledgement (needs_start_ack), buffered
+}
+
+// heartbeatLoop names every running attempt each HeartbeatInterval, and at least five
+// times per heartbeat timeout.
+func (w *Worker) heartbeatLoop(done <-chan struct{}) {
+	for {
+		w.mu.Lock()
+		interval := w.timeout / 5
+		w.mu.Unlock()
+		if interval > w.opts.HeartbeatInterval {
+			interval = w.opts.HeartbeatInterval
+		}
+		select {
+		case <-done:
+			return
+		case <-time.After(interval):
+		}
+		w.mu.Lock()
+		ids := []string{}
+		for id, a := range w.running {
+			if _, sent := w.results[id]; !sent {
+				ids = append(ids, id)
+			}
+			if a.start != nil && a.startSeq != 0 && time.Since(a.startAt) > w.timeout/2 {
+				w.askStartLocked(a) // the answer came too late, or not at all: ask again
+			}
+		}
+		if len(ids) > 0 {
+			w.sendLocked(heartbeat(ids, nil))
+		}
+		w.mu.Unlock()
+	}
+}
+
+// handle applies one frame from the server, in order.
+func (w *Worker) handle(ctx context.Context, frame []incoming) error {
+	for _, m := range frame {
+		switch m.T {
+		case "step":
+			var s step
+			if err := json.Unmarshal(m.raw, &s); err != nil {
+				return fmt.Errorf("a step does not decode: %w", err)
+			}
+			w.handOut(s)
+		case "hb":
+			w.heartbeatReply(m)
+		case "ack":
+			w.mu.Lock()
+			if !m.OK {
+				w.log.info("worker.result_refused", "result refused: "+deref(m.Error),
+					field{"attempt_id", m.AttemptID})
+			}
+			delete(w.results, m.AttemptID)
+			w.forgetLocked(m.AttemptID)
+			w.mu.Unlock()
+		case "cancel":
+			w.mu.Lock()
+			w.abandonLocked(m.AttemptID, "the server cancelled this attempt")
+			w.mu.Unlock()
+		case "welcome":
+			return errors.New("a second welcome on one connection")
+		}
+	}
+	return nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func (w *Worker) heartbeatReply(m incoming) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, status := range m.Status {
+		a, ok := w.running[id]
+		if !ok {
+			continue
+		}
+		if status == "stop" {
+			w.abandonLocked(id, "the server no longer runs this attempt")
+			continue
+		}
+		if a.start != nil && m.Seq != nil && *m.Seq == a.startSeq && time.Since(a.startAt) <= w.timeout/2 {
+			select {
+			case a.start <- true:
+			default:
+			}
+			a.start = nil
+		}
+	}
+}
+
+// abandonLocked stops an attempt's code and drops its result (stop, cancel, welcome.stop).
+func (w *Worker) abandonLocked(id, why string) {
+	a, ok := w.running[id]
+	if ok {
+		w.log.info("worker.attempt_abandoned", why,
+			field{"attempt_id", id}, field{"session_id", a.step.SessionID})
+		if a.start != nil {
+			select {
+			case a.start <- false:
+			default:
+			}
+		}
+		a.cancel()
+	}
+	delete(w.results, id)
+	w.forgetLocked(id)
+}
+
+func (w *Worker) forgetLocked(id string) {
+	delete(w.running, id)
+}
+
+func (w *Worker) askStartLocked(a *attempt) {
+	w.seq++
+	a.startSeq = w.seq
+	a.startAt = time.Now()
+	seq := a.startSeq
+	w.sendLocked(heartbeat([]string{a.step.AttemptID}, &seq))
+}
+
+func (w *Worker) handOut(s step) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, dup := w.running[s.AttemptID]; dup {
+		return
+	}
+	a := &attempt{step: s}
+	switch s.StepType {
+	case StepRunModel:
+		// even a hand-out that goes back: the server counts its view as sent
+		view, ok, err := w.history.view(s.SessionID, s.HistoryBase, s.History)
+		if err != nil {
+			w.settleLocked(failed(s, "the hand-out's history does not fit the protocol: "+err.Error(), false))
+			return
+		}
+		if !ok { // it builds on a view this Worker lacks: the server sends it whole next
+			w.log.info("worker.history_missing", "the hand-out builds on a view this Worker lacks",
+				field{"attempt_id", s.AttemptID}, field{"session_id", s.SessionID},
+				field{"history_base", s.HistoryBase})
+			w.settleLocked(handBack(s.AttemptID, "history"))
+			return
+		}
+		a.history = view
+	case StepCompactContext: // the whole view, every time
+		if err := checkItems(s.History, 0); err != nil {
+			w.settleLocked(failed(s, "the hand-out's history does not fit the protocol: "+err.Error(), false))
+			return
+		}
+		a.history = s.History
+	}
+	a.step.History = nil // kept once, in a.history
+	if w.draining {
+		w.settleLocked(handBack(s.AttemptID, ""))
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	w.running[s.AttemptID] = a
+	go w.run(ctx, a)
+}
+
+// settleLocked answers a hand-out at once, without running it, and keeps the answer
+// until its ack (w.mu held).
+func (w *Worker) settleLocked(m message) {
+	w.results[m.attempt()] = m
+	w.sendLocked(m)
+}
+
+// run runs one attempt, once a slot is free, and keeps its result until the ack.
+func (w *Worker) run(ctx context.Context, a *attempt) {
+	s := a.step
+	select {
+	case w.slots <- struct{}{}:
+	default:
+		w.log.info("worker.at_capacity", fmt.Sprintf("waiting for a slot (capacity %d)", cap(w.slots)),
+			field{"attempt_id", s.AttemptID}, field{"session_id", s.SessionID})
+		select {
+		case w.slots <- struct{}{}:
+		case <-ctx.Done():
+			return // stopped or cancelled before it started
+		}
+	}
+	result := w.execute(ctx, a)
+	<-w.slots // the attempt's code returned
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, still := w.running[s.AttemptID]; !still || result == nil {
+		return // stopped or cancelled meanwhile, or forgotten: no result is wanted
+	}
+	w.results[s.AttemptID] = result
+	w.sendLocked(result)
+}
+
+// execute runs a hand-out and returns the message that settles it (nil: none).
+func (w *Worker) execute(ctx context.Context, a *attempt) (result message) {
+	s := a.step
+	agent, ok := w.agents[s.Agent]
+	if !ok {
+		return failed(s, fmt.Sprintf("this Worker serves no agent %q", s.Agent), false)
+	}
+	if w.tracer != nil {
+		var span trace.Span
+		ctx, span = w.startSpan(ctx, agent, s)
+		defer func() { endSpan(ctx, span, s, result) }() // runs after the recover below
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			result = failed(s, fmt.Sprintf("panic: %v", r), true)
+		}
+	}()
+	switch s.StepType {
+	case StepRunModel, StepCompactContext:
+		return w.runModel(ctx, agent, a)
+	case StepCallTool, StepCallSingleAttemptTool, StepPollToolTask, StepCheckToolCall:
+		return w.runTool(ctx, agent, a)
+	}
+	return failed(s, fmt.Sprintf("a Worker does not run %s Steps", s.StepType), false)
+}
+
+func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message {
+	s := a.step
+	req := ModelRequest{
+		SessionID: s.SessionID, Agent: agent.Name, Instructions: agent.Instructions,
+		History: a.history, Tools: agent.Tools, Attempt: s.Attempt,
+		Traceparent: deref(s.Traceparent),
+	}
+	if s.StepType == StepCompactContext {
+		req.Tools = nil
+		w.hitFailpoint("worker.compact_context.running")
+		summary, err := agent.Model.Summarize(ctx, req)
+		if err != nil {
+			return modelFailure(s, err)
+		}
+		return done(s, summary)
+	}
+	w.hitFailpoint("worker.run_model.before_output")
+	emit := func(text string) {
+		if text != "" {
+			w.send(delta(s.AttemptID, text))
+		}
+	}
+	response, err := agent.Model.Stream(ctx, req, emit)
+	if err != nil {
+		return modelFailure(s, err)
+	}
+	if response.ToolCalls == nil {
+		response.ToolCalls = []ModelToolCall{}
+	}
+	for i := range response.ToolCalls {
+		if response.ToolCalls[i].Arguments == nil {
+			response.ToolCalls[i].Arguments = map[string]any{}
+		}
+	}
+	if response.StopReason == "" {
+		response.StopReason = "end_turn"
+	}
+	if response.ApprovalRequired == nil {
+		response.ApprovalRequired = []string{}
+	}
+	for _, call := range response.ToolCalls {
+		if tool := agent.tool(call.Name); tool != nil && tool.NeedsApproval != nil && tool.needsApproval(call.Arguments) {
+			response.ApprovalRequired = append(response.ApprovalRequired, call.ID)
+		}
+	}
+	return done(s, response)
+}
+
+// hitFailpoint hits the failpoint name while nothing of this Worker moves (no heartbeat,
+// no read): a paused failpoint blocks the whole Worker, as in the Python Worker. With no
+// failpoint armed it costs one atomic load: no lock is taken on the model and tool path.
+func (w *Worker) hitFailpoint(name string) {
+	if !failpoint.Armed() {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	failpoint.Hit(name)
+}
+
+func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message {
+	s := a.step
+	tool := agent.tool(deref(s.Tool))
+	if tool == nil {
+		return toolFailed(s, fmt.Sprintf("this Worker's agent %q has no tool %q", agent.Name, deref(s.Tool)))
+	}
+	// invalid arguments: the body never runs; valid ones gain their parameters' defaults
+	args, err := checkArguments(tool.Name, tool.Parameters, s.Arguments)
+	if err != nil {
+		return toolError(s, err)
+	}
+	w.hitFailpoint("worker.before_first_heartbeat")
+	if s.NeedsStartAck {
+		if !w.startAcknowledged(a) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.draining {
+				if _, still := w.running[s.AttemptID]; still {
+					return handBack(s.AttemptID, "")
+				}
+			}
+			w.log.info("worker.start_refused", "the server no longer runs this attempt: not starting it",
+				field{"attempt_id", s.AttemptID})
+			w.forgetLocked(s.AttemptID)
+			return nil
+		}
+	}
+	call := &CallContext{
+		SessionID: s.SessionID, CallID: deref(s.CallID), Tool: tool.Name,
+		IdempotencyKey: deref(s.IdempotencyKey), Attempt: s.Attempt,
+		Answers: s.Answers, SleepsDone: s.SleepsDone, Traceparent: deref(s.Traceparent),
+	}
+	switch s.StepType {
+	case StepPollToolTask:
+		value, err := tool.Poll(ctx, call, s.TaskHandle)
+		if err != nil {
+			return toolError(s, err)
+		}
+		if value == Pending {
+			return done(s, toolOutcome{Status: "pending"})
+		}
+		return succeeded(s, value)
+	case StepCheckToolCall:
+		if tool.Check == nil {
+			return toolFailed(s, fmt.Sprintf("tool %q has no check", tool.Name))
+		}
+		verdict, err := tool.Check(ctx, call, args)
+		if err != nil {
+			return toolError(s, err)
+		}
+		return done(s, toolOutcome{Status: "checked", Happened: verdict.Happened, Result: verdict.Result})
+	}
+	w.hitFailpoint("worker.tool_running")
+	value, err := tool.Func(ctx, call, args)
+	if err != nil {
+		return toolError(s, err)
+	}
+	return succeeded(s, value)
+}
+
+// startAcknowledged asks the node whether to start (an hb with a seq of ours) and waits
+// for an ok in time; the heartbeat loop asks again when an answer is late.
+func (w *Worker) startAcknowledged(a *attempt) bool {
+	start := make(chan bool, 1)
+	w.mu.Lock()
+	if w.draining {
+		w.mu.Unlock()
+		return false
+	}
+	a.start = start
+	w.askStartLocked(a)
+	w.mu.Unlock()
+	return <-start
+}

@@ -1,0 +1,283 @@
+/**
+ * The Worker's connection to the server: the addresses tried in turn with a pause that
+ * grows, hello and welcome, heartbeats and pings, the messages queued and sent as frames,
+ * and the log of each connection's life (docs/worker-protocol.md, rules 6-7). What the
+ * messages are about is the Runner's.
+ */
+import WebSocket from "ws";
+
+import * as failpoints from "./failpoints";
+import type { ConnectionLog, Log } from "./log";
+import * as p from "./protocol";
+import type { Runner } from "./runner";
+import type { Settings } from "./settings";
+
+/** The server refused this Worker for good (a token, or a worker_id in use): do not retry. */
+export class WorkerRefusedError extends Error {
+  override name = "WorkerRefusedError";
+}
+
+interface Link {
+  ws: WebSocket;
+  address: string;
+  /** Whether the node answered hello: a standby closes the connection before that. */
+  welcomed: boolean;
+  pending: p.WorkerMessage[];
+  flushing: boolean;
+}
+
+/** The pause before the next connection attempt after ``failures`` failed in a row:
+ * exponential from ``initial`` up to ``max`` seconds, with full jitter. */
+export function backoff(
+  failures: number,
+  initial: number,
+  max: number,
+  random: () => number = Math.random,
+): number {
+  return random() * Math.min(max, initial * 2 ** failures);
+}
+
+
+export class Connection {
+  private link: Link | null = null;
+  private resume: string | null = null;
+  /** Seconds between heartbeats: the longest gap, and four per heartbeat timeout. */
+  private heartbeatInterval: number;
+  private stopping = false;
+  private wake: (() => void) | null = null;
+
+  constructor(
+    private readonly settings: Settings,
+    private readonly runner: Runner,
+    private readonly log: Log,
+    private readonly life: ConnectionLog,
+  ) {
+    this.heartbeatInterval = settings.heartbeatInterval;
+  }
+
+  /** Connect, and again whenever the connection drops, until stop(). Rejects with
+   * WorkerRefusedError if the server refuses this Worker for good. */
+  async serveUntilStopped(): Promise<void> {
+    let next = 0;
+    let failures = 0;
+    while (!this.stopping) {
+      const base = this.settings.addresses[next++ % this.settings.addresses.length];
+      let ws: WebSocket;
+      try {
+        ws = await this.connect(base);
+      } catch (e) {
+        if (e instanceof WorkerRefusedError) throw e;
+        this.life.failed(base, e instanceof Error ? e.message : String(e));
+        await this.pause(backoff(failures++, this.settings.reconnectInitial, this.settings.reconnectMax));
+        continue;
+      }
+      failures = 0;
+      const { code, reason, welcomed } = await this.serve(ws, base);
+      if (code === p.CLOSE_UNAUTHORIZED || code === p.CLOSE_ID_IN_USE) {
+        const why =
+          code === p.CLOSE_UNAUTHORIZED
+            ? "the token was refused"
+            : `another live connection uses worker_id ${this.settings.workerId}`;
+        this.log.error("worker.refused", `${base} refused this Worker (${code}: ${why}) ${reason}`, {
+          address: base,
+        });
+        throw new WorkerRefusedError(`${base} refused this Worker (close ${code}): ${why}`);
+      }
+      if (this.stopping) break;
+      const ended = `the connection closed (${code}${reason === "" ? "" : `: ${reason}`})`;
+      if (welcomed) this.life.lost(base, ended);
+      else this.life.failed(base, ended); // accepted, then closed: a standby, say
+      // a node that accepts and closes at once (a standby) is not asked again at once
+      await this.pause(this.settings.reconnectInitial * (0.5 + Math.random() / 2));
+    }
+  }
+
+  /** Stop: no new connection, and the live one closes. */
+  stop(): void {
+    this.stopping = true;
+    this.wake?.();
+    this.link?.ws.close(1000, "worker stopping");
+  }
+
+  private pause(seconds: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, seconds * 1000);
+      function done(): void {
+        clearTimeout(timer);
+        resolve();
+      }
+      this.wake = done;
+    });
+  }
+
+  private connect(base: string): Promise<WebSocket> {
+    const url = base.replace(/^http:/, "ws:").replace(/^https:/, "wss:") + "/v1/workers/connect";
+    const headers: Record<string, string> =
+      this.settings.token === undefined ? {} : { Authorization: `Bearer ${this.settings.token}` };
+    return new Promise((resolve, reject) => {
+      const ws = new WebSocket(url, {
+        headers,
+        handshakeTimeout: this.settings.connectTimeout * 1000,
+        maxPayload: 64 << 20,
+      });
+      ws.once("open", () => resolve(ws));
+      ws.once("unexpected-response", (_request, response) => {
+        const status = response.statusCode ?? 0;
+        ws.terminate();
+        if (status === 401 || status === 403) {
+          const why = status === 401 ? "no worker token" : "a token without the worker role";
+          const message =
+            `${base} refused this Worker (HTTP ${status}: ${why}): set DEX_WORKER_TOKEN ` +
+            "(or the token option) to the server's worker token";
+          this.log.error("worker.unauthorized", message, { address: base });
+          reject(new WorkerRefusedError(message));
+        } else {
+          reject(new Error(`HTTP ${status}`));
+        }
+      });
+      ws.once("error", (e) => reject(e));
+    });
+  }
+
+  private serve(
+    ws: WebSocket,
+    address: string,
+  ): Promise<{ code: number; reason: string; welcomed: boolean }> {
+    const link: Link = { ws, address, welcomed: false, pending: [], flushing: false };
+    ws.on("error", () => undefined); // the close event follows and says how it ended
+    this.link = link;
+    this.put(link, {
+      t: "hello",
+      worker_id: this.settings.workerId,
+      agents: [...this.runner.agents.values()].map((a) => a.spec()),
+      capacity: this.runner.capacity,
+      // on a reconnect: re-claim what this process still holds
+      attempts: [...this.runner.attempts.keys()],
+      resume: this.resume,
+      history_cache: this.runner.histories.sessions,
+      protocol: p.PROTOCOL_VERSION,
+    });
+    if (this.runner.draining) this.put(link, { t: "drain" });
+    // results the last node never acknowledged: send them again
+    for (const result of this.runner.unacknowledged()) this.put(link, result);
+    let beat: NodeJS.Timeout | null = null;
+    const heartbeat = (): void => {
+      beat = setTimeout(heartbeat, this.heartbeatInterval * 1000);
+      const held = [...this.runner.attempts.keys()];
+      if (held.length > 0) this.put(link, { t: "hb", attempts: held });
+    };
+    heartbeat();
+    // a node that hung keeps the TCP connection open: a ping it does not answer ends it
+    let answered = true;
+    let lastTick = Date.now();
+    const ping = setInterval(() => {
+      const late = Date.now() - lastTick > 1.5 * this.settings.pingInterval * 1000;
+      lastTick = Date.now();
+      // this process was blocked (a long synchronous call): the pong may wait unread
+      if (!answered && !late) {
+        this.log.warning("worker.ping_timeout", "the node did not answer a ping: giving it up", {
+          address,
+        });
+        ws.terminate();
+        return;
+      }
+      answered = false;
+      ws.ping();
+    }, this.settings.pingInterval * 1000);
+    ws.on("pong", () => (answered = true));
+    return new Promise((resolve) => {
+      ws.on("message", (data) => {
+        answered = true;
+        let frame: unknown;
+        try {
+          frame = JSON.parse(data.toString());
+        } catch (e) {
+          frame = e;
+        }
+        if (!Array.isArray(frame)) {
+          this.log.error("worker.bad_frame", "the server sent a frame that is not a JSON array", {
+            address,
+          });
+          ws.close(p.CLOSE_BAD_FRAME, "a frame is a JSON array of messages");
+          return;
+        }
+        for (const message of frame as p.ServerMessage[]) this.onMessage(link, message);
+      });
+      ws.once("close", (code, reason) => {
+        clearInterval(ping);
+        if (beat !== null) clearTimeout(beat);
+        if (this.link === link) this.link = null;
+        resolve({ code, reason: reason.toString(), welcomed: link.welcomed });
+      });
+    });
+  }
+
+  // --- sending ------------------------------------------------------------------------
+
+  /** Queue a message on the live link; whatever is queued in one tick leaves in one frame. */
+  send(message: p.WorkerMessage): void {
+    if (this.link !== null) this.put(this.link, message);
+  }
+
+  private put(link: Link, message: p.WorkerMessage): void {
+    const last = link.pending[link.pending.length - 1];
+    if (message.t === "delta" && last?.t === "delta" && last.attempt_id === message.attempt_id) {
+      last.text += message.text; // one delta per attempt that waits to be sent
+    } else {
+      link.pending.push(message.t === "delta" ? { ...message } : message);
+    }
+    if (!link.flushing) {
+      link.flushing = true;
+      setImmediate(() => {
+        link.flushing = false;
+        const batch = link.pending;
+        link.pending = [];
+        if (batch.length > 0 && link.ws.readyState === WebSocket.OPEN) {
+          const results = batch.some((m) => m.t === "done");
+          link.ws.send(this.encode(batch), (error) => {
+            // written to the socket: a crash from here on loses nothing the server got
+            if (results && error == null) failpoints.hit("worker.after_send_result");
+          });
+        }
+      });
+    }
+  }
+
+  /** The frame of `batch`, where a result JSON cannot carry (a BigInt, a cycle) becomes the
+   * attempt's failure: its code ran, so the server decides, as for any exception, whether
+   * the call is retried or its outcome is unknown. Thrown here, it would end the process. */
+  private encode(batch: p.WorkerMessage[]): string {
+    try {
+      return JSON.stringify(batch);
+    } catch {
+      const parts: string[] = [];
+      for (const message of batch) {
+        try {
+          parts.push(JSON.stringify(message));
+          continue;
+        } catch (e) {
+          const problem = `the result cannot be sent as JSON: ${e instanceof Error ? e.message : e}`;
+          const failure = this.runner.unencodable(message, problem);
+          if (failure !== null) parts.push(JSON.stringify(failure));
+        }
+      }
+      return `[${parts.join(",")}]`;
+    }
+  }
+
+  // --- receiving ----------------------------------------------------------------------
+
+  private onMessage(link: Link, message: p.ServerMessage): void {
+    if (message.t !== "welcome") {
+      this.runner.onMessage(message);
+      return;
+    }
+    // four beats per timeout: one lost or late beat does not fail an attempt
+    const timeout = message.heartbeat_timeout > 0 ? message.heartbeat_timeout : Infinity;
+    this.heartbeatInterval = Math.min(this.settings.heartbeatInterval, timeout / 4);
+    this.resume = message.resume;
+    link.welcomed = true;
+    this.life.connected(link.address);
+    this.runner.welcome(message);
+  }
+}

@@ -1,0 +1,443 @@
+/**
+ * The attempts a Worker runs: the hand-outs it is given, their start acknowledgements
+ * and results, and running their models and tools (docs/worker-protocol.md, rules 1-5
+ * and 8-11). The Connection carries the messages both ways.
+ */
+import { Agent, Interrupt, ModelRequest, PENDING, ToolContext, ToolError } from "./agent";
+import * as failpoints from "./failpoints";
+import { HistoryCache, HistoryError, checkItems } from "./history";
+import type { Log } from "./log";
+import * as p from "./protocol";
+import { checkArguments } from "./schema";
+import type { AttemptTracing } from "./tracing";
+
+export interface Attempt {
+  step: p.StepMessage;
+  history: p.Item[];
+  abort: AbortController;
+  result: p.Result | null;
+  abandoned: boolean;
+  /** Resolves the wait for a start acknowledgement (or a refusal). */
+  startDecided: ((started: boolean) => void) | null;
+  startSeq: number;
+  startSentAt: number;
+}
+
+export class Runner {
+  readonly agents = new Map<string, Agent>();
+  /** The attempts handed out and not yet acknowledged, by id. */
+  readonly attempts = new Map<string, Attempt>();
+  /** Each session's model view, as last handed out on this connection. */
+  readonly histories = new HistoryCache();
+  /** Stopping: start nothing new, and hand back what has not started. */
+  draining = false;
+  /** Attempts whose code runs now (never more than capacity), and those waiting. */
+  private slotsTaken = 0;
+  private readonly slotWaiters: (() => void)[] = [];
+  /** How long a start acknowledgement may take, in seconds: half the heartbeat timeout. */
+  private startWindow = 5;
+  private seq = 0;
+
+  constructor(
+    agents: Agent[],
+    readonly capacity: number,
+    private readonly workerId: string,
+    private readonly log: Log,
+    /** The attempts' spans, when tracing is on. */
+    private readonly tracing: AttemptTracing | null,
+    /** Queues a message for the server on the live connection (dropped when none is). */
+    private readonly send: (message: p.WorkerMessage) => void,
+  ) {
+    for (const agent of agents) this.agents.set(agent.name, agent);
+  }
+
+  /** The results sent and not yet acknowledged: sent again on a new connection. */
+  unacknowledged(): p.Result[] {
+    return [...this.attempts.values()].flatMap((a) => (a.result === null ? [] : [a.result]));
+  }
+
+  /** A node welcomed this Worker: its heartbeat timeout, and the attempts it no longer runs. */
+  welcome(message: p.Welcome): void {
+    const timeout = message.heartbeat_timeout > 0 ? message.heartbeat_timeout : Infinity;
+    this.startWindow = Math.min(5, timeout / 2);
+    this.histories.clear(); // the server sends each session's whole view first
+    for (const id of message.stop ?? []) {
+      const stopped = this.attempts.get(id);
+      if (stopped !== undefined) this.abandon(stopped, "the server no longer runs this attempt");
+    }
+  }
+
+  /** Drain: start nothing new; an attempt that waits for its start acknowledgement goes back. */
+  drain(): void {
+    this.draining = true;
+    for (const attempt of this.attempts.values()) attempt.startDecided?.(false);
+  }
+
+  /** The Worker stopped: the attempts' code is told to stop (through their signals). */
+  abortAll(): void {
+    for (const attempt of this.attempts.values()) attempt.abort.abort(new Error("worker stopped"));
+  }
+
+  /** The failure that replaces a ``done`` whose result JSON cannot carry (a BigInt, a
+   * cycle): the attempt's code ran, so the server decides, as for any exception, whether
+   * the call is retried or its outcome is unknown. Null for any other message. */
+  unencodable(message: p.WorkerMessage, problem: string): p.Fail | null {
+    const attempt = "attempt_id" in message ? this.attempts.get(message.attempt_id) : undefined;
+    this.log.warning("worker.result_unencodable", problem, { attempt_id: attempt?.step.attempt_id });
+    if (message.t !== "done" || attempt === undefined) return null;
+    attempt.result = fail(attempt.step, problem, true);
+    return attempt.result;
+  }
+
+  /** A message from the server about the attempts (anything but its welcome). */
+  onMessage(message: p.HeartbeatReply | p.Ack | p.Cancel | p.StepMessage): void {
+    switch (message.t) {
+      case "step":
+        this.onStep(message);
+        break;
+      case "hb":
+        for (const [id, status] of Object.entries(message.status)) {
+          const held = this.attempts.get(id);
+          if (held === undefined) continue;
+          if (held.startDecided !== null) {
+            if (status !== "ok") held.startDecided(false);
+            else if (
+              message.seq != null &&
+              message.seq === held.startSeq &&
+              (Date.now() - held.startSentAt) / 1000 <= this.startWindow
+            ) {
+              held.startDecided(true); // a timely answer to our own ask
+            }
+          } else if (status !== "ok" && held.result === null) {
+            this.abandon(held, "the server no longer runs this attempt");
+          }
+        }
+        break;
+      case "ack": {
+        const acked = this.attempts.get(message.attempt_id);
+        if (acked !== undefined) this.attempts.delete(message.attempt_id);
+        if (acked !== undefined && !message.ok) {
+          this.log.info("worker.result_refused", `result refused: ${message.error ?? ""}`, {
+            attempt_id: message.attempt_id,
+          });
+        }
+        break;
+      }
+      case "cancel": {
+        const cancelled = this.attempts.get(message.attempt_id);
+        if (cancelled !== undefined && cancelled.result === null) {
+          this.abandon(cancelled, "cancelled by the server");
+        }
+        break;
+      }
+    }
+  }
+
+  private onStep(step: p.StepMessage): void {
+    if (this.attempts.has(step.attempt_id)) return;
+    const attempt: Attempt = {
+      step,
+      history: [],
+      abort: new AbortController(),
+      result: null,
+      abandoned: false,
+      startDecided: null,
+      startSeq: -1,
+      startSentAt: 0,
+    };
+    this.attempts.set(step.attempt_id, attempt);
+    try {
+      if (step.step_type === "RunModel") {
+        const base = step.history_base ?? 0;
+        const view = this.histories.view(step.session_id, base, step.history ?? []);
+        if (view === null) {
+          // we lack what it builds on: the server sends it whole next time
+          this.log.info("worker.history_missing", "the hand-out builds on a view this Worker lacks", {
+            attempt_id: step.attempt_id,
+            session_id: step.session_id,
+          });
+          attempt.result = { t: "back", attempt_id: step.attempt_id, reason: "history" };
+          this.send(attempt.result);
+          return;
+        }
+        attempt.history = view;
+      } else if (step.step_type === "CompactContext") {
+        attempt.history = checkItems(step.history ?? []); // the whole view, every time
+      }
+    } catch (e) {
+      if (!(e instanceof HistoryError)) throw e;
+      const why = `the hand-out's history does not fit the protocol: ${e.message}`;
+      attempt.result = fail(step, why, false);
+      this.send(attempt.result);
+      return;
+    }
+    step.history = undefined; // kept once, in attempt.history
+    void this.withSlot(attempt, () => this.runAttempt(attempt));
+  }
+
+  /**
+   * Run ``body`` once fewer than ``capacity`` attempts' code runs. The code of an
+   * abandoned attempt may run on (JavaScript cannot stop it): its slot stays taken until
+   * it returns.
+   */
+  private async withSlot(attempt: Attempt, body: () => Promise<void>): Promise<void> {
+    if (this.slotsTaken < this.capacity) {
+      this.slotsTaken++;
+    } else {
+      this.log.info("worker.at_capacity", `waiting for a slot (capacity ${this.capacity})`, {
+        attempt_id: attempt.step.attempt_id,
+        session_id: attempt.step.session_id,
+      });
+      await new Promise<void>((resolve) => this.slotWaiters.push(resolve)); // handed a slot
+    }
+    try {
+      if (!attempt.abandoned) await body();
+    } finally {
+      const next = this.slotWaiters.shift();
+      if (next !== undefined) next();
+      else this.slotsTaken--;
+    }
+  }
+
+  private abandon(attempt: Attempt, why: string): void {
+    this.log.info("worker.attempt_abandoned", why, { attempt_id: attempt.step.attempt_id });
+    this.attempts.delete(attempt.step.attempt_id);
+    attempt.abandoned = true;
+    attempt.startDecided?.(false);
+    attempt.abort.abort(new Error(why));
+  }
+
+  // --- running one attempt ------------------------------------------------------------
+
+  private async runAttempt(attempt: Attempt): Promise<void> {
+    const step = attempt.step;
+    const ids = {
+      session_id: step.session_id,
+      step_id: step.step_id,
+      attempt_id: step.attempt_id,
+      worker_id: this.workerId,
+    };
+    let result: p.Result | null;
+    try {
+      const agent = this.agents.get(step.agent);
+      if (agent === undefined) throw new ToolError(`this Worker does not serve agent ${step.agent}`);
+      const run = (): Promise<p.Done["result"] | null> => {
+        if (step.step_type === "RunModel") return this.runModel(agent, attempt);
+        if (step.step_type === "CompactContext") return this.compact(agent, attempt);
+        return this.runTool(agent, attempt);
+      };
+      const value =
+        this.tracing === null
+          ? await run()
+          : await this.tracing.span(step, agent.model.spec(), () => attempt.abandoned, run);
+      if (value === null) return;
+      failpoints.hit("worker.before_send_result");
+      result = { t: "done", attempt_id: step.attempt_id, result: value };
+    } catch (e) {
+      if (attempt.abandoned) return;
+      if (e instanceof Interrupt) {
+        result = { t: "done", attempt_id: step.attempt_id, result: e.outcome };
+      } else if (e instanceof ToolError) {
+        if (step.step_type === "RunModel" || step.step_type === "CompactContext") {
+          result = fail(step, e.message, false);
+        } else {
+          const outcome: p.ToolOutcome =
+            step.step_type === "CheckToolCall"
+              ? { status: "checked", happened: null, error: e.message }
+              : { status: "failed", error: e.message };
+          result = { t: "done", attempt_id: step.attempt_id, result: outcome };
+        }
+      } else {
+        const error = e instanceof Error ? e : new Error(String(e));
+        this.log.warning(
+          "worker.attempt_failed",
+          `${step.step_type} attempt ${step.attempt} of ${step.tool ?? step.agent} failed: ` +
+            `${error.name}: ${error.message}`,
+          ids,
+        );
+        const retryable = (error as { retryable?: unknown }).retryable;
+        result = fail(step, `${error.name}: ${error.message}`, retryable !== false);
+      }
+    }
+    if (attempt.abandoned) return; // stopped or cancelled meanwhile: no result is wanted
+    attempt.result = result;
+    this.send(result);
+  }
+
+  private async runModel(agent: Agent, attempt: Attempt): Promise<p.ModelResponse> {
+    const step = attempt.step;
+    const request = modelRequest(agent, attempt, [...agent.tools.values()].map((t) => t.spec()));
+    failpoints.hit("worker.run_model.before_output");
+    let response: p.ModelResponse | null = null;
+    for await (const event of agent.model.stream(request)) {
+      if (attempt.abandoned) throw attempt.abort.signal.reason;
+      if (typeof event === "string") {
+        this.send({ t: "delta", attempt_id: step.attempt_id, text: event });
+      } else {
+        response = event;
+      }
+    }
+    if (response === null) {
+      throw new Error(`model ${JSON.stringify(agent.model.spec())} returned no response`);
+    }
+    const approvalRequired = [...(response.approval_required ?? [])];
+    for (const call of response.tool_calls ?? []) {
+      const approval = agent.tools.get(call.name)?.options.approval;
+      if (typeof approval === "function" && needsApproval(this.log, approval, call.arguments ?? {})) {
+        approvalRequired.push(call.id);
+      }
+    }
+    return {
+      text: "",
+      stop_reason: "end_turn",
+      ...response,
+      tool_calls: (response.tool_calls ?? []).map((c) => ({ arguments: {}, ...c })),
+      approval_required: approvalRequired,
+    };
+  }
+
+  private async compact(agent: Agent, attempt: Attempt): Promise<p.Summary> {
+    if (agent.model.summarize === undefined) {
+      throw new ToolError(`the model of agent ${agent.name} cannot summarize`);
+    }
+    failpoints.hit("worker.compact_context.running");
+    return agent.model.summarize(modelRequest(agent, attempt, []));
+  }
+
+  private async runTool(agent: Agent, attempt: Attempt): Promise<p.ToolOutcome | null> {
+    const step = attempt.step;
+    const tool = agent.tools.get(step.tool ?? "");
+    if (tool === undefined) {
+      throw new ToolError(`this Worker's agent ${agent.name} has no tool ${step.tool ?? ""}`);
+    }
+    // invalid arguments: the body never runs; valid ones gain their parameters' defaults
+    const args = checkArguments(tool.options.name, tool.options.parameters, step.arguments ?? {});
+    failpoints.hit("worker.before_first_heartbeat");
+    if (step.needs_start_ack || this.draining) {
+      if (!(await this.startAcknowledged(attempt))) {
+        if (attempt.abandoned) return null;
+        if (this.draining) {
+          attempt.result = { t: "back", attempt_id: step.attempt_id };
+          this.send(attempt.result);
+        } else {
+          this.log.info("worker.start_refused", "the server no longer runs this attempt: not starting it", {
+            attempt_id: step.attempt_id,
+          });
+          this.attempts.delete(step.attempt_id);
+        }
+        return null;
+      }
+    }
+    const answers = [...(step.answers ?? [])];
+    const sleepsDone = step.sleeps_done ?? 0;
+    let asked = 0;
+    let slept = 0;
+    const ctx: ToolContext = {
+      sessionId: step.session_id,
+      callId: step.call_id ?? "",
+      tool: tool.options.name,
+      idempotencyKey: step.idempotency_key ?? "",
+      attempt: step.attempt,
+      signal: attempt.abort.signal,
+      traceparent: step.traceparent ?? null,
+      answers,
+      sleepsDone,
+      ask(question: string, choices?: string[]): string {
+        const index = asked++;
+        if (index < answers.length) return answers[index];
+        throw new Interrupt({ status: "asked", question, choices: choices ?? null });
+      },
+      sleep(seconds: number): void {
+        if (slept++ < sleepsDone) return;
+        throw new Interrupt({ status: "sleep", sleep_seconds: seconds });
+      },
+      heartbeat: () => this.send({ t: "hb", attempts: [step.attempt_id] }),
+    };
+    if (step.step_type === "PollToolTask") {
+      if (tool.options.poll === undefined) throw new ToolError(`tool ${tool.options.name} has no poll`);
+      failpoints.hit("worker.poll_running");
+      const value = await tool.options.poll(ctx, step.task_handle);
+      return value === PENDING ? { status: "pending" } : { status: "succeeded", result: value ?? null };
+    }
+    if (step.step_type === "CheckToolCall") {
+      if (tool.options.check === undefined) {
+        throw new ToolError(`tool ${tool.options.name} has no check`);
+      }
+      const verdict = await tool.options.check(ctx, args);
+      return { status: "checked", happened: verdict.happened, result: verdict.result ?? null };
+    }
+    if (step.step_type !== "CallTool" && step.step_type !== "CallSingleAttemptTool") {
+      throw new ToolError(`a Worker does not run ${step.step_type} Steps`);
+    }
+    failpoints.hit("worker.tool_running");
+    const value = await tool.options.run(args, ctx);
+    return { status: "succeeded", result: value ?? null };
+  }
+
+  /**
+   * Ask the node whether to start (an hb with a seq of ours) until it answers in time:
+   * an ``ok`` later than half the heartbeat timeout (a node that paused, and may have lost
+   * its lease meanwhile) does not count.
+   */
+  private async startAcknowledged(attempt: Attempt): Promise<boolean> {
+    if (this.draining) return false;
+    let decided: boolean | null = null;
+    const verdict = new Promise<boolean>((resolve) => {
+      attempt.startDecided = (started: boolean): void => {
+        decided = started;
+        resolve(started);
+      };
+    });
+    while (decided === null) {
+      attempt.startSeq = this.seq++;
+      attempt.startSentAt = Date.now();
+      this.send({ t: "hb", attempts: [attempt.step.attempt_id], seq: attempt.startSeq });
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        verdict,
+        new Promise<void>((resolve) => (timer = setTimeout(resolve, this.startWindow * 1000))),
+      ]);
+      clearTimeout(timer);
+    }
+    attempt.startDecided = null;
+    return decided;
+  }
+}
+
+/** What a model call of ``attempt`` is asked: its view of the history, and ``tools``. */
+function modelRequest(agent: Agent, attempt: Attempt, tools: p.ToolSpec[]): ModelRequest {
+  const step = attempt.step;
+  return {
+    sessionId: step.session_id,
+    agent: agent.name,
+    instructions: agent.instructions,
+    history: attempt.history,
+    tools,
+    attempt: step.attempt,
+    signal: attempt.abort.signal,
+    traceparent: step.traceparent ?? null,
+  };
+}
+
+function fail(step: p.StepMessage, message: string, retryable: boolean): p.Fail {
+  return {
+    t: "fail",
+    attempt_id: step.attempt_id,
+    error: { message, retryable, attempt_progress: "NOT_COMPLETED" },
+  };
+}
+
+/** Whether a call waits for a person's approval: a predicate that throws says yes. */
+function needsApproval(
+  log: Log,
+  predicate: (args: Record<string, unknown>) => boolean,
+  args: Record<string, unknown>,
+): boolean {
+  try {
+    return Boolean(predicate(args));
+  } catch (e) {
+    const why = `the approval predicate threw (a person approves): ${String(e)}`;
+    log.warning("worker.approval_predicate_failed", why);
+    return true;
+  }
+}
