@@ -62,7 +62,7 @@ async def run(store: Store, writers: int, seconds: float) -> tuple[float, float,
         await store.write(records.write(session=state, create=True))
     done = 0
     stop = time.monotonic() + seconds
-    commits_before = getattr(store, "commits", 0)
+    commits_before = store.counters().commits
 
     async def writer(state: SessionState) -> None:
         nonlocal done
@@ -79,7 +79,7 @@ async def run(store: Store, writers: int, seconds: float) -> tuple[float, float,
     started, cpu = time.monotonic(), time.process_time()
     await asyncio.gather(*(writer(s) for s in states))
     took, cpu = time.monotonic() - started, time.process_time() - cpu
-    commits = getattr(store, "commits", 0) - commits_before
+    commits = store.counters().commits - commits_before
     return done / took, commits / took, cpu / done * 1e6
 
 

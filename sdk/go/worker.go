@@ -158,6 +158,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.config != nil {
 		return w.config
 	}
+	if err := failpoint.Err(); err != nil {
+		return err
+	}
 	for i := range w.opts.Agents {
 		if err := w.opts.Agents[i].validate(); err != nil {
 			return err
@@ -799,14 +802,14 @@ func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message
 	}
 	if s.StepType == StepCompactContext {
 		req.Tools = nil
-		w.withWorldStopped(func() { failpoint.Hit("worker.compact_context.running") })
+		w.hitFailpoint("worker.compact_context.running")
 		summary, err := agent.Model.Summarize(ctx, req)
 		if err != nil {
 			return modelFailure(s, err)
 		}
 		return done(s, summary)
 	}
-	w.withWorldStopped(func() { failpoint.Hit("worker.run_model.before_output") })
+	w.hitFailpoint("worker.run_model.before_output")
 	emit := func(text string) {
 		if text != "" {
 			w.send(message{"t": "delta", "attempt_id": s.AttemptID, "text": text})
@@ -838,12 +841,16 @@ func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message
 	return done(s, response)
 }
 
-// withWorldStopped runs f while nothing of this Worker moves (no heartbeat, no read):
-// a paused failpoint blocks the whole Worker, as in the Python Worker.
-func (w *Worker) withWorldStopped(f func()) {
+// hitFailpoint hits the failpoint name while nothing of this Worker moves (no heartbeat,
+// no read): a paused failpoint blocks the whole Worker, as in the Python Worker. With no
+// failpoint armed it costs one atomic load: no lock is taken on the model and tool path.
+func (w *Worker) hitFailpoint(name string) {
+	if !failpoint.Armed() {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	f()
+	failpoint.Hit(name)
 }
 
 func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message {
@@ -857,7 +864,7 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 	if err != nil {
 		return toolError(s, err)
 	}
-	w.withWorldStopped(func() { failpoint.Hit("worker.before_first_heartbeat") })
+	w.hitFailpoint("worker.before_first_heartbeat")
 	if s.NeedsStartAck {
 		if !w.startAcknowledged(a) {
 			w.mu.Lock()
@@ -898,7 +905,7 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 		}
 		return done(s, toolOutcome{Status: "checked", Happened: verdict.Happened, Result: verdict.Result})
 	}
-	w.withWorldStopped(func() { failpoint.Hit("worker.tool_running") })
+	w.hitFailpoint("worker.tool_running")
 	value, err := tool.Func(ctx, call, args)
 	if err != nil {
 		return toolError(s, err)

@@ -19,16 +19,22 @@ unknown number of times before the moment the test means).
 (and the caller raises the error it stands for, such as SQLite's "database or
 disk is full"): a fault a test switches on and off, as a disk fills and is freed.
 
+A spec that cannot be read (an unknown action, a hit number that is neither a positive
+integer nor ``arm``, a part without ``=``) raises ``ValueError`` at import, naming the
+part: the process does not start, as the TypeScript and Go Workers do not.
+
 Unarmed, ``hit`` is a single dictionary check.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from pathlib import Path
 
+ACTIONS = ("crash", "pause", "stop", "error")
 ARM = -1
 """The ``nth`` of ``NAME=action@arm``: act on the first hit once ``NAME.arm`` exists."""
 
@@ -38,18 +44,35 @@ _DIR = Path(os.environ.get("DEX_FAILPOINT_DIR", "."))
 
 
 def _parse(spec: str) -> dict[str, tuple[str, int]]:
+    """The points a spec arms. A part it cannot read is refused by name (``ValueError``),
+    as the TypeScript and Go Workers refuse it: a process armed with a typo does not
+    start, rather than run with a failpoint that neither pauses nor fails."""
     armed: dict[str, tuple[str, int]] = {}
-    for part in spec.split(","):
-        if not part.strip():
+    for raw in spec.split(","):
+        part = raw.strip()
+        if not part:
             continue
-        name, _, action = part.strip().partition("=")
-        action, _, nth = action.partition("@")
-        if action not in ("crash", "pause", "stop", "error"):
-            raise ValueError(
-                f"failpoint {name}: unknown action {action!r} (crash, pause, stop or error)"
-            )
+        name, equals, action = part.partition("=")
+        action, counted, nth = action.partition("@")
+        if not (name and equals):
+            raise _refused(part, "not NAME=ACTION")
+        if action not in ACTIONS:
+            choices = f"{', '.join(ACTIONS[:-1])} or {ACTIONS[-1]}"
+            raise _refused(part, f"unknown action {_quoted(action)} ({choices})")
+        if counted and nth != "arm" and not (nth.isascii() and nth.isdigit() and int(nth) >= 1):
+            why = f"the hit number {_quoted(nth)} is not a positive integer (or arm)"
+            raise _refused(part, why)
         armed[name] = (action, ARM if nth == "arm" else int(nth or 1))
     return armed
+
+
+def _refused(part: str, why: str) -> ValueError:
+    return ValueError(f"DEX_FAILPOINTS: {_quoted(part)}: {why}")
+
+
+def _quoted(text: str) -> str:
+    """In double quotes, as Go's ``%q`` and JavaScript's ``JSON.stringify`` write it."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 _ARMED.update(_parse(os.environ.get("DEX_FAILPOINTS", "")))

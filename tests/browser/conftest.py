@@ -1,6 +1,7 @@
 """Playwright driving Debian's Chromium (``scripts/browser`` installs it) against real
 server and Worker processes. Playwright never downloads a browser here: it launches
-``/usr/bin/chromium``; where that is missing, these tests are skipped with the reason."""
+``/usr/bin/chromium``; where that is missing, these tests are skipped with the reason (a
+skip that fails ``scripts/test`` and CI: ``tests.support.skips``)."""
 
 from __future__ import annotations
 

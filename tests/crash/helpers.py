@@ -18,6 +18,7 @@ SERVER_SIDE = (SERVER_RESTART, SERVER_RESTART_POSTGRES, TAKEOVER)
 def columns(
     row: str,
     *,
+    worker_kill: bool = True,
     takeover: bool = False,
     typescript: bool = False,
     go: bool = False,
@@ -25,6 +26,8 @@ def columns(
     """Parametrize a test over the failures, each marked as its cell of the matrix:
     Worker kill and Server restart (SQLite), and with ``takeover`` the Server restart of a
     node on PostgreSQL and the Takeover of a hot standby (two nodes on PostgreSQL).
+    ``worker_kill=False`` leaves out the Worker kill, for a row whose moment is in the
+    server only (a Worker killed then interrupts nothing of the row).
 
     With ``typescript`` and ``go`` the Worker kill, the Server restart (SQLite) and, with
     ``takeover``, the Takeover run once more against a Worker written with that SDK (its
@@ -35,10 +38,8 @@ def columns(
 
     The rig reads the language from the ``worker_language`` fixture, parametrized
     indirectly, and only such tests get that parameter."""
-    python = [
-        (WORKER_KILL, WORKER_KILL, "worker-kill"),
-        (SERVER_RESTART, SERVER_RESTART, "server-restart"),
-    ]
+    python = [(WORKER_KILL, WORKER_KILL, "worker-kill")] if worker_kill else []
+    python.append((SERVER_RESTART, SERVER_RESTART, "server-restart"))
     if takeover:
         python += [
             (SERVER_RESTART_POSTGRES, SERVER_RESTART, "server-restart-postgres"),

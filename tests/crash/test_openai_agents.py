@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dex.testing.fake_providers import FakeOpenAI
-from tests.crash.helpers import columns, interrupt, interrupt_and_reconnect
+from tests.crash.helpers import WORKER_KILL, columns, interrupt, interrupt_and_reconnect
 from tests.support.framework_agents import script
 from tests.support.rig import AnyWorker, Rig, attempts, make_rig
 
@@ -151,3 +151,7 @@ def test_a_resumed_segment_interrupted_runs_again_from_the_stored_run_state(
     assert len(rig.ledger.entries("charge")) == 1  # the write is not part of the segment
     assert outputs(t) == [json.dumps("charged 7")]
     assert attempts(t, "RunModel") == [[(1, "succeeded")], [(1, "failed"), (2, "succeeded")]]
+    # The model's own count: the first segment's call, and the resumed segment's attempt 2.
+    # A killed Worker stopped before attempt 1's call; a Worker that outlived the node,
+    # released, made it late (its result was refused).
+    assert len(model.requests) == (2 if column == WORKER_KILL else 3)

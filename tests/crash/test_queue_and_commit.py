@@ -3,38 +3,57 @@
 from __future__ import annotations
 
 from dex.testing import wait_until
-from tests.crash.helpers import SERVER_SIDE, WORKER_KILL, columns
-from tests.support.rig import Rig, attempts, results
+from tests.crash.helpers import SERVER_SIDE, WORKER_KILL, columns, workers_connected
+from tests.support.rig import Rig, attempts, model_calls, results
 
 
 @columns("any_step.queued", takeover=True, typescript=True, go=True)
 def test_queued_step_uses_no_attempt_and_runs_as_attempt_1(rig: Rig, column: str) -> None:
     rig.start_server()
-    worker = rig.start_worker()
+    # The one Worker has room for one attempt, which a tool held at a gate in another
+    # session fills: the Step waits in the queue for that Worker, connected and serving it.
+    worker = rig.start_worker(capacity=1)
+    busy = rig.session()
+    busy_turn = rig.call(busy, ("lookup", {"key": "b", "gate": "busy"}))
+    rig.wait_entered("busy", 1)
     sid = rig.session()
-    worker.kill()  # nobody serves the agent now
     turn = rig.call(sid, ("lookup", {"key": "q"}))
 
-    def queued() -> bool:
+    def queued_for(what: str) -> bool:
         snap = rig.client.get_agent_snapshot(sid)
-        steps = snap["current_turn"]["steps"]
-        return bool(snap["waiting"]) and steps[0]["status"] == "queued"
+        steps = (snap["current_turn"] or {}).get("steps", [])
+        return [s["status"] for s in steps] == ["queued"] and [
+            w["waiting_for"] for w in snap["waiting"]
+        ] == [what]
 
-    wait_until(queued, 10, what="the RunModel step waits in the queue")
+    wait_until(lambda: queued_for("a free Worker"), 10, what="the step waits for the busy Worker")
     if column == WORKER_KILL:
-        rig.start_worker().kill()  # a Worker that comes and dies without taking it
+        # the Worker it waits for dies; nobody serves the agent now
+        worker.kill()
+        wait_until(lambda: workers_connected(rig) == 0, 10, what="the killed Worker's link closed")
+        assert queued_for("a Worker that serves model:assistant")
+        (step,) = rig.client.get_agent_snapshot(sid)["current_turn"]["steps"]
+        assert step["attempts"] == []
+        rig.start_worker()
     else:
-        rig.restart_server()
-    snap = rig.client.get_agent_snapshot(sid)
-    (step,) = snap["current_turn"]["steps"]
-    assert step["status"] == "queued" and step["attempts"] == []
-    assert snap["waiting"][0]["waiting_for"] == "a Worker that serves model:assistant"
-
-    rig.start_worker()
+        # the node dies; meanwhile the held tool ends on the Worker, which reconnects to
+        # the node that serves next with room for the queued Step
+        rig.server.kill()
+        rig.open_gate("busy")
+        rig.recover_server()
+    rig.open_gate("busy")
     t = rig.wait_turn(sid, turn)
+
+    # the queued Step used no attempt: its first ran, and succeeded
     assert attempts(t, "RunModel") == [[(1, "succeeded")], [(1, "succeeded")]]
     assert attempts(t, "CallTool") == [[(1, "succeeded")]]
-    assert [e["attempt"] for e in rig.ledger.entries("lookup")] == [1]
+    assert model_calls(rig, sid) == [1, 1]  # the model's own count: each call once
+    assert [e["attempt"] for e in rig.ledger.entries("lookup") if e["key"] == "q"] == [1]
+    # the held tool's attempt was interrupted and ran again, once
+    assert attempts(rig.wait_turn(busy, busy_turn), "CallTool") == [
+        [(1, "failed"), (2, "succeeded")]
+    ]
+    assert [e["attempt"] for e in rig.ledger.entries("lookup") if e["key"] == "b"] == [1, 2]
 
 
 @columns("any_step.result_sent", takeover=True, typescript=True, go=True)

@@ -26,14 +26,17 @@ def test_a_person_approves_from_the_command_line(rig: Rig) -> None:
     rig.start_server()
     rig.start_worker()
     rig.session("waiter")  # waits until the Worker registered the agent
-    created = dex(rig, "new", "waiter")
+    created = dex(rig, "new", "waiter", "--json")
     assert created.returncode == 0, created.stderr
     sid = json.loads(created.stdout)["id"]
     turn = rig.call(sid, ("delete_all", {}))
     wait_until(lambda: rig.client.list_approvals(sid), 10, what="an approval is pending")
 
-    listed = dex(rig, "approvals", sid)
+    listed = dex(rig, "approvals", sid, "--json")
     (pending,) = json.loads(listed.stdout)
+    table = dex(rig, "approvals", sid)
+    [row] = [line for line in table.stdout.splitlines() if pending["call_id"] in line]
+    assert "delete_all()" in row and pending["arguments_hash"] in row
     approved = dex(
         rig,
         "approve",
@@ -45,6 +48,7 @@ def test_a_person_approves_from_the_command_line(rig: Rig) -> None:
         pending["arguments_hash"],
     )
     assert approved.returncode == 0, approved.stderr
+    assert approved.stdout == f"approved {pending['call_id']}: it runs once\n"
     t = rig.wait_turn(sid, turn)
     assert t["tool_calls"][0]["status"] == "succeeded"
     assert t["tool_calls"][0]["approval"]["by"] == "ops"
@@ -117,7 +121,7 @@ def test_dex_fork_makes_a_session_with_the_history_before_a_turn(rig: Rig) -> No
     sid = rig.session()
     for _ in range(2):
         rig.wait_turn(sid, rig.call(sid, ("lookup", {"key": "k"})))
-    forked = dex(rig, "fork", sid, "--turn", "2", "--session-id", "again")
+    forked = dex(rig, "fork", sid, "--turn", "2", "--session-id", "again", "--json")
     assert forked.returncode == 0, forked.stderr
     assert json.loads(forked.stdout)["forked_from"] == {"session_id": sid, "turn": 2}
     original = rig.client.get_agent_snapshot(sid)["history"]
@@ -137,7 +141,7 @@ def test_dex_send_returns_at_an_approval_and_inbox_and_sessions_show_it(rig: Rig
     idle = rig.session("waiter")
     sid = rig.session("waiter")
 
-    sent = dex(rig, "send", sid, 'call: [["delete_all", {}]]', "--wait", "60")
+    sent = dex(rig, "send", sid, 'call: [["delete_all", {}]]', "--wait", "60", "--json")
 
     assert sent.returncode == 0, sent.stderr
     turn = json.loads(sent.stdout)
@@ -168,3 +172,91 @@ def test_dex_send_returns_at_an_approval_and_inbox_and_sessions_show_it(rig: Rig
     rig.client.approve(sid, "1.1")
     assert rig.wait_turn(sid, turn["turn"])["status"] == "completed"
     assert "nothing waits for a person" in dex(rig, "inbox").stdout
+
+
+def test_dex_new_and_send_sum_up_and_dex_turn_shows_the_steps(rig: Rig) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session()  # the agent is registered
+
+    created = dex(rig, "new", "assistant")
+    assert created.returncode == 0, created.stderr
+    first, hint = created.stdout.splitlines()
+    sid = first.split()[1]
+    assert first == f"session {sid} with agent assistant: idle"
+    assert hint == f"send it a message: dex send {sid} TEXT"
+
+    sent = dex(rig, "send", sid, 'call: [["lookup", {"key": "k"}], ["flaky", {}]]')
+    assert sent.returncode == 0, sent.stderr
+    lines = sent.stdout.splitlines()
+    assert lines[0].startswith("turn 1 completed in ")
+    assert lines[1].strip() == '1.1 lookup(key="k") succeeded: {"key": "k", "value": "K"}'
+    assert lines[2].strip() == "1.2 flaky() failed: RuntimeError: flaky failure on attempt 2"
+    assert lines[-1] == f"its Steps and attempts: dex turn {sid} 1"
+    assert len(lines) <= 6  # not the whole turn
+    whole = json.loads(dex(rig, "send", sid, "hello", "--json").stdout)
+    assert whole["turn"] == 2 and whole["steps"][0]["attempts"][0]["number"] == 1
+
+    shown = dex(rig, "turn", sid, "1")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout.splitlines()
+    assert out[0].startswith("turn 1 completed")
+    [step] = [line for line in out if "1.2 flaky()" in line and "CallTool" in line]
+    step_part, attempt_part = step.split()[:5], step.split()[5:8]
+    assert step_part == ["1.3", "CallTool", "failed", "1.2", "flaky()"]
+    assert attempt_part == ["1", "failed", "NOT_COMPLETED"]
+    assert step.endswith("RuntimeError: flaky failure on attempt 1")
+    [retry] = [line for line in out if line.split()[:3] == ["2", "failed", "NOT_COMPLETED"]]
+    assert retry.endswith("RuntimeError: flaky failure on attempt 2")  # the Step's next row
+    assert sum("RunModel" in line for line in out) == 2
+    assert json.loads(dex(rig, "turn", sid, "1", "--json").stdout)["steps"][2]["id"] == "1.3"
+
+    missing = dex(rig, "turn", sid, "7")
+    assert missing.returncode == 1 and f"session {sid} has no turn 7" in missing.stderr
+
+
+def test_dex_reconcile_keeps_every_option_or_refuses_it(rig: Rig) -> None:
+    rig.start_server()
+    worker = rig.start_worker()
+    sid = rig.session()
+    turn = rig.call(sid, ("charge", {"amount": 30, "gate": "g"}))
+    rig.wait_entered("g", 1)
+    worker.kill()  # the charge may have run: its outcome is unknown
+    rig.start_worker()
+    assert rig.wait_turn(sid, turn)["tool_calls"][0]["status"] == "outcome_unknown"
+
+    def call() -> dict[str, object]:
+        (found,) = rig.client.get_agent_snapshot(sid)["tool_calls"]
+        return found  # type: ignore[no-any-return]
+
+    failed_with_result = dex(
+        rig, "reconcile", sid, "1.1", "--status", "failed", "--result", '"never written"'
+    )
+    assert failed_with_result.returncode == 2
+    assert "a call that failed has no result" in failed_with_result.stderr
+    succeeded_with_error = dex(
+        rig, "reconcile", sid, "1.1", "--status", "succeeded", "--error", "declined"
+    )
+    assert succeeded_with_error.returncode == 2
+    assert "a call that succeeded has no error" in succeeded_with_error.stderr
+    assert call()["status"] == "outcome_unknown"  # refused: nothing changed
+
+    done = dex(
+        rig,
+        "reconcile",
+        sid,
+        "1.1",
+        "--status",
+        "failed",
+        "--error",
+        "never written",
+        "--by",
+        "ops",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        'reconciled: 1.1 charge(amount=30, gate="g") failed (reconciled by ops): never written'
+    )
+    settled = call()
+    assert settled["status"] == "failed" and settled["error"] == "never written"
+    assert settled["reconciled"]["by"] == "ops"  # type: ignore[index]

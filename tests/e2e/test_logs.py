@@ -26,3 +26,27 @@ def test_a_failed_tool_attempt_is_logged_with_its_ids_and_traceback(rig: Rig) ->
     assert first["worker_id"] == t["steps"][1]["attempts"][0]["worker_id"]  # as in the snapshot
     assert "RuntimeError: flaky failure on attempt 1" in first["traceback"]
     assert "Traceback (most recent call last)" in first["traceback"]
+
+
+def test_a_call_whose_outcome_becomes_unknown_is_logged_once_with_why(rig: Rig) -> None:
+    rig.server.env["DEX_LOG_FORMAT"] = "json"
+    rig.start_server()
+    worker = rig.start_worker()
+    sid = rig.session()
+    turn = rig.call(sid, ("charge", {"amount": 30, "gate": "g"}))
+    rig.wait_entered("g", 1)
+
+    worker.kill()  # SIGKILL while the write runs: it may have charged
+    rig.start_worker()  # runs the model once the call has failed
+    t = rig.wait_turn(sid, turn)
+    assert t["tool_calls"][0]["status"] == "outcome_unknown"
+    rig.wait_turn(sid, rig.client.send_message(sid, "anything else?")["turn"])
+
+    lines = [json.loads(line) for line in rig.server.output().splitlines() if line.startswith("{")]
+    [logged] = [e for e in lines if e.get("action") == "tool_call.outcome_unknown"]
+    assert logged["level"] == "warning"
+    assert logged["session_id"] == sid and logged["call_id"] == "1.1"
+    assert logged["tool"] == "charge" and logged["step_id"] == t["steps"][1]["id"]
+    assert "attempt 1 failed NOT_COMPLETED" in logged["why"]
+    assert "a single attempt allowed" in logged["why"]
+    assert f"dex reconcile {sid} 1.1" in logged["message"]

@@ -17,7 +17,6 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import dex
 from dex.testing import SdkWorkerProcess, ServerProcess, wait_until
@@ -86,7 +85,7 @@ def serve_a_turn(tmp: Path, worker_command: list[str], answer: str) -> None:
     server = ServerProcess(tmp / "dex-data").start()  # dex server --data-dir ./dex-data
     worker = SdkWorkerProcess(worker_command, server.address, tmp / "worker.log")
 
-    def dex_(*args: str) -> Any:
+    def dex_(*args: str) -> str:
         done = subprocess.run(
             [sys.executable, "-m", "dex", *args],
             capture_output=True,
@@ -95,16 +94,18 @@ def serve_a_turn(tmp: Path, worker_command: list[str], answer: str) -> None:
             env={**os.environ, "DEX_ADDRESS": server.address},
         )
         assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout)
+        return done.stdout
 
     client = dex.SyncClient(server.address, timeout=30)
     try:
         worker.start()
         wait_until(lambda: client.list_agents(), 30, what="the page's Worker registered")
         dex_("new", "concierge", "--session-id", "first")
-        turn = dex_("send", "first", "Weather in Paris?")
+        said = dex_("send", "first", "Weather in Paris?")  # a summary for people
 
+        turn = client.wait_turn("first", 1)
         assert turn["status"] == "completed", (turn, worker.log.read_text())
+        assert answer in said, said
         assert turn["text"] == answer
         (call,) = turn["tool_calls"]
         assert (call["name"], call["status"]) == ("get_weather", "succeeded")

@@ -104,6 +104,13 @@ def test_readyz_is_503_before_the_node_started(tmp_path: Path) -> None:
     assert response.json()["status"] != "ready"
 
 
+def test_the_root_redirects_to_the_web_console(api: Api) -> None:
+    response = api.http.get("/", follow_redirects=False)
+    assert response.is_redirect and response.headers["location"] == "/ui"
+    page = api.http.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+
+
 def test_openapi_lists_the_session_routes(api: Api) -> None:
     response = api.http.get("/openapi.json")
     assert response.status_code == 200

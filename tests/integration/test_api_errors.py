@@ -174,6 +174,14 @@ def test_a_reconcile_result_that_cannot_be_stored_is_422_and_changes_nothing(
         error = assert_error(response, 422, "invalid_input")
         assert problem in error["message"], error
         assert everything(api) == before
+    # an outcome with the other outcome's field: the API would have dropped that field
+    for body_, problem in [
+        ({"status": "failed", "result": "never written", "error": "x"}, "drop result"),
+        ({"status": "succeeded", "result": 1, "error": "it broke"}, "drop error"),
+    ]:
+        error = assert_error(api.http.post(path, json=body_), 422, "invalid_request")
+        assert problem in str(error["details"]["problems"]), error
+        assert everything(api) == before
     # the call is still outcome_unknown, and a storable result settles it
     fine = api.http.post(path, json={"status": "succeeded", "result": _nested(64)})
     assert fine.status_code == 200, fine.text

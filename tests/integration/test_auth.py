@@ -66,6 +66,7 @@ def http(guarded: TestClient) -> TestClient:
 
 OPEN = "open"
 EXPECTED: dict[str, str] = {
+    "root": OPEN,  # a redirect to the console, which asks for the token
     "openapi": OPEN,
     "swagger_ui_html": OPEN,
     "swagger_ui_redirect": OPEN,
@@ -102,6 +103,7 @@ EXPECTED: dict[str, str] = {
     "console_answer": Role.CLIENT,
     "console_reconcile": Role.CLIENT,
     "console_cancel": Role.CLIENT,
+    "console_send": Role.CLIENT,
     "console_login_form": OPEN,
     "console_login": OPEN,
     "console_logout": OPEN,
@@ -167,7 +169,11 @@ def _status(http: TestClient, route: BaseRoute, path: str, token: str | None) ->
             return refused.status_code
     method = sorted(route.methods - {"HEAD"})[0]  # type: ignore[attr-defined]
     return http.request(
-        method, path, headers=headers, json={} if method == "POST" else None
+        method,
+        path,
+        headers=headers,
+        json={} if method == "POST" else None,
+        follow_redirects=False,  # this route's own answer
     ).status_code
 
 

@@ -9,6 +9,10 @@ Tools keep a ledger outside Dex (``DEX_TEST_LEDGER``). A tool whose ``gate`` arg
 is set records its effect, writes ``<gate>.<attempt>.entered``,
 then waits for ``<gate>.open`` (``DEX_TEST_GATES``),
 so a test can kill a Worker while the tool runs.
+
+The scripted model keeps the same ledger: every model call records ``model`` and every
+summary call ``summary`` (each with ``session_id`` and ``attempt``) as it starts, so a
+test counts the calls the model really received, late ones included.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import dex
-from dex.models import Scripted, say
+from dex.models import Scripted as _Scripted
+from dex.models import say
 from dex.models.base import ModelRequest
 from dex.testing import Gates, Ledger
 from dex.wire import (
@@ -38,6 +44,30 @@ from dex.wire import (
 LEDGER = Ledger(os.environ.get("DEX_TEST_LEDGER", "ledger.jsonl"))
 GATES = Path(os.environ.get("DEX_TEST_GATES", "."))
 GATE = Gates(GATES)
+
+
+COUNT_CALLS = "DEX_TEST_LEDGER" in os.environ
+"""The model records its calls only in a ledger a test named: a Worker some end-to-end
+test starts without one (its model calls, no tools) leaves no ledger.jsonl behind."""
+
+
+def record_call(effect: str, request: ModelRequest) -> None:
+    if COUNT_CALLS:
+        LEDGER.record(effect, session_id=request.session_id, attempt=request.attempt)
+
+
+class Scripted(_Scripted):
+    """``dex.models.Scripted`` that records each call in the ledger as it starts: ``model``
+    for a model call, ``summary`` for a summary call (``session_id``, ``attempt``)."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
+        record_call("model", request)
+        async for event in super().stream(request):
+            yield event
+
+    async def summarize(self, request: ModelRequest) -> Summary:
+        record_call("summary", request)
+        return await super().summarize(request)
 
 
 def script(history: list[Item]) -> ModelResponse:
@@ -323,14 +353,14 @@ broken_summaries = dex.Agent(
 
 
 class GatedSummaries(Scripted):
-    """A scripted model whose summary call records ``summary`` in the ledger and then
-    waits behind the gate ``summary`` (``summary.<attempt>.entered``, ``summary.open``),
-    so a test can interrupt a CompactContext while its summary call runs."""
+    """A scripted model whose summary call, once recorded in the ledger, waits behind the
+    gate ``summary`` (``summary.<attempt>.entered``, ``summary.open``), so a test can
+    interrupt a CompactContext while its summary call runs."""
 
     async def summarize(self, request: ModelRequest) -> Summary:
-        LEDGER.record("summary", attempt=request.attempt)
+        record_call("summary", request)
         await GATE.wait("summary", request.attempt)
-        return await super().summarize(request)
+        return await _Scripted.summarize(self, request)
 
 
 slow_summaries = dex.Agent(

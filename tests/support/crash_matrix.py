@@ -1,17 +1,35 @@
-"""The seed's crash matrix, and the page ``docs/crash-matrix.md`` generated from the tests.
+"""The seed's crash matrix, and the page ``docs/crash-matrix.md`` written from a run of the
+crash tests.
 
-Each crash test carries ``@pytest.mark.crash(ROW, COLUMN)``; a cell names the files
-of the tests that carry its mark, or reads "Not tested". Write the page with
+Each crash test carries ``@pytest.mark.crash(ROW, COLUMN)`` (and ``worker=`` for a
+TypeScript or Go Worker). The page is written from the run's results, not from the
+collection: for each Worker language, a cell names the test files of its cases only when
+each of them passed in that run; a case that failed or skipped is listed as "did not
+pass", one left out of the run is not on the page, and a cell without a passed case reads
+"Not tested". Regenerate the page
+with a run of every crash test (about 250 cases; ``-n 2`` runs them in two processes):
 
-    .venv/bin/pytest --collect-only -q tests/crash --write-crash-matrix docs/crash-matrix.md
+    .venv/bin/pytest -n 2 -p no:cacheprovider tests/crash --write-crash-matrix docs/crash-matrix.md
 
-and ``tests/unit/test_crash_matrix_page.py`` fails when the committed page is stale.
+Two checks keep it honest: ``tests/unit/test_crash_matrix_page.py`` fails when the page is
+not the one a run in which every marked case passed would write (a mark added, moved or
+removed), and ``scripts/test`` runs the suite with ``--check-crash-matrix
+docs/crash-matrix.md``, which fails the run when the page its results would write differs
+from the committed one (a marked case that failed or skipped). ``render`` is the one place
+that writes the page; ``CrashResults`` gathers the cases from the test reports (in
+pytest-xdist's controller, which receives every report).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
 from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 COLUMNS = ("Worker kill", "Server restart", "Takeover")
 
@@ -204,11 +222,18 @@ kill, the Server restart (on SQLite; the restart on PostgreSQL differs only on t
 server's side, and runs against the Python Worker) and, in the rows that have it, the
 Takeover.
 
-"Not tested" means no test covers the cell yet, so its text states the design, not a
-checked result. "Decided by" names the functions whose code decides the row (`handlers`,
-`turn`, `waits` and `outcomes` are modules of `src/dex/server/engine/`, `Sessions` is in
-`src/dex/server/sessions.py`). The page is generated from the tests' `crash` marks; a unit test fails
-when it is stale.
+A cell names a test file for a Worker language only when each of the cell's cases for
+that language passed in the run that wrote the page, a run of every crash test; a case
+that failed or was skipped is listed after "did not pass", and does not count. "Not
+tested" means no case of the cell passed, so its text states the design, not a checked
+result. "Decided by" names the functions whose code decides the row (`handlers`, `turn`,
+`waits` and `outcomes` are modules of `src/dex/server/engine/`, `Sessions` is in
+`src/dex/server/sessions.py`).
+
+The page is written from the results of a run of every crash test (`pytest tests/crash
+--write-crash-matrix docs/crash-matrix.md`). A unit test fails when the page does not
+match the tests' `crash` marks, and `scripts/test`, whose run includes every crash test,
+fails when the page its results would write differs from this one.
 
 A running Worker survives both server failures: it reconnects, and the restarted node
 has already failed every attempt that was handed out and not committed
@@ -234,38 +259,68 @@ See [failure-and-redelivery.md](failure-and-redelivery.md) and
 """
 
 
-def render(marks: Iterable[tuple[str, str, str, str]]) -> str:
-    """``marks``: (row key, column, test file, Worker language) for every crash-marked
-    test. A file whose test of the cell runs against Workers of other SDKs too names them."""
-    cells: dict[tuple[str, str], set[str]] = {}
-    others: dict[tuple[str, str, str], set[str]] = {}
-    for row, column, path, worker in marks:
-        cells.setdefault((row, column), set()).add(path)
-        if worker != "python":
-            others.setdefault((row, column, path), set()).add(worker)
+REGENERATE = (
+    ".venv/bin/pytest -n 2 -p no:cacheprovider tests/crash "
+    "--write-crash-matrix docs/crash-matrix.md"
+)
+"""The command that writes the page from a run of every crash test."""
+
+
+class Case(NamedTuple):
+    """One crash test case's cell, and whether it passed in the run."""
+
+    row: str
+    column: str
+    path: str
+    worker: str
+    passed: bool
+
+
+def render(cases: Iterable[Case]) -> str:
+    """The page for a run's crash cases. For each Worker language, a cell reads as tested
+    only when each of its cases for that language passed: it names their test files (a
+    file whose cases ran against other SDKs' Workers too names them). A case that did not
+    pass is named under "did not pass", with its Worker languages."""
+    marked: dict[tuple[str, str], dict[tuple[str, str], bool]] = {}
+    for case in cases:
+        runs = marked.setdefault((case.row, case.column), {})
+        run = (case.path, case.worker)
+        runs[run] = runs.get(run, True) and case.passed
     lines = [
         "# Crash matrix",
         "",
-        "Generated from the crash tests' marks by "
-        "`.venv/bin/pytest --collect-only -q tests/crash --write-crash-matrix "
-        "docs/crash-matrix.md`. Do not edit by hand.",
+        f"Written from the results of a run of every crash test by `{REGENERATE}`: "
+        "a cell names a test file for a Worker language only when each of the cell's cases "
+        "for that language passed in that run. `scripts/test` compares this page with the "
+        "one its own run would write, and fails on a difference. Do not edit by hand.",
         "",
         "| Step | Interrupted | What happens | Decided by | " + " | ".join(COLUMNS) + " |",
         "|---|---|---|---|" + "---|" * len(COLUMNS),
     ]
     for key, (step, interrupted, what) in ROWS.items():
-        tested = [
-            ", ".join(
-                f"`{p}`" + _workers(others.get((key, c, p), set()))
-                for p in sorted(cells.get((key, c), ()))
-            )
-            or "Not tested"
-            for c in COLUMNS
-        ]
+        cells = [_cell(marked.get((key, c), {})) for c in COLUMNS]
         lines.append(
-            f"| {step} | {interrupted} | {what} | {decided_by(key)} | " + " | ".join(tested) + " |"
+            f"| {step} | {interrupted} | {what} | {decided_by(key)} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines) + "\n\n" + PROSE
+
+
+def _cell(runs: dict[tuple[str, str], bool]) -> str:
+    """``runs``: (test file, Worker language) -> whether each of those cases passed."""
+    failed_workers = {worker for (_, worker), passed in runs.items() if not passed}
+    tested: dict[str, set[str]] = {}
+    failed: dict[str, set[str]] = {}
+    for (path, worker), passed in runs.items():
+        if not passed:
+            failed.setdefault(path, set()).add(worker)
+        elif worker not in failed_workers:
+            tested.setdefault(path, set()).add(worker)
+    text = ", ".join(f"`{p}`" + _workers(tested[p]) for p in sorted(tested)) or "Not tested"
+    if failed:
+        text += "; did not pass: " + ", ".join(
+            f"`{p}` ({_names(failed[p])})" for p in sorted(failed)
+        )
+    return text
 
 
 def check_mark(row: str, column: str) -> None:
@@ -275,14 +330,120 @@ def check_mark(row: str, column: str) -> None:
         raise ValueError(f"crash mark names unknown column {column!r}; columns: {COLUMNS}")
 
 
-LANGUAGES = {"typescript": "TypeScript", "go": "Go"}
-"""The other Worker SDKs a crash test runs against, as the page names them."""
+LANGUAGES = {"python": "Python", "typescript": "TypeScript", "go": "Go"}
+"""The Worker SDKs a crash test runs against, as the page names them."""
 
 
-def _workers(others: set[str]) -> str:
-    """The note after a test file that runs against other SDKs' Workers too, such as
-    `` (Workers: Python, TypeScript, Go)``."""
-    if not others:
-        return ""
-    names = ["Python"] + [LANGUAGES[o] for o in sorted(others, key=list(LANGUAGES).index)]
-    return f" (Workers: {', '.join(names)})"
+def _names(workers: set[str]) -> str:
+    return ", ".join(LANGUAGES[w] for w in sorted(workers, key=list(LANGUAGES).index))
+
+
+def _workers(workers: set[str]) -> str:
+    """The note after a test file whose cases ran against other SDKs' Workers, such as
+    `` (Workers: Python, TypeScript, Go)``; none for the Python Worker alone."""
+    return "" if workers == {"python"} else f" (Workers: {_names(workers)})"
+
+
+def did_not_pass(page: str) -> set[tuple[str, str, str, str]]:
+    """The (row key, column, test file, Worker language) that a page lists after "did not
+    pass": with the marks, what ``render`` needs to write that page again."""
+    found = set()
+    names = {name: worker for worker, name in LANGUAGES.items()}
+    for key, (step, interrupted, _) in ROWS.items():
+        start = f"| {step} | {interrupted} |"
+        line = next((line for line in page.splitlines() if line.startswith(start)), "")
+        cells = [cell.strip() for cell in line.strip("|").split("|")][-len(COLUMNS) :]
+        for column, cell in zip(COLUMNS, cells, strict=False):
+            _, _, failed = cell.partition("; did not pass: ")
+            for path, workers in re.findall(r"`([^`]+)` \(([^)]+)\)", failed):
+                found |= {(key, column, path, names[n]) for n in workers.split(", ")}
+    return found
+
+
+PROPERTY = "crash_cell"
+"""The name of the user property that carries a case's cell (row, column, test file,
+Worker language) from the process that ran it into its reports."""
+
+
+def mark_cells(items: Iterable[pytest.Item], root: Path) -> list[tuple[str, str, str, str]]:
+    """Check every collected crash mark, and record its cell on the item (so that its
+    reports carry it); returns the cells, one per marked case."""
+    cells = []
+    for item in items:
+        for mark in item.iter_markers("crash"):
+            row, column = mark.args
+            check_mark(row, column)
+            worker = str(mark.kwargs.get("worker", "python"))
+            cell = (row, column, str(Path(item.path).relative_to(root)), worker)
+            item.user_properties.append((PROPERTY, cell))
+            cells.append(cell)
+    return cells
+
+
+def _cell_of(value: object) -> tuple[str, str, str, str]:
+    """A cell from a report's user property (a list once pytest-xdist carried it)."""
+    assert isinstance(value, tuple | list) and len(value) == 4, value
+    row, column, path, worker = (str(v) for v in value)
+    return row, column, path, worker
+
+
+class CrashResults:
+    """Gathers whether each crash case passed from its reports, then writes the page
+    (``--write-crash-matrix``) or fails the session when the committed page differs from
+    the one these results write (``--check-crash-matrix``)."""
+
+    def __init__(self, write: str | None, check: str | None) -> None:
+        self.write = write
+        self.check = check
+        self.cells: dict[str, set[tuple[str, str, str, str]]] = {}
+        self.called: set[str] = set()
+        """Cases whose test function passed."""
+        self.spoiled: set[str] = set()
+        """Cases with a report that failed or skipped (setup, call or teardown)."""
+        self.difference: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        cells = {_cell_of(value) for name, value in report.user_properties if name == PROPERTY}
+        if not cells:
+            return
+        self.cells.setdefault(report.nodeid, set()).update(cells)
+        if report.failed or report.skipped:
+            self.spoiled.add(report.nodeid)
+        elif report.when == "call":
+            self.called.add(report.nodeid)
+
+    def page(self) -> str:
+        return render(
+            Case(row, column, path, worker, nodeid in self.called and nodeid not in self.spoiled)
+            for nodeid, cells in self.cells.items()
+            for row, column, path, worker in cells
+        )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        page = self.page()
+        if self.write:
+            Path(self.write).write_text(page)
+        if self.check:
+            committed = Path(self.check).read_text()
+            self.difference = [
+                line
+                for line in difflib.unified_diff(
+                    committed.splitlines(), page.splitlines(), self.check, "this run", n=0
+                )
+                if not line.startswith("@@")
+            ]
+            if self.difference and session.exitstatus in (pytest.ExitCode.OK, 0):
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.difference:
+            return
+        terminalreporter.section("crash matrix", sep="=", red=True, bold=True)
+        terminalreporter.line(
+            f"{self.check} is not the page this run's crash results write (a marked case "
+            f"failed, skipped or did not run, or the page is stale: {REGENERATE}):",
+            red=True,
+        )
+        for line in self.difference:
+            terminalreporter.line(line)

@@ -2,7 +2,8 @@
 
 The server is the one ``scripts/services`` starts: ``127.0.0.1:5432``, user ``postgres``,
 trust auth (``DEX_TEST_POSTGRES`` names another admin URL). Tests that need it are skipped
-only when it cannot be reached.
+only when it cannot be reached, and such a skip fails ``scripts/test`` and CI
+(``tests.support.skips``).
 """
 
 from __future__ import annotations

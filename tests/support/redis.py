@@ -1,6 +1,7 @@
 """Redis for the stream tests: the one ``scripts/services`` starts, ``127.0.0.1:6379``
 (``DEX_TEST_REDIS`` names another). Tests that need it are skipped only when it cannot be
-reached; each test's keys are deleted after it."""
+reached, a skip that fails ``scripts/test`` and CI (``tests.support.skips``); each test's
+keys are deleted after it."""
 
 from __future__ import annotations
 

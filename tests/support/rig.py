@@ -100,9 +100,11 @@ class Rig:
         module: str | None = None,
         env: dict[str, str] | None = None,
         language: str | None = None,
+        capacity: int = 16,
     ) -> AnyWorker:
         """A Worker serving the test agents: in Python (``module``, default ``agents.py``)
-        or, with ``language`` ``typescript`` or ``go``, that SDK's port (``SDK_AGENTS``)."""
+        or, with ``language`` ``typescript`` or ``go``, that SDK's port (``SDK_AGENTS``);
+        running ``capacity`` attempts at once."""
         log = self.tmp / f"worker-{len(self.workers) + 1}.log"
         worker_env = {
             "DEX_TEST_LEDGER": str(self.ledger.path),
@@ -116,9 +118,13 @@ class Rig:
         language = language or self.worker_language
         if language != "python":
             assert module is None, f"the {language} Worker serves its port of agents.py only"
-            worker = SdkWorkerProcess(sdk_command(language), self.address, log, env=worker_env)
+            worker = SdkWorkerProcess(
+                sdk_command(language), self.address, log, env=worker_env, capacity=capacity
+            )
         else:
-            worker = WorkerProcess(module or self.worker_module, self.address, log, env=worker_env)
+            worker = WorkerProcess(
+                module or self.worker_module, self.address, log, env=worker_env, capacity=capacity
+            )
         self.workers.append(worker.start())
         return worker
 
@@ -261,6 +267,14 @@ def results(turn: dict[str, Any]) -> list[dict[str, Any]]:
     assert text.startswith("results: "), f"unexpected final answer: {text!r}"
     parsed: list[dict[str, Any]] = json.loads(text.removeprefix("results: "))
     return parsed
+
+
+def model_calls(rig: Rig, session_id: str, effect: str = "model") -> list[int]:
+    """The attempt number of every call the session's scripted model received, in order,
+    by the model's own ledger (``tests/support/agents.py`` and its ports): ``model`` for
+    model calls, ``summary`` for summary calls. A call counts once it started, however it
+    ended (and whether Dex took its result or not)."""
+    return [e["attempt"] for e in rig.ledger.entries(effect) if e["session_id"] == session_id]
 
 
 def attempts(turn: dict[str, Any], step_type: str) -> list[list[tuple[int, str]]]:

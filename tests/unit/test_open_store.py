@@ -8,14 +8,14 @@ import pytest
 
 from dex.errors import InvalidInput
 from dex.server.config import ServerConfig
-from dex.server.store.base import Store
+from dex.server.store.open import open_store
 from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore
 
 
 def test_sqlite_urls_name_a_relative_or_an_absolute_file() -> None:
-    relative = Store.from_url("sqlite:///data/dex.sqlite3")
-    absolute = Store.from_url("sqlite:////var/lib/dex/dex.sqlite3")
+    relative = open_store("sqlite:///data/dex.sqlite3")
+    absolute = open_store("sqlite:////var/lib/dex/dex.sqlite3")
 
     assert isinstance(relative, SqliteStore) and relative.path == Path("data/dex.sqlite3")
     assert isinstance(absolute, SqliteStore)
@@ -26,7 +26,7 @@ def test_sqlite_urls_name_a_relative_or_an_absolute_file() -> None:
     "url", ["postgresql://dex@db:5432/dex", "postgres://dex@db/dex?sslmode=require"]
 )
 def test_postgres_urls_open_the_postgres_store(url: str) -> None:
-    store = Store.from_url(url)
+    store = open_store(url)
 
     assert isinstance(store, PostgresStore) and store.url == url
 
@@ -34,14 +34,14 @@ def test_postgres_urls_open_the_postgres_store(url: str) -> None:
 @pytest.mark.parametrize("url", ["mysql://db/dex", "sqlite://dex.sqlite3", "sqlite:///", "dex"])
 def test_other_urls_are_refused_with_what_to_write(url: str) -> None:
     with pytest.raises(InvalidInput, match="sqlite:///"):
-        Store.from_url(url)
+        open_store(url)
 
 
 def test_the_default_database_is_sqlite_in_the_data_directory(tmp_path: Path) -> None:
     default = ServerConfig(data_dir=tmp_path)
     chosen = ServerConfig(data_dir=tmp_path, database="postgresql://dex@db/dex")
 
-    store = Store.from_url(default.database_url)
+    store = open_store(default.database_url)
 
     assert isinstance(store, SqliteStore) and store.path == tmp_path / "dex.sqlite3"
     assert chosen.database_url == "postgresql://dex@db/dex"

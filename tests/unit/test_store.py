@@ -402,6 +402,23 @@ async def test_a_failing_write_among_concurrent_writes_fails_alone(store: Store)
     assert taken is not None and taken[0] == idle("taken")
 
 
+async def test_the_counters_the_metrics_read_count_a_commit_and_what_it_wrote(
+    store: Store,
+) -> None:
+    before = store.counters()
+    written = write(session=idle("s"), create=True, history=[user(0)])
+
+    await store.write(written)
+
+    after = store.counters()
+    assert after.commits == before.commits + 1
+    assert after.operations == before.operations + 1
+    assert after.bytes_written == before.bytes_written + written.size()
+    assert written.size() > 0
+    assert after.busy_seconds > before.busy_seconds
+    assert after.commit_failures == before.commit_failures
+
+
 async def test_data_survives_close_and_reopen(backend: Backend) -> None:
     first = backend.make()
     await first.open()

@@ -6,24 +6,54 @@
  *
  * Every hit first writes NAME.hit. `crash` SIGKILLs the process; `pause` blocks the whole
  * process (no heartbeat leaves it) until NAME.release exists. `NAME=crash@3` acts on the
- * third hit only. Unarmed, `hit` is one map lookup.
+ * third hit only. A spec it cannot read (an unknown action, a hit number that is not a
+ * positive integer, a part without "=") is refused by name when the module loads, so the
+ * Worker does not start, as the Python and Go Workers refuse it: a typo fails loudly
+ * instead of doing nothing. Unarmed, `hit` is one size check.
  */
 import * as fs from "node:fs";
 import * as path from "node:path";
 
-const armed = new Map<string, { action: string; nth: number }>();
+/** The actions a TypeScript Worker's failpoint takes. */
+export const ACTIONS: readonly string[] = ["crash", "pause"];
+
+export interface Point {
+  action: string;
+  nth: number;
+}
+
+/** The points a spec (DEX_FAILPOINTS' syntax) arms; throws, naming the part, on one it
+ * cannot read. */
+export function parse(spec: string): Map<string, Point> {
+  const out = new Map<string, Point>();
+  for (const raw of spec.split(",")) {
+    const part = raw.trim();
+    if (!part) continue;
+    const bad = (why: string): Error =>
+      new Error(`DEX_FAILPOINTS: ${JSON.stringify(part)}: ${why}`);
+    const equals = part.indexOf("=");
+    if (equals <= 0) throw bad("not NAME=ACTION");
+    const [action, nth] = split(part.slice(equals + 1), "@");
+    if (!ACTIONS.includes(action)) {
+      const choices = `${ACTIONS.slice(0, -1).join(", ")} or ${ACTIONS[ACTIONS.length - 1]}`;
+      throw bad(`unknown action ${JSON.stringify(action)} (${choices})`);
+    }
+    const n = nth === undefined ? 1 : /^[0-9]+$/.test(nth) ? Number(nth) : 0;
+    if (n < 1) throw bad(`the hit number ${JSON.stringify(nth)} is not a positive integer`);
+    out.set(part.slice(0, equals), { action, nth: n });
+  }
+  return out;
+}
+
+/** `text` cut at the first `separator`: before it, and after it (undefined without one). */
+function split(text: string, separator: string): [string, string | undefined] {
+  const at = text.indexOf(separator);
+  return at < 0 ? [text, undefined] : [text.slice(0, at), text.slice(at + 1)];
+}
+
+const armed = parse(process.env.DEX_FAILPOINTS ?? "");
 const counts = new Map<string, number>();
 const dir = process.env.DEX_FAILPOINT_DIR ?? ".";
-
-for (const part of (process.env.DEX_FAILPOINTS ?? "").split(",")) {
-  if (!part.trim()) continue;
-  const [name, spec = ""] = part.trim().split("=", 2);
-  const [action, nth] = spec.split("@", 2);
-  if (!["crash", "pause"].includes(action)) {
-    throw new Error(`failpoint ${name}: unknown action ${JSON.stringify(action)} (crash or pause)`);
-  }
-  armed.set(name, { action, nth: Number(nth ?? "1") });
-}
 
 const blocker = new Int32Array(new SharedArrayBuffer(4));
 

@@ -6,6 +6,8 @@
  *     "call: [[tool, {args}], ...]"  asks for those tool calls (all in one response),
  *     anything else                  answers "echo: <text>".
  * Once every call has a result, it answers "results: <json of statuses and results>".
+ * It records every model call (``model``) and summary call (``summary``) in the ledger as
+ * it starts, with ``session_id`` and ``attempt``, as the tools record their effects.
  *
  * Run: node dist/test/agents.js   (DEX_ADDRESS, DEX_TEST_LEDGER, DEX_TEST_GATES)
  */
@@ -55,6 +57,13 @@ function record(effect: string, fields: Record<string, unknown>): void {
   }
 }
 
+/** A model or summary call, recorded as it starts: only in a ledger a test named (a
+ * Worker some end-to-end test starts without one leaves no ledger.jsonl behind). */
+function recordCall(effect: string, request: ModelRequest): void {
+  if (process.env.DEX_TEST_LEDGER === undefined) return;
+  record(effect, { session_id: request.sessionId, attempt: request.attempt });
+}
+
 /** dex.testing.Gates: write <gate>.<attempt>.entered, then wait for <gate>.open. */
 async function gate(name: unknown, attempt: number, signal: AbortSignal): Promise<void> {
   if (typeof name !== "string" || name === "") return;
@@ -93,7 +102,8 @@ function script(history: Item[]): ModelResponse {
   };
 }
 
-/** dex.models.Scripted: answers by ``respond``, optionally streamed in chunks. */
+/** dex.models.Scripted: answers by ``respond``, optionally streamed in chunks; each call
+ * recorded in the ledger as it starts. */
 class Scripted implements Model {
   constructor(
     private readonly respond: (history: Item[]) => ModelResponse,
@@ -106,6 +116,7 @@ class Scripted implements Model {
   }
 
   async *stream(request: ModelRequest): AsyncIterable<string | ModelResponse> {
+    recordCall("model", request);
     const response = this.respond(request.history);
     const text = response.text ?? "";
     if (this.chunkChars > 0 && text) {
@@ -122,25 +133,29 @@ class Scripted implements Model {
     yield response;
   }
 
-  /** A deterministic summary: how much there was, and what the user asked. */
   async summarize(request: ModelRequest): Promise<Summary> {
-    const history = request.history;
-    const asked = history.flatMap((i) => (i.type === "user" ? [i.text] : []));
-    const earlier = history.flatMap((i) => (i.type === "summary" ? [i.text] : []));
-    const parts = [`Summary of ${history.length} items.`];
-    if (earlier.length > 0) parts.push(`Before that: ${earlier[earlier.length - 1]}`);
-    if (asked.length > 0) parts.push("The user said: " + asked.join(" | "));
-    return { text: parts.join(" ") };
+    recordCall("summary", request);
+    return digest(request.history);
   }
 }
 
-/** Scripted, whose summary call records ``summary`` in the ledger and then waits behind
- * the gate ``summary``, so a test can interrupt a CompactContext while it runs. */
+/** A deterministic summary: how much there was, and what the user asked. */
+function digest(history: Item[]): Summary {
+  const asked = history.flatMap((i) => (i.type === "user" ? [i.text] : []));
+  const earlier = history.flatMap((i) => (i.type === "summary" ? [i.text] : []));
+  const parts = [`Summary of ${history.length} items.`];
+  if (earlier.length > 0) parts.push(`Before that: ${earlier[earlier.length - 1]}`);
+  if (asked.length > 0) parts.push("The user said: " + asked.join(" | "));
+  return { text: parts.join(" ") };
+}
+
+/** Scripted, whose summary call, once recorded in the ledger, waits behind the gate
+ * ``summary``, so a test can interrupt a CompactContext while it runs. */
 class GatedSummaries extends Scripted {
   override async summarize(request: ModelRequest): Promise<Summary> {
-    record("summary", { attempt: request.attempt });
+    recordCall("summary", request);
     await gate("summary", request.attempt, request.signal);
-    return super.summarize(request);
+    return digest(request.history);
   }
 }
 

@@ -6,8 +6,6 @@ import importlib
 import importlib.util
 import json
 import sys
-from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -16,15 +14,17 @@ import typer
 from dex import _loop
 from dex._address import DEFAULT_ADDRESS
 from dex._settings import Settings
+from dex.cli import client_cmds
+from dex.cli.client_cmds import Address, print_json
 from dex.errors import DexError
 
 if TYPE_CHECKING:  # loaded by the commands that use them: `dex server` needs neither
     from dex.agent import Agent
-    from dex.client import SyncClient
 
 S = TypeVar("S", bound=Settings)
 
 app = typer.Typer(help="Dex: a durable runtime for AI agents.", no_args_is_help=True)
+app.add_typer(client_cmds.app)  # the client commands: dex new, send, turn, reconcile...
 
 
 def _version(value: bool) -> None:
@@ -170,7 +170,7 @@ def server(
     streams: Annotated[
         str | None,
         typer.Option(
-            help="Where live events wait for subscribers: memory, or redis://HOST:PORT[/DB] "
+            help="Where live events wait for subscribers: memory, or redis://HOST:PORT\\[/DB] "
             "to survive a restart or a takeover (DEX_STREAMS; needs dex-runtime\\[redis]).  "
             "\\[default: memory]",
         ),
@@ -337,105 +337,6 @@ def demo(
     raise typer.Exit(run(data_dir, port))
 
 
-Address = Annotated[str, typer.Option(envvar="DEX_ADDRESS", help="Server address(es).")]
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
-
-
-class StatusFilter(StrEnum):
-    IDLE = "idle"
-    RUNNING = "running"
-    WAITING = "waiting"
-    FAILED = "failed"
-    OUTCOME_UNKNOWN = "outcome_unknown"
-
-
-class Order(StrEnum):
-    CREATED = "created"
-    UPDATED = "updated"
-
-
-TIME_HELP = "ISO-8601 (local time unless it says), a time ago (30m, 2h, 7d) or Unix seconds."
-# Client commands send DEX_CLIENT_TOKEN when the server has auth on (dex.Client reads it).
-By = Annotated[str | None, typer.Option(help="Who does it (recorded).")]
-
-
-def _call(address: str, action: Callable[[SyncClient], Any]) -> None:
-    """Run one client call and print its JSON; a Dex error is a message, not a traceback."""
-    from dex.client import SyncClient
-
-    with SyncClient(address) as client:
-        try:
-            value = action(client)
-            if value is not None:
-                _print(value)
-        except DexError as e:
-            typer.echo(f"error: {_explained(e)}", err=True)
-            raise typer.Exit(1) from None
-
-
-def _explained(e: DexError) -> str:
-    """The error's message, with each problem the server found in the request."""
-    problems = e.details.get("problems") or []
-    found = "; ".join(f"{p.get('where')}: {p.get('problem')}" for p in problems)
-    return f"{e.message} ({found})" if found else e.message
-
-
-@app.command()
-def workers(address: Address = DEFAULT_ADDRESS, json_output: JsonFlag = False) -> None:
-    """The Workers connected to the server: agents, tools, capacity, running attempts."""
-
-    def show(client: SyncClient) -> Any:
-        found = client.list_workers()
-        if json_output:
-            return found
-        if not found:
-            typer.echo("no Worker is connected: start one with `dex worker MODULE`")
-            return None
-        for w in found:
-            agents = ", ".join(
-                f"{a['name']} ({', '.join(a['tools']) or 'no tools'})" for a in w["agents"]
-            )
-            typer.echo(
-                f"{w['worker_id']}  capacity {w['capacity']}  running {len(w['running'])}"
-                f"{'  draining' if w['draining'] else ''}\n  serves {agents}"
-            )
-        return None
-
-    _call(address, show)
-
-
-@app.command()
-def events(
-    session_id: str,
-    address: Address = DEFAULT_ADDRESS,
-    json_output: JsonFlag = False,
-) -> None:
-    """Follow a session's events as they happen (turns, waits, history items, model text)
-    until interrupted."""
-    import asyncio
-
-    from dex.client import Client
-
-    async def follow() -> None:
-        async with Client(address) as client:
-            async for event in client.stream_events(session_id):
-                if json_output:
-                    typer.echo(json.dumps(event, sort_keys=True))
-                elif event["type"] == "model.delta":
-                    typer.echo(event["data"].get("text", ""), nl=False)
-                else:
-                    data = {k: v for k, v in event["data"].items() if k != "type"}
-                    typer.echo(f"\n[{event['id']}] {event['type']} {json.dumps(data)}")
-
-    try:
-        asyncio.run(follow())
-    except DexError as e:
-        typer.echo(f"error: {e.message}", err=True)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        pass
-
-
 @app.command()
 def chat(
     agent: Annotated[
@@ -479,7 +380,7 @@ def step_down(
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            _print(json.loads(response.read()))
+            print_json(json.loads(response.read()))
     except urllib.error.HTTPError as e:
         message = json.loads(e.read() or b"{}").get("error", {}).get("message", str(e))
         typer.echo(f"error: {message}", err=True)
@@ -487,233 +388,6 @@ def step_down(
     except OSError as e:
         typer.echo(f"error: cannot reach {address}: {e}", err=True)
         raise typer.Exit(1) from None
-
-
-@app.command()
-def new(
-    agent: str,
-    address: Address = DEFAULT_ADDRESS,
-    session_id: Annotated[
-        str | None, typer.Option(help="The session's id (default: a new random one).")
-    ] = None,
-) -> None:
-    """Create a session with AGENT and print it."""
-    _call(address, lambda c: c.create_session(agent, session_id))
-
-
-@app.command()
-def fork(
-    session_id: str,
-    turn: Annotated[
-        int,
-        typer.Option(
-            help="The first turn the fork does not have: it keeps the history before this "
-            "turn's message (one past the last turn: all of it)."
-        ),
-    ],
-    new_id: Annotated[str | None, typer.Option("--session-id", help="The fork's id.")] = None,
-    address: Address = DEFAULT_ADDRESS,
-) -> None:
-    """Fork a session at a turn: a new session to try that turn again, differently. The
-    original does not change."""
-    _call(address, lambda c: c.fork_session(session_id, turn, new_id))
-
-
-@app.command()
-def snapshot(session_id: str, address: Address = DEFAULT_ADDRESS) -> None:
-    """Print a session's agent snapshot as JSON."""
-    _call(address, lambda c: c.get_agent_snapshot(session_id))
-
-
-@app.command()
-def send(
-    session_id: str,
-    text: str,
-    address: Address = DEFAULT_ADDRESS,
-    wait: Annotated[
-        float,
-        typer.Option(help="Seconds to wait for the turn to end or to wait for a person."),
-    ] = 60.0,
-) -> None:
-    """Send a message to a session and print its turn: once it ends, or as soon as it waits
-    for a person (an approval, an answer), saying what it waits for."""
-    from dex.cli import render
-
-    def sent(client: SyncClient) -> Any:
-        turn = client.send_message(session_id, text, wait=wait > 0, timeout=wait)
-        err = render.console(stderr=True)
-        for w in turn.get("waiting_for", []):
-            err.print(f"turn {turn['turn']} waits: {render.wait_text(w)}", markup=False)
-            err.print(f"  {render.how_to_act(w)}", markup=False)
-        return turn
-
-    _call(address, sent)
-
-
-@app.command()
-def sessions(
-    address: Address = DEFAULT_ADDRESS,
-    agent: Annotated[str | None, typer.Option(help="Only this agent's sessions.")] = None,
-    status: Annotated[
-        StatusFilter | None,
-        typer.Option(
-            help="waiting: for a person; failed: the last turn; outcome_unknown: a tool "
-            "call's outcome is unknown, not reconciled."
-        ),
-    ] = None,
-    created_since: Annotated[str | None, typer.Option(help=TIME_HELP)] = None,
-    created_before: Annotated[str | None, typer.Option(help=TIME_HELP)] = None,
-    updated_since: Annotated[str | None, typer.Option(help=TIME_HELP)] = None,
-    updated_before: Annotated[str | None, typer.Option(help=TIME_HELP)] = None,
-    order: Annotated[
-        Order, typer.Option(help="Newest created first, or the latest changed first.")
-    ] = Order.CREATED,
-    limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50,
-    cursor: Annotated[str | None, typer.Option(help="Where the previous page ended.")] = None,
-    json_output: JsonFlag = False,
-) -> None:
-    """Sessions newest first, filtered: one page, and how to ask for the next."""
-    from dex.cli import render
-
-    times = {
-        name: _time(name, value)
-        for name, value in (
-            ("created_since", created_since),
-            ("created_before", created_before),
-            ("updated_since", updated_since),
-            ("updated_before", updated_before),
-        )
-    }
-
-    def show(client: SyncClient) -> Any:
-        page = client.list_sessions(
-            agent=agent,
-            status=status.value if status else None,
-            order=order.value,
-            limit=limit,
-            cursor=cursor,
-            **times,
-        )
-        if json_output:
-            return page
-        if not page["sessions"]:
-            typer.echo("no session matches")
-        else:
-            render.console().print(render.sessions_table(page["sessions"]))
-        _next_page(page["next_cursor"])
-        return None
-
-    _call(address, show)
-
-
-@app.command()
-def inbox(
-    address: Address = DEFAULT_ADDRESS,
-    limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50,
-    cursor: Annotated[str | None, typer.Option(help="Where the previous page ended.")] = None,
-    json_output: JsonFlag = False,
-) -> None:
-    """What waits for a person across sessions: tool calls to approve, questions to answer."""
-    from dex.cli import render
-
-    def show(client: SyncClient) -> Any:
-        page = client.list_inbox(limit=limit, cursor=cursor)
-        if json_output:
-            return page
-        items = page["items"]
-        if not items:
-            typer.echo("nothing waits for a person")
-        else:
-            render.console().print(render.inbox_table(items))
-            typer.echo("approve: dex approve SESSION CALL   deny: dex deny SESSION CALL REASON")
-            typer.echo("answer:  dex answer SESSION CALL ANSWER")
-        _next_page(page["next_cursor"])
-        return None
-
-    _call(address, show)
-
-
-def _time(name: str, value: str | None) -> float | None:
-    from dex.cli.render import parse_time
-
-    if value is None:
-        return None
-    try:
-        return parse_time(value)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--" + name.replace("_", "-")) from None
-
-
-def _next_page(cursor: str | None) -> None:
-    if cursor is not None:
-        typer.echo(f"more: the same command with --cursor {cursor}", err=True)
-
-
-@app.command()
-def approvals(session_id: str, address: Address = DEFAULT_ADDRESS) -> None:
-    """List the tool calls that wait for approval."""
-    _call(address, lambda c: c.list_approvals(session_id))
-
-
-@app.command()
-def approve(
-    session_id: str,
-    call_id: str,
-    address: Address = DEFAULT_ADDRESS,
-    by: By = None,
-    arguments_hash: Annotated[
-        str | None, typer.Option(help="The arguments_hash you reviewed: refuse any other.")
-    ] = None,
-) -> None:
-    """Approve a tool call: it runs once."""
-    _call(address, lambda c: c.approve(session_id, call_id, by=by, arguments_hash=arguments_hash))
-
-
-@app.command()
-def deny(
-    session_id: str, call_id: str, reason: str, address: Address = DEFAULT_ADDRESS, by: By = None
-) -> None:
-    """Deny a tool call: the model sees REASON."""
-    _call(address, lambda c: c.deny(session_id, call_id, reason, by=by))
-
-
-@app.command()
-def answer(
-    session_id: str, call_id: str, text: str, address: Address = DEFAULT_ADDRESS, by: By = None
-) -> None:
-    """Answer the question a tool asked."""
-    _call(address, lambda c: c.answer(session_id, call_id, text, by=by))
-
-
-@app.command()
-def cancel(
-    session_id: str,
-    address: Address = DEFAULT_ADDRESS,
-    reason: Annotated[str, typer.Option()] = "cancelled from the command line",
-) -> None:
-    """Cancel the running turn of a session."""
-    _call(address, lambda c: c.cancel_turn(session_id, reason))
-
-
-@app.command()
-def reconcile(
-    session_id: str,
-    call_id: str,
-    status: Annotated[str, typer.Option(help="What really happened: succeeded or failed.")],
-    address: Address = DEFAULT_ADDRESS,
-    result: Annotated[str | None, typer.Option(help="The result, as JSON.")] = None,
-    error: Annotated[str | None, typer.Option(help="What went wrong, if it failed.")] = None,
-    by: By = None,
-) -> None:
-    """Record what really happened to an outcome_unknown tool call."""
-    try:
-        value = json.loads(result) if result is not None else None
-    except json.JSONDecodeError as e:
-        raise typer.BadParameter(f"--result is not JSON: {e}") from None
-    _call(
-        address,
-        lambda c: c.reconcile(session_id, call_id, status=status, result=value, error=error, by=by),
-    )
 
 
 def load_agents(module: str) -> list[Agent]:
@@ -739,10 +413,6 @@ def load_agents(module: str) -> list[Agent]:
     if not agents:
         raise typer.BadParameter(f"{module} defines no dex.Agent at its top level")
     return agents
-
-
-def _print(value: Any) -> None:
-    typer.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
 def main() -> None:

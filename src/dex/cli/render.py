@@ -107,3 +107,125 @@ def how_to_act(wait: dict[str, Any]) -> str:
     if wait["kind"] == "approval":
         return f"dex approve {sid} {call}   (or: dex deny {sid} {call} REASON)"
     return f"dex answer {sid} {call} ANSWER"
+
+
+def clip(text: str, width: int = 100) -> str:
+    """``text`` on one line, cut to ``width`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _took(start: float | None, end: float | None) -> str:
+    return f"{end - start:.2f}s" if start is not None and end is not None else ""
+
+
+def session_summary(session: dict[str, Any]) -> list[str]:
+    """A created or forked session, and what to do next."""
+    sid = session["id"]
+    lines = [f"session {sid} with agent {session['agent']}: {session['status']}"]
+    forked = session.get("forked_from")
+    if forked:
+        lines.append(f"  forked from {forked['session_id']} before turn {forked['turn']}")
+    lines.append(f"send it a message: dex send {sid} TEXT")
+    return lines
+
+
+def tool_call_line(call: dict[str, Any]) -> str:
+    """``1.2 charge(amount=5)  succeeded: "ch_1"``: a call, its status and outcome."""
+    head = f"{call['id']} {call_text({'tool': call['name'], 'arguments': call['arguments']})}"
+    status = call["status"]
+    if call.get("reconciled"):
+        status += f" (reconciled by {call['reconciled'].get('by') or 'a person'})"
+    if call["status"] == "succeeded":
+        outcome = json.dumps(call["result"])
+    else:
+        outcome = call.get("error") or ""
+    return clip(f"{head}  {status}{': ' + outcome if outcome else ''}", 160)
+
+
+def turn_summary(turn: dict[str, Any], hint: bool = True) -> list[str]:
+    """A turn in a few lines: its status, its tool calls and outcomes, its text or error;
+    with ``hint``, the command that shows its Steps."""
+    sid, number = turn["session_id"], turn["turn"]
+    took = _took(turn.get("started_at"), turn.get("ended_at"))
+    lines = [f"turn {number} {turn['status']}{' in ' + took if took else ''}"]
+    for call in turn.get("tool_calls", []):
+        lines.append("  " + tool_call_line(call))
+        if call["status"] == "outcome_unknown" and not call.get("checking"):
+            reconcile = f"dex reconcile {sid} {call['id']} --status succeeded|failed"
+            lines.append(f"    reconcile: {reconcile}")
+    if turn.get("text"):
+        lines.append(f"text: {turn['text']}")
+    if turn.get("error"):
+        lines.append(f"error: {turn['error']}")
+    if hint and (turn.get("steps") or turn["status"] == "running"):
+        lines.append(f"its Steps and attempts: dex turn {sid} {number}")
+    return lines
+
+
+def steps_table(turn: dict[str, Any]) -> Table:
+    """One row per attempt of each Step (a Step that made none has one row)."""
+    calls = {c["id"]: c for c in turn.get("tool_calls", [])}
+    rows = []
+    for step in turn.get("steps", []):
+        call = calls.get(step.get("tool_call_id") or "")
+        what = ""
+        if call is not None:
+            what = clip(f"{call['id']} {call['name']}({_args(call['arguments'])})", 60)
+        head = [step["id"], step["type"], step["status"], what]
+        note = _step_note(step)
+        attempts = step.get("attempts") or []
+        if not attempts:
+            rows.append([*head, "", "", "", "", note])
+        for i, attempt in enumerate(attempts):
+            error = attempt.get("error") or {}
+            outcome = attempt["outcome"]
+            if error.get("attempt_progress") not in (None, "UNSPECIFIED"):
+                outcome += f" {error['attempt_progress']}"
+            last = i == len(attempts) - 1
+            detail = clip(error.get("message") or "", 240) or (note if last else "")
+            rows.append(
+                [
+                    *(head if i == 0 else ["", "", "", ""]),
+                    str(attempt["number"]),
+                    outcome,
+                    attempt.get("worker_id") or "",
+                    _took(attempt.get("started_at"), attempt.get("ended_at")),
+                    detail,
+                ]
+            )
+    return table(
+        ["STEP", "TYPE", "STATUS", "TOOL CALL", "ATTEMPT", "OUTCOME", "WORKER", "TOOK", "ERROR"],
+        rows,
+    )
+
+
+def _args(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in arguments.items())
+
+
+def _step_note(step: dict[str, Any]) -> str:
+    """What a Step without an attempt error says: its own error, or how its wait ended."""
+    if step.get("error"):
+        return clip(step["error"].get("message") or "", 240)
+    wait = step.get("wait")
+    if wait and wait.get("resolution"):
+        resolution = wait["resolution"]
+        who = f" by {resolution['by']}" if resolution.get("by") else ""
+        return clip(f"{resolution.get('kind', 'resolved')}{who}", 80)
+    return ""
+
+
+def approvals_table(approvals: list[dict[str, Any]]) -> Table:
+    return table(
+        ["CALL", "TOOL CALL", "SINCE", "ARGUMENTS HASH"],
+        [
+            [
+                a["call_id"],
+                call_text(a),
+                local_time(a["since"]),
+                a["arguments_hash"],
+            ]
+            for a in approvals
+        ],
+    )

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import inspect
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
 from starlette.types import ASGIApp
 
 import dex
@@ -32,8 +35,11 @@ from dex.server.console import routes as console
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.ha.leadership import Leadership, Solo
 from dex.server.ha.node import Node
+from dex.server.pages import PREFIX as CONSOLE
 from dex.server.sessions import Sessions
+from dex.server.start_lines import announce
 from dex.server.store.base import Store
+from dex.server.store.open import open_store
 from dex.server.streams import open_streams
 
 log = logging.getLogger("dex.server")
@@ -54,13 +60,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store.from_url(config.database_url)
+        store = open_store(config.database_url)
         store.on_lost = on_store_lost
-        try:
-            await store.open()
-        except DexError as e:
-            log.error("cannot start: %s", e.message, extra={"action": "node.start_failed"})
-            raise
+        await store.open()  # a DexError says why it cannot start (``serve`` logs it)
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
         streams = open_streams(config.streams)
         await streams.start()
@@ -98,6 +100,7 @@ def create_app(
     app.include_router(sessions.router)
     app.include_router(workers.router)
     app.include_router(console.router)  # the web console at /ui (docs/console.md)
+    app.add_api_route("/", lambda: RedirectResponse(CONSOLE), include_in_schema=False, name="root")
     return app
 
 
@@ -174,7 +177,8 @@ def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
 
 
 STARTUP_FAILED = 3
-"""The exit status of a node that could not start (its store would not open), as uvicorn's."""
+"""The exit status of a node that could not start (its address could not be bound, its
+store would not open, a setting was refused), as uvicorn's."""
 
 SWITCH_INTERVAL = 0.0005
 """Seconds a thread may hold the GIL while another waits (Python's default is 5 ms). Set
@@ -193,6 +197,11 @@ class _Server(uvicorn.Server):
         self.drain_timeout = drain_timeout
         self._draining: asyncio.Task[None] | None = None
         app.state.step_down = self.step_down
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            announce(self.app.state.config, self.app.state.tokens.enabled)
 
     def step_down(self) -> bool:
         """A planned step-down (``POST /admin/step-down``, or the first SIGTERM): drain,
@@ -240,21 +249,25 @@ def _exit_store_lost() -> None:
 
 def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
     """Run one node until SIGINT or SIGTERM (then drain, and exit); SIGHUP reads the
-    tokens file again."""
+    tokens file again. It binds its address first, then opens its store and recovers,
+    then serves: a start-up error is one line and exit status ``STARTUP_FAILED``."""
     fastapi_app = create_app(
         config, leadership, on_step_down=_exit_stepped_down, on_store_lost=_exit_store_lost
     )
     try:
         app = _wrap(fastapi_app, config)
     except DexError as e:
-        log.error("cannot start: %s", e.message, extra={"action": "node.start_failed"})
-        sys.exit(STARTUP_FAILED)
+        _cannot_start(e.message)
+    try:
+        listener = _bind(config)
+    except OSError as e:
+        _cannot_start(_bind_error(config, e))
     server = _Server(
         uvicorn.Config(
             app,
             host=config.host,
             port=config.port,
-            lifespan="on",
+            lifespan="off",  # run by ``_run``: a store that will not open is one line
             log_level="warning",
             access_log=False,
             # no access log; a rate limit with auth off keys on the peer's own address
@@ -272,6 +285,46 @@ def serve(config: ServerConfig, leadership: Leadership | None = None) -> None:
     signal.signal(signal.SIGHUP, lambda sig, frame: tokens.reload())
     sys.setswitchinterval(SWITCH_INTERVAL)
     _loop.tune_gc()
-    _loop.run(server.serve())
-    if not server.started:
+    if not _loop.run(_run(server, fastapi_app, listener)):
         sys.exit(STARTUP_FAILED)
+
+
+async def _run(server: _Server, app: FastAPI, listener: socket.socket) -> bool:
+    """Open the store and recover (the app's lifespan), then serve on ``listener`` until
+    told to stop. False if the node could not start."""
+    async with AsyncExitStack() as stack:
+        try:
+            await stack.enter_async_context(app.router.lifespan_context(app))
+        except DexError as e:
+            listener.close()
+            _start_failed(e.message)
+            return False
+        await server.serve(sockets=[listener])
+    return server.started
+
+
+def _bind(config: ServerConfig) -> socket.socket:
+    """The listening socket, bound before the node claims anything (a port in use fails
+    here, before the store opens)."""
+    host = config.host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, config.port), family=family, backlog=2048)
+
+
+def _bind_error(config: ServerConfig, e: OSError) -> str:
+    why = (e.strerror or str(e)).split(" (while attempting")[0]  # create_server's addition
+    if e.errno == errno.EADDRINUSE:
+        why = "the port is in use (another Dex server?): stop it, or choose another --listen"
+    elif e.errno == errno.EADDRNOTAVAIL:
+        why = "no network interface of this machine has that address"
+    return f"cannot listen on {config.listen}: {why}"
+
+
+def _cannot_start(why: str) -> NoReturn:
+    _start_failed(why)
+    sys.exit(STARTUP_FAILED)
+
+
+def _start_failed(why: str) -> None:
+    one_line = " ".join(why.split())  # a driver's message may span lines
+    log.error("cannot start: %s", one_line, extra={"action": "node.start_failed"})

@@ -199,6 +199,8 @@ class Committer:
             self.streams.publish_history(sid, history, len(history) - len(t.history))
         for change in t.events:
             self.streams.publish(sid, change["type"], change)
+        for call, step in t.unknown:
+            _log_unknown(sid, call, step)
         for aid in t.cancel:
             held = self.dispatcher.unhold(aid)
             if held is not None:
@@ -251,6 +253,50 @@ class Committer:
         if self.tracing is not None:
             message["traceparent"] = self.tracing.traceparent(state.id, aid)
         return message
+
+
+def _log_unknown(session_id: str, call: ToolCall, step: Step) -> None:
+    """The warning that a tool call's outcome became unknown: a person must reconcile it."""
+    why = unknown_why(step)
+    log.warning(
+        "tool call %s %s: the outcome is unknown, the tool may have run (%s); reconcile it: "
+        "dex reconcile %s %s --status succeeded|failed",
+        call.id,
+        call.name,
+        why,
+        session_id,
+        call.id,
+        extra={
+            "action": "tool_call.outcome_unknown",
+            "session_id": session_id,
+            "call_id": call.id,
+            "tool": call.name,
+            "step_id": step.id,
+            "why": why,
+        },
+    )
+
+
+def unknown_why(step: Step) -> str:
+    """Why a tool call's outcome is unknown: how its last attempt failed, and why it is
+    not tried again."""
+    last = step.attempts[-1] if step.attempts else None
+    error = step.error or (last.error if last is not None else None)
+    message = error.message if error is not None else "it failed"
+    progress = f" {error.attempt_progress.value}" if error is not None else ""
+    failed = f"attempt {last.number} failed{progress}: {message}" if last else message
+    used = len(step.attempts[step.poll_start :])
+    if step.status == StepStatus.CANCELLED:
+        limit = "the turn was cancelled while it ran"
+    elif error is not None and not error.retryable:
+        limit = "not retryable"
+    elif step.retry.max_attempts == 1:
+        limit = "a single attempt allowed"
+    elif used >= step.retry.max_attempts:
+        limit = f"all {step.retry.max_attempts} attempts used"
+    else:
+        limit = f"its retry window of {step.retry.within_seconds:g}s passed"
+    return f"{failed}; {limit}"
 
 
 def _reloaded() -> Exception:

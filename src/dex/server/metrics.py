@@ -174,7 +174,8 @@ ROLES = ("standby", "recovering", "active", "draining", "stopped", "stepped-down
 
 def node_gauges(node: Node) -> Iterator[Metric]:
     """What a node reads at each scrape: Workers, attempts, queues, the store, its role."""
-    dispatcher, store, sessions = node.dispatcher, node.store, node.sessions
+    dispatcher, sessions = node.dispatcher, node.sessions
+    store = node.store.counters()
     yield gauge("dex_workers_connected", "Worker connections.", len(dispatcher.workers))
     yield gauge("dex_attempts_running", "Attempts Workers hold now.", len(dispatcher.held))
     yield gauge("dex_turn_waits", "Requests waiting for a turn to end now.", sessions.turn_waits)
@@ -187,29 +188,29 @@ def node_gauges(node: Node) -> Iterator[Metric]:
     yield counter(
         "dex_store_commits",
         "Durable transactions committed (each holds one or more operations).",
-        getattr(store, "commits", 0),
+        store.commits,
     )
     yield counter(
         "dex_store_operations",
         "Store operations (transitions and reads) run; over commits: the group-commit size.",
-        getattr(store, "operations", 0),
+        store.operations,
     )
     yield counter(
         "dex_store_busy_seconds",
         "Wall time the store's one writer spent committing batches. Its rate is how busy "
         "the writer is: near 1, commits queue behind it and it sets the node's pace.",
-        getattr(store, "busy_seconds", 0.0),
+        store.busy_seconds,
     )
     yield counter(
         "dex_store_commit_failures",
         "Group commits that failed (a full disk, an I/O error): every write in them was "
         "refused, nothing of them written.",
-        getattr(store, "commit_failures", 0),
+        store.commit_failures,
     )
     yield counter(
         "dex_store_written_bytes",
         "Characters of JSON committed (session states, history items, turns).",
-        getattr(store, "bytes_written", 0),
+        store.bytes_written,
     )
     yield counter(
         "dex_worker_sent_bytes",

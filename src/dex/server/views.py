@@ -1,5 +1,14 @@
 """Read views the API renders: plain data built from a session's state and the dispatcher,
-with no effect on either."""
+with no effect on either.
+
+The engine's records that these views hold are re-exported here, for the layers above the
+domain: the API documents a ``Turn``, its ``Step`` and ``ToolCall`` records and the
+statuses (``dex.server.api.models``), the console reads a Step's terminal statuses and an
+attempt's id, and neither imports the engine (the layer rules: README, Layout). They are
+the engine's own types, not copies: the domain hands these very records out, so naming
+them where its reads live is the simplest shape that keeps the OpenAPI document following
+them when they change.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,16 @@ from typing import Any
 import msgspec
 
 from dex.server.dispatch.dispatcher import Dispatcher
-from dex.server.engine.state import SessionState, Turn
+from dex.server.engine.state import TERMINAL_STEP as TERMINAL_STEP
+from dex.server.engine.state import FleetStatus as FleetStatus
+from dex.server.engine.state import ForkedFrom as ForkedFrom
+from dex.server.engine.state import QueuedMessage as QueuedMessage
+from dex.server.engine.state import SessionState
+from dex.server.engine.state import Step as Step
+from dex.server.engine.state import ToolCall as ToolCall
+from dex.server.engine.state import Turn as Turn
+from dex.server.engine.state import TurnStatus as TurnStatus
+from dex.server.engine.state import attempt_id as attempt_id
 from dex.wire import AgentSpec, StepType
 
 

@@ -64,8 +64,11 @@ func (g Gates) Wait(ctx context.Context, gate string, attempt int) error {
 }
 
 // Scripted is the test model: "call: [[tool, {args}], ...]" asks for those calls, then
-// answers "results: <json>"; anything else answers "echo: <text>".
+// answers "results: <json>"; anything else answers "echo: <text>". It records every
+// model call ("model") and summary call ("summary") in Ledger as it starts, with
+// session_id and attempt, as the tools record their effects.
 type Scripted struct {
+	Ledger     Ledger
 	ChunkChars int
 	Delay      time.Duration
 }
@@ -74,11 +77,27 @@ func (m Scripted) Spec() map[string]any {
 	return map[string]any{"provider": "scripted", "name": "scripted"}
 }
 
+// record records a model or summary call as it starts: only in a ledger a test named
+// (a Worker some end-to-end test starts without one leaves no ledger.jsonl behind).
+func (m Scripted) record(effect string, req dex.ModelRequest) error {
+	if os.Getenv("DEX_TEST_LEDGER") == "" {
+		return nil
+	}
+	return m.Ledger.Record(effect, map[string]any{"session_id": req.SessionID, "attempt": req.Attempt})
+}
+
 // Summarize is dex.models.Scripted's deterministic digest: how much there was, and what
 // the user asked.
 func (m Scripted) Summarize(ctx context.Context, req dex.ModelRequest) (dex.Summary, error) {
+	if err := m.record("summary", req); err != nil {
+		return dex.Summary{}, err
+	}
+	return digest(req.History), nil
+}
+
+func digest(history []dex.Item) dex.Summary {
 	var asked, earlier []string
-	for _, item := range req.History {
+	for _, item := range history {
 		switch item.Type {
 		case "user":
 			asked = append(asked, item.Text)
@@ -86,36 +105,37 @@ func (m Scripted) Summarize(ctx context.Context, req dex.ModelRequest) (dex.Summ
 			earlier = append(earlier, item.Text)
 		}
 	}
-	parts := []string{fmt.Sprintf("Summary of %d items.", len(req.History))}
+	parts := []string{fmt.Sprintf("Summary of %d items.", len(history))}
 	if len(earlier) > 0 {
 		parts = append(parts, "Before that: "+earlier[len(earlier)-1])
 	}
 	if len(asked) > 0 {
 		parts = append(parts, "The user said: "+strings.Join(asked, " | "))
 	}
-	return dex.Summary{Text: strings.Join(parts, " ")}, nil
+	return dex.Summary{Text: strings.Join(parts, " ")}
 }
 
-// GatedSummaries is Scripted, whose summary call records "summary" in the ledger and
-// then waits behind the gate "summary", so a test can interrupt a CompactContext while
-// it runs.
+// GatedSummaries is Scripted, whose summary call, once recorded in the ledger, waits
+// behind the gate "summary", so a test can interrupt a CompactContext while it runs.
 type GatedSummaries struct {
 	Scripted
-	Ledger Ledger
-	Gates  Gates
+	Gates Gates
 }
 
 func (m GatedSummaries) Summarize(ctx context.Context, req dex.ModelRequest) (dex.Summary, error) {
-	if err := m.Ledger.Record("summary", map[string]any{"attempt": req.Attempt}); err != nil {
+	if err := m.record("summary", req); err != nil {
 		return dex.Summary{}, err
 	}
 	if err := m.Gates.Wait(ctx, "summary", req.Attempt); err != nil {
 		return dex.Summary{}, err
 	}
-	return m.Scripted.Summarize(ctx, req)
+	return digest(req.History), nil
 }
 
 func (m Scripted) Stream(ctx context.Context, req dex.ModelRequest, emit func(string)) (dex.ModelResponse, error) {
+	if err := m.record("model", req); err != nil {
+		return dex.ModelResponse{}, err
+	}
 	response, err := script(req.History)
 	if err != nil {
 		return response, err
@@ -264,25 +284,26 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 			return nil, &dex.ToolError{Message: a.Reason}
 		},
 	}
+	model := Scripted{Ledger: ledger}
 	return []dex.Agent{
 		{
-			Name: "assistant", Instructions: "You are a test agent.", Model: Scripted{},
+			Name: "assistant", Instructions: "You are a test agent.", Model: model,
 			Tools: []dex.Tool{lookup, charge, upsert, refuse}, ModelRetry: fast,
 		},
 		{
-			Name: "streamer", Model: Scripted{ChunkChars: 4, Delay: 10 * time.Millisecond},
+			Name: "streamer", Model: Scripted{Ledger: ledger, ChunkChars: 4, Delay: 10 * time.Millisecond},
 			Tools: []dex.Tool{lookup}, ModelRetry: fast,
 		},
 		{
-			Name: "waiter", Model: Scripted{},
+			Name: "waiter", Model: model,
 			Tools: append(waits(ledger, fast), append(tasks(ledger, gates, fast), lookup, charge)...), ModelRetry: fast,
 		},
 		{
-			Name: "compactor", Model: Scripted{}, Tools: []dex.Tool{lookup}, ModelRetry: fast,
+			Name: "compactor", Model: model, Tools: []dex.Tool{lookup}, ModelRetry: fast,
 			CompactThresholdChars: 400,
 		},
 		{
-			Name: "slow_summaries", Model: GatedSummaries{Ledger: ledger, Gates: gates},
+			Name: "slow_summaries", Model: GatedSummaries{Scripted: model, Gates: gates},
 			Tools: []dex.Tool{lookup}, ModelRetry: fast, CompactThresholdChars: 400,
 		},
 	}

@@ -33,12 +33,13 @@ from fastapi.params import Security as SecurityParam
 from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dex.server import pages
 from dex.server.api.ratelimit import RateLimits
 from dex.server.api.tokens import Role, Token, Tokens
-from dex.server.console import pages
 from dex.wire import error_body
 
-OPEN = ("/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+OPEN = ("/", "/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+"""Open paths: the probes, the API description, and ``/`` (a redirect to the console)."""
 CONSOLE_OPEN = (f"{pages.PREFIX}/login", f"{pages.PREFIX}/logout")
 AGENTS_KEY = "dex.auth.agents"
 """Where a connection's agent scope is left in the ASGI scope (absent: any agent)."""

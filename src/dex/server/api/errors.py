@@ -14,8 +14,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dex.errors import DexError
+from dex.server import pages
 from dex.server.api.responses import ORJSONResponse
-from dex.server.console import pages
 from dex.wire import error_body
 
 log = logging.getLogger("dex.server.api")

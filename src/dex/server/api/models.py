@@ -4,8 +4,9 @@ The routes render plain dicts with ``ORJSONResponse``; FastAPI does not validate
 response a route returns itself, so these models cost nothing on the hot path. They
 describe the JSON exactly: ``tests/integration/test_openapi_fuzz.py`` checks every
 response against them. The records of a turn (``Turn``, ``Step``, ``ToolCall``, ...) are
-the engine's own (msgspec structs, which pydantic does not read): each is documented as a
-dataclass made from its fields (``documented``), so the document follows them when they
+the engine's own (msgspec structs, which pydantic does not read), read through the
+domain's ``dex.server.views`` (the API does not import the engine): each is documented as
+a dataclass made from its fields (``documented``), so the document follows them when they
 change.
 """
 
@@ -23,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 from pydantic import BaseModel, Field
 
-from dex.server.engine import state
-from dex.server.engine.state import FleetStatus, TurnStatus
+from dex.server import views
+from dex.server.views import FleetStatus, TurnStatus
 from dex.wire import AgentSpec, Item
 
 
@@ -62,17 +63,17 @@ def _documented_type(tp: Any) -> Any:
 
 
 if TYPE_CHECKING:
-    from dex.server.engine.state import ForkedFrom as ForkedFrom
-    from dex.server.engine.state import QueuedMessage as QueuedMessage
-    from dex.server.engine.state import Step as Step
-    from dex.server.engine.state import ToolCall as ToolCall
-    from dex.server.engine.state import Turn as Turn
+    from dex.server.views import ForkedFrom as ForkedFrom
+    from dex.server.views import QueuedMessage as QueuedMessage
+    from dex.server.views import Step as Step
+    from dex.server.views import ToolCall as ToolCall
+    from dex.server.views import Turn as Turn
 else:
-    Step = documented(state.Step)
-    ToolCall = documented(state.ToolCall)
-    Turn = documented(state.Turn)
-    QueuedMessage = documented(state.QueuedMessage)
-    ForkedFrom = documented(state.ForkedFrom)
+    Step = documented(views.Step)
+    ToolCall = documented(views.ToolCall)
+    Turn = documented(views.Turn)
+    QueuedMessage = documented(views.QueuedMessage)
+    ForkedFrom = documented(views.ForkedFrom)
 
 
 class ErrorDetail(BaseModel):

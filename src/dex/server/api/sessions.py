@@ -6,16 +6,16 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dex.server import views
 from dex.server.api import models, sse
 from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse, RecordsResponse
-from dex.server.engine.state import Turn
 from dex.server.fleet import Filters
 from dex.server.sessions import Sessions
+from dex.server.views import Turn
 from dex.wire import Wire
 
 router = APIRouter(
@@ -84,10 +84,21 @@ class Cancel(Wire):
 
 
 class Reconcile(Wire):
+    """What really happened: ``succeeded`` with its ``result``, or ``failed`` with its
+    ``error``. The other field would be dropped, so a body that gives it is refused."""
+
     status: Literal["succeeded", "failed"]
     result: Any = None
     error: str | None = Field(None, max_length=100_000)
     by: str | None = Field(None, max_length=200)
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> Reconcile:
+        if self.status == "failed" and self.result is not None:
+            raise ValueError("a failed call has an error, not a result: drop result")
+        if self.status == "succeeded" and self.error is not None:
+            raise ValueError("a succeeded call has a result, not an error: drop error")
+        return self
 
 
 def _sessions(request: Request) -> Sessions:

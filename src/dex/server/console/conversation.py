@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from dex.server.engine.state import TERMINAL_STEP, attempt_id
+from dex.server.views import TERMINAL_STEP, attempt_id
 from dex.wire import StepType
 
 WAITS = {"AwaitToolApproval": "approval", "AwaitQuestionAnswer": "question", "AwaitTimer": "timer"}

@@ -30,9 +30,9 @@ from dex.server.api import sessions as api
 from dex.server.api.auth import TOKEN_KEY, refusal
 from dex.server.api.tokens import Role, Tokens
 from dex.server.console.conversation import conversation, live, shown
-from dex.server.console.pages import COOKIE, PREFIX, STATIC, render
 from dex.server.fleet import Filters
 from dex.server.ha.node import Node
+from dex.server.pages import COOKIE, PREFIX, STATIC, render
 from dex.server.sessions import Sessions
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False)

@@ -137,7 +137,7 @@ def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -
         if call is not None and not call.settled:
             call.checking = False
             if not call.status.terminal:
-                settle_failed_call(call, error)
+                settle_failed_call(call, step, error, t)
     state.inbox = []
     end_turn(state, spec, TurnStatus.CANCELLED, now, t, error=f"cancelled: {reason}")
     return t
@@ -383,7 +383,7 @@ def _fail_step(
     if step.type == StepType.CHECK_TOOL_CALL:
         call.checking = False  # the outcome stays unknown
     else:
-        settle_failed_call(call, step.error)
+        settle_failed_call(call, step, step.error, t)
     after_tool_call(state, spec, now, t)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from dex.errors import Conflict, InvalidInput
-from dex.server.engine.state import AttemptError, Retry, SessionState, ToolCall
+from dex.server.engine.state import AttemptError, Retry, SessionState, Step, ToolCall
 from dex.server.engine.steps import current_turn, new_step, tool_queue
 from dex.server.engine.transition import Transition, append_history
 from dex.wire import (
@@ -26,7 +26,7 @@ from dex.wire import (
 )
 
 
-def settle_failed_call(call: ToolCall, error: AttemptError) -> None:
+def settle_failed_call(call: ToolCall, step: Step, error: AttemptError, t: Transition) -> None:
     """The failure route: reads ``attempt_progress`` (a call that ran before is never
     NOT_STARTED)."""
     if not call.started and error.attempt_progress != AttemptProgress.NOT_COMPLETED:
@@ -41,6 +41,7 @@ def settle_failed_call(call: ToolCall, error: AttemptError) -> None:
             f"the outcome is unknown: the tool may have run ({error.message}); "
             "it will not run again"
         )
+        t.unknown.append((call, step))
 
 
 def settle_checked(call: ToolCall, outcome: ToolOutcome, now: float) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dex.server.engine.state import SessionState, Step, Turn
+from dex.server.engine.state import SessionState, Step, ToolCall, Turn
 from dex.wire import AssistantItem, Item, ToolResultItem
 
 
@@ -24,6 +24,8 @@ class Transition:
     events: list[dict[str, Any]] = field(default_factory=list)
     message: int | None = None
     """For a user message: its number (the number of the turn it starts, now or later)."""
+    unknown: list[tuple[ToolCall, Step]] = field(default_factory=list)
+    """Tool calls whose outcome became unknown, each with its failed Step (to be logged)."""
 
 
 def merge(into: Transition, other: Transition) -> None:
@@ -32,6 +34,7 @@ def merge(into: Transition, other: Transition) -> None:
     into.timers.extend(other.timers)
     into.cancel.extend(other.cancel)
     into.events.extend(other.events)
+    into.unknown.extend(other.unknown)
     if other.ended_turn is not None:
         into.ended_turn = other.ended_turn
 

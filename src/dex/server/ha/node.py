@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from dex.errors import StorageError
 from dex.server.dispatch.dispatcher import Dispatcher
-from dex.server.ha.leadership import Leadership
+from dex.server.ha.leadership import Leadership, Solo
 from dex.server.metrics import node_gauges
 from dex.server.sessions import Sessions
 from dex.server.store.base import Store
@@ -67,9 +67,16 @@ class Node:
                 active.cancel()
                 self._task.result()  # raises why it could not start
 
+    @property
+    def shared(self) -> bool:
+        """Whether other nodes may lead instead (they share a database): only then do its
+        roles (standby, active) mean anything to a person."""
+        return not isinstance(self.leadership, Solo)
+
     async def _lead(self) -> None:
         self.role = "standby"
-        log.info("standby: waiting for the lead", extra={"action": "node.standby"})
+        if self.shared:
+            log.info("standby: waiting for the lead", extra={"action": "node.standby"})
         self.epoch = await self.leadership.acquire()
         self.role = "recovering"
         self.store.fence_epoch = self.epoch  # every write now checks it (PostgreSQL)
@@ -79,7 +86,7 @@ class Node:
         self.role = "active"
         self._active.set()
         log.info(
-            "node active",
+            "node active" if self.shared else "recovered from storage",
             extra={"action": "node.ready", "epoch": self.epoch, "failed_attempts": failed},
         )
         await self.leadership.lost.wait()

@@ -170,6 +170,24 @@ class SessionQuery:
     its history, by the history's primary key, in the same read."""
 
 
+@dataclass(frozen=True, slots=True)
+class StoreCounters:
+    """What a store has done since it was made, as the node's metrics show it
+    (``dex_store_*`` on ``/metrics``)."""
+
+    commits: int = 0
+    """Transactions committed: over ``operations``, how well commits group."""
+    operations: int = 0
+    """Operations (writes and reads) run."""
+    busy_seconds: float = 0.0
+    """Wall time the one writer spent committing batches: over elapsed time, how busy it is
+    (it commits in series, so at 1.0 it sets the node's pace)."""
+    commit_failures: int = 0
+    """Batches whose commit failed (a full disk, an I/O error): nothing of them written."""
+    bytes_written: int = 0
+    """Characters of JSON committed (session states, history items, Steps, turns)."""
+
+
 def migrations(dialect: str) -> list[tuple[int, str]]:
     """The numbered schema migrations of one dialect (``sqlite``, ``postgresql``), in order."""
     folder = resources.files("dex.server.store") / "migrations" / dialect
@@ -244,9 +262,6 @@ class Store(ABC):
     @abstractmethod
     async def schema_version(self) -> int: ...
 
-    @staticmethod
-    def from_url(url: str) -> Store:
-        """A store for ``sqlite:///path`` or ``postgresql://…`` (unopened)."""
-        from dex.server.store.open import open_store
-
-        return open_store(url)
+    @abstractmethod
+    def counters(self) -> StoreCounters:
+        """What this store has done so far; cheap, read at each scrape of the metrics."""

@@ -83,10 +83,6 @@ class PostgresStore(SqlStore):
         """Called when a batch is refused by the fence (``Fenced``) or its outcome is
         unknown (``CommitUnknown``): the node must step down (the server sets the lease's
         ``lose`` here)."""
-        self.commits = 0
-        self.operations = 0
-        self.busy_seconds = 0.0
-        """Wall time the writer spent on batches (it commits in series)."""
         self._conn: Conn | None = None
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._queue: asyncio.Queue[Pending | None] = asyncio.Queue()

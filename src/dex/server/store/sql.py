@@ -21,6 +21,7 @@ from dex.server.store.base import (
     SessionQuery,
     SessionRow,
     Store,
+    StoreCounters,
     StoredSession,
     StoredTurn,
     Write,
@@ -210,6 +211,12 @@ def _texts(rows: list[tuple[Any, ...]]) -> list[str]:
 class SqlStore(Store):
     """The ``Store`` interface over the queries above; backends add the executor."""
 
+    # What ``counters`` reports: ``StoreCounters`` says what each one counts.
+    commits = 0
+    operations = 0
+    busy_seconds = 0.0
+    commit_failures = 0
+    """Counted by the SQLite backend; the PostgreSQL backend does not count them (it stays 0)."""
     bytes_written = 0
     """Characters of JSON committed by ``write``: over Steps, what a Step costs the disk."""
     dialect = "sqlite"
@@ -227,6 +234,15 @@ class SqlStore(Store):
     async def _rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         [rows] = await self._read([(sql, params)])
         return rows
+
+    def counters(self) -> StoreCounters:
+        return StoreCounters(
+            commits=self.commits,
+            operations=self.operations,
+            busy_seconds=self.busy_seconds,
+            commit_failures=self.commit_failures,
+            bytes_written=self.bytes_written,
+        )
 
     def submit(self, write: Write) -> asyncio.Future[None]:
         done = self._commit_write(statements(write))

@@ -50,14 +50,6 @@ LOCK_WAIT = 10.0
 class SqliteStore(SqlStore):
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.commits = 0
-        """How many transactions committed: with ``operations``, shows how well commits group."""
-        self.operations = 0
-        self.busy_seconds = 0.0
-        """Wall time the writer spent on batches: over elapsed time, how busy the one
-        writer is (it commits in series, so at 1.0 it sets the node's pace)."""
-        self.commit_failures = 0
-        """Batches whose commit failed (a full disk, an I/O error): nothing of them written."""
         self.failing_since: float | None = None
         """Monotonic time of the first of the commits failing now; None while they succeed."""
         self.writer_pid: int | None = None

@@ -1,8 +1,11 @@
-"""Rendering the console's pages: one Jinja2 environment over the package's templates,
+"""Rendering the console's pages: one Jinja2 environment over the console's templates,
 the filters the templates use, and the error page every refusal shows.
 
 Errors on a console path are pages, not JSON: ``dex.server.api.errors`` and the auth
 layer call ``error_page`` and ``refusal`` for any path ``owns`` says is the console's.
+That is why this module sits below both the API and the console (``dex.server.console``,
+the layer above the API, whose routes render their pages here) and imports neither: the
+API answers a console path with a page without importing the console (README, Layout).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from starlette.responses import HTMLResponse
 PREFIX = "/ui"
 COOKIE = "dex_console_token"
 """The HttpOnly cookie that carries a console user's token (when auth is on)."""
-HERE = Path(__file__).parent
-STATIC = HERE / "static"
+CONSOLE = Path(__file__).parent / "console"
+"""The console's package data: its templates, and the static files it serves."""
+STATIC = CONSOLE / "static"
 
 ENV = Environment(
-    loader=FileSystemLoader(HERE / "templates"),
+    loader=FileSystemLoader(CONSOLE / "templates"),
     autoescape=select_autoescape(default=True),
     trim_blocks=True,
     lstrip_blocks=True,
