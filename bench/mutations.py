@@ -79,8 +79,8 @@ MUTATIONS = (
     Mutation(
         "not-started-route",
         "only a call that never reached a Worker records failed as not run "
-        "(handlers._settle_failed_call, NOT_STARTED)",
-        "src/dex/server/engine/handlers.py",
+        "(outcomes.settle_failed_call, NOT_STARTED)",
+        "src/dex/server/engine/outcomes.py",
         "    if not call.started and error.attempt_progress != AttemptProgress.NOT_COMPLETED:\n",
         "    if error.attempt_progress != AttemptProgress.NOT_STARTED:\n",
         (
@@ -102,8 +102,8 @@ MUTATIONS = (
     Mutation(
         "write-failure-route",
         "after its last attempt a write records outcome_unknown, not failed "
-        "(handlers._settle_failed_call)",
-        "src/dex/server/engine/handlers.py",
+        "(outcomes.settle_failed_call)",
+        "src/dex/server/engine/outcomes.py",
         "    elif call.kind == ToolKind.READ:\n",
         "    elif call.kind in (ToolKind.READ, ToolKind.WRITE, ToolKind.IDEMPOTENT_WRITE):\n",
         (

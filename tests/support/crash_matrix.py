@@ -141,23 +141,24 @@ ROWS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
-H = "dex.server.engine.handlers."
+E = "dex.server.engine."
+H = E + "handlers."
 S = "dex.server.sessions.Sessions."
 DECIDED_BY: dict[str, tuple[str, ...]] = {
-    "run_model.before_output": (H + "fail_attempt", H + "recover", H + "_failed_turn_note"),
+    "run_model.before_output": (H + "fail_attempt", H + "recover", E + "outcomes.failed_turn_note"),
     "run_model.after_output": (H + "fail_attempt", H + "recover"),
     "idempotent_write.before_heartbeat": (H + "fail_attempt", H + "complete_model"),
     "idempotent_write.running": (H + "fail_attempt", H + "complete_model"),
     "read.running": (H + "fail_attempt",),
-    "call_tool.every_attempt": (H + "_settle_failed_call",),
-    "single_attempt.before_heartbeat": (H + "_queue_tool", H + "_settle_failed_call"),
+    "call_tool.every_attempt": (E + "outcomes.settle_failed_call",),
+    "single_attempt.before_heartbeat": (E + "turn.queue_tool", E + "outcomes.settle_failed_call"),
     "single_attempt.running": (
-        H + "_queue_tool",
-        H + "_settle_failed_call",
+        E + "turn.queue_tool",
+        E + "outcomes.settle_failed_call",
         "dex.worker.worker.Worker._run_tool",
     ),
-    "await_tool_approval.waiting": (H + "record_input", H + "apply_input"),
-    "await_question_answer.waiting": (H + "record_input", H + "apply_input"),
+    "await_tool_approval.waiting": (E + "waits.record_input", E + "waits.apply_input"),
+    "await_question_answer.waiting": (E + "waits.record_input", E + "waits.apply_input"),
     "await_timer.waiting": (S + "fire_timer", S + "start"),
     "poll_tool_task.between_polls": (H + "complete_tool", S + "start"),
     "poll_tool_task.during_poll": (H + "fail_attempt", H + "complete_tool"),
@@ -165,7 +166,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "idle.waiting_for_message": (H + "receive_message",),
     "any_step.queued": (H + "assign", H + "hand_back", S + "start"),
     "read_poll_compact.before_heartbeat": (H + "fail_attempt",),
-    "wait_handler.running": (S + "resolve", S + "_process_inbox", H + "apply_input"),
+    "wait_handler.running": (S + "resolve", S + "_process_inbox", E + "waits.apply_input"),
     "any_step.result_sent": (S + "complete", H + "recover"),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each
@@ -225,8 +226,9 @@ A cell names a test file for a Worker language only when each of the cell's case
 that language passed in the run that wrote the page, a run of every crash test; a case
 that failed or was skipped is listed after "did not pass", and does not count. "Not
 tested" means no case of the cell passed, so its text states the design, not a checked
-result. "Decided by" names the functions whose code decides the row (handlers live in
-`src/dex/server/engine/handlers.py`, `Sessions` in `src/dex/server/sessions.py`).
+result. "Decided by" names the functions whose code decides the row (`handlers`, `turn`,
+`waits` and `outcomes` are modules of `src/dex/server/engine/`, `Sessions` is in
+`src/dex/server/sessions.py`).
 
 The page is written from the results of a run of every crash test (`pytest tests/crash
 --write-crash-matrix docs/crash-matrix.md`). A unit test fails when the page does not

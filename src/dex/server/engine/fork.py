@@ -12,8 +12,8 @@ Pure: no I/O, no clock; the original is only read.
 from __future__ import annotations
 
 from dex.errors import Conflict, NotFound
-from dex.server.engine.handlers import _size as item_size
 from dex.server.engine.state import ForkedFrom, SessionState, SessionStatus, Turn
+from dex.server.engine.transition import item_size
 from dex.wire import Item, SummaryItem
 
 
