@@ -136,7 +136,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "single_attempt.running": (
         H + "_queue_tool",
         H + "_settle_failed_call",
-        "dex.worker.worker.Worker._run_tool",
+        "dex.worker.runner.Runner.run_tool",
     ),
     "await_tool_approval.waiting": (H + "record_input", H + "apply_input"),
     "await_question_answer.waiting": (H + "record_input", H + "apply_input"),
