@@ -40,12 +40,13 @@ def encode(messages: list[Any]) -> bytes:
 
 
 def _dropped(message: Any, error: Exception) -> None:
+    config = getattr(message, "__struct_config__", None)
     log.error(
         "dropped a message JSON cannot carry: %s",
         error,
         extra={
-            "action": "wire.message_unencodable",
-            "message_type": type(message).__name__,
+            "action": "worker.message_unencodable",
+            "message_type": config.tag if config is not None else type(message).__name__,
             "attempt_id": getattr(message, "attempt_id", None),
         },
     )

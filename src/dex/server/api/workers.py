@@ -177,8 +177,8 @@ def _hello(raw: bytes | str) -> Hello:
 
 
 def _parse(raw: bytes | str) -> list[WorkerMessage]:
-    """A frame's messages, decoded in one pass by the structs that mirror the protocol's
-    types (``dex.wire.worker_frames``): a ``done``'s result stays JSON, validated once by
+    """A frame's messages, decoded in one pass by the protocol's frame types
+    (``dex.wire.worker_frames``): a ``done``'s result stays JSON, validated once by
     the type its Step expects."""
     if not raw:
         raise BadFrame("an empty frame")
