@@ -72,3 +72,20 @@ async def test_a_message_that_cannot_be_encoded_is_dropped_and_logged(
     (dropped,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert dropped.__dict__["action"] == "worker.message_unencodable"
     assert (dropped.__dict__["message_type"], dropped.__dict__["attempt_id"]) == ("delta", "s/2/1")
+
+
+async def test_a_message_with_an_integer_beyond_64_bits_is_dropped_not_sent() -> None:
+    """msgspec writes such an integer; the other side may not read it (JavaScript, Go)."""
+    sent: list[bytes] = []
+
+    async def send(frame: bytes, batch: list[WorkerMessage]) -> None:
+        sent.append(frame)
+
+    outbox: Outbox[WorkerMessage] = Outbox(send)
+    outbox.put(Heartbeat(attempts=[], seq=2**70))
+    outbox.put(Heartbeat(attempts=[], seq=2**64 - 1))
+    outbox.put(Heartbeat(attempts=[], seq=-(2**63) - 1))
+    writer = asyncio.create_task(outbox.run())
+    await _sent(sent, 1)
+    writer.cancel()
+    assert orjson.loads(sent[0]) == [{"t": "hb", "attempts": [], "seq": 2**64 - 1}]

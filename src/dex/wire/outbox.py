@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from pydantic import BaseModel
 
+from dex.wire.integers import beyond_64_bits
 from dex.wire.worker_frames import Delta
 
 log = logging.getLogger("dex.wire")
@@ -92,14 +93,26 @@ class Outbox(Generic[M]):
                 await self._send(self.encode(batch), batch)
 
     def encode(self, batch: list[M]) -> bytes:
+        """The frame of ``batch``, without the messages JSON cannot carry (here: an
+        integer beyond 64 bits too, which msgspec would write)."""
         try:
-            return encode(batch)
-        except (TypeError, ValueError, OverflowError, NotImplementedError):
+            frame = encode(batch)
+            if not beyond_64_bits(frame):
+                return frame
+        except _UNENCODABLE:
             pass
         parts = []
         for message in batch:
             try:
-                parts.append(encode([message])[1:-1])
-            except (TypeError, ValueError, OverflowError, NotImplementedError) as e:
+                part = encode([message])
+                if beyond_64_bits(part):
+                    raise OverflowError(
+                        "an integer beyond 64 bits (JSON here carries -2**63 to 2**64-1)"
+                    )
+                parts.append(part[1:-1])
+            except _UNENCODABLE as e:
                 self._unencodable(message, e)
         return b"[" + b",".join(parts) + b"]"
+
+
+_UNENCODABLE = (TypeError, ValueError, OverflowError, NotImplementedError)
