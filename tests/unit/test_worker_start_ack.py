@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+
 import dex
 from dex.models import Scripted, say
 from dex.wire import StepType
