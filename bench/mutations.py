@@ -55,10 +55,10 @@ MUTATIONS = (
     Mutation(
         "start-ack",
         "a single-attempt tool starts only once the node acknowledged the start "
-        "(worker.Worker._run_tool)",
-        "src/dex/worker/worker.py",
-        "        if h.needs_start_ack or self._draining:\n",
-        "        if self._draining:\n",
+        "(runner.Runner.run_tool)",
+        "src/dex/worker/runner.py",
+        "        if h.needs_start_ack or self.draining:\n",
+        "        if self.draining:\n",
         ("tests/crash/test_single_attempt_tool.py",),
     ),
     Mutation(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
+import msgspec
 import pytest
 from starlette.testclient import TestClient
 from starlette.types import Message, Scope
@@ -17,12 +19,13 @@ from starlette.websockets import WebSocketDisconnect
 from dex.server.api.errors import BodyLimit
 from dex.testing import wait_until
 from dex.wire import (
-    Handout,
+    ITEMS,
     ModelResponse,
     ModelToolCall,
     RecoveryError,
     ToolOutcome,
     UserItem,
+    server_frames,
 )
 from tests.integration.conftest import (
     MAX_BODY,
@@ -485,10 +488,12 @@ def test_a_model_step_runs_to_a_completed_turn(api: Api, worker: FakeWorker) -> 
     assert step["attempt"] == 1
     assert step["agent"] == "echo"
     assert step["history"] == [{"type": "user", "text": "hello"}]
-    # the message is a Handout: the Worker reads it through that schema and its defaults
-    handout = Handout.model_validate({k: v for k, v in step.items() if k != "t"})
+    # the message is a step: the Worker reads it through that type and its defaults
+    (handout,) = server_frames.decode(json.dumps([step]))
+    assert isinstance(handout, server_frames.Step)
     assert handout.needs_start_ack is False
-    assert handout.history == [UserItem(text="hello")]
+    assert isinstance(handout.history, msgspec.Raw)
+    assert ITEMS.validate_json(bytes(handout.history)) == [UserItem(text="hello")]
     attempt = step["attempt_id"]
 
     assert worker.heartbeat(attempt) == {attempt: "ok"}

@@ -155,7 +155,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "single_attempt.running": (
         E + "turn.queue_tool",
         E + "outcomes.settle_failed_call",
-        "dex.worker.worker.Worker._run_tool",
+        "dex.worker.runner.Runner.run_tool",
     ),
     "await_tool_approval.waiting": (E + "waits.record_input", E + "waits.apply_input"),
     "await_question_answer.waiting": (E + "waits.record_input", E + "waits.apply_input"),

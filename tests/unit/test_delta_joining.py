@@ -4,11 +4,9 @@ that wait for its link, and the server joins consecutive deltas of one attempt i
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 from dex.server.api.workers import _joined
+from dex.wire.outbox import Outbox
 from dex.wire.worker_frames import Delta, Heartbeat, WorkerMessage
-from dex.worker.worker import _Link
 
 
 def test_the_server_joins_consecutive_deltas_of_one_attempt_and_keeps_the_order() -> None:
@@ -30,9 +28,12 @@ def test_the_server_joins_consecutive_deltas_of_one_attempt_and_keeps_the_order(
 
 
 def test_the_worker_joins_the_deltas_that_wait_for_its_link() -> None:
-    link = _Link(ws=cast(Any, None), address="http://node", heartbeat_interval=1.0)
-    link.put({"t": "delta", "attempt_id": "s/1/1", "text": "he"})
-    link.put({"t": "delta", "attempt_id": "s/1/1", "text": "llo"})
-    link.put({"t": "hb", "attempts": ["s/1/1"]})
-    link.put({"t": "delta", "attempt_id": "s/1/1", "text": "!"})
-    assert [m.get("text") for m in link.pending] == ["hello", None, "!"]
+    async def never(frame: bytes, batch: list[WorkerMessage]) -> None:
+        raise AssertionError("nothing is sent: the messages wait")
+
+    outbox: Outbox[WorkerMessage] = Outbox(never)  # the link's
+    outbox.put(Delta(attempt_id="s/1/1", text="he"))
+    outbox.put(Delta(attempt_id="s/1/1", text="llo"))
+    outbox.put(Heartbeat(attempts=["s/1/1"]))
+    outbox.put(Delta(attempt_id="s/1/1", text="!"))
+    assert [getattr(m, "text", None) for m in outbox.pending] == ["hello", None, "!"]

@@ -1,6 +1,7 @@
 """The Worker channel refuses a frame holding an integer JSON cannot carry on (beyond 64
 bits) and accepts every other frame, whatever digits its strings and floats hold: a quick
-search for a run of 19 digits decides whether the frame is walked at all."""
+search for a run of 19 digits decides whether the frame is walked at all. Neither side's
+outbox sends such an integer either (``dex.wire.integers``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dex.server.api.workers import BadFrame, _no_huge_integer
+from dex.wire.integers import beyond_64_bits
 
 FITS = st.integers(-(2**63), 2**64 - 1)
 BEYOND = st.integers(2**64, 10**40) | st.integers(-(10**40), -(2**63) - 1)
@@ -53,6 +55,8 @@ def test_a_frame_is_refused_exactly_when_it_holds_an_integer_beyond_64_bits(valu
                 _no_huge_integer(raw)
         else:
             _no_huge_integer(raw)
+    # what either side's outbox leaves out of a frame it sends (dex.wire.outbox)
+    assert beyond_64_bits(json.dumps(value).encode()) == _holds_huge(value)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import pydantic_core
 import pytest
 
 from dex.wire import ToolOutcome
-from dex.worker.worker import succeeded
+from dex.worker.runner import succeeded
 
 
 class Color(enum.Enum):

@@ -1,11 +1,10 @@
-"""docs/worker-protocol.md is generated from the protocol's types: it must not be stale."""
+"""docs/worker-protocol.md is generated from the frame types: it must not be stale."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dex.wire import protocol_page
-from dex.wire.protocol import SERVER_FRAME, WORKER_FRAME
+from dex.wire import protocol_page, server_frames, worker_frames
 
 PAGE = Path(__file__).parents[2] / "docs" / "worker-protocol.md"
 
@@ -26,12 +25,14 @@ def test_every_message_type_is_on_the_page() -> None:
 
 
 def test_the_frames_both_sides_send_parse_as_the_page_says() -> None:
-    sent = WORKER_FRAME.validate_json(
+    hello = worker_frames.decode_hello(
         b'[{"t": "hello", "worker_id": "w", "agents": []}, {"t": "hb", "attempts": ["a/1/1"]}]'
     )
-    assert [m.t for m in sent] == ["hello", "hb"]
-    received = SERVER_FRAME.validate_json(
+    assert hello.worker_id == "w"
+    sent = worker_frames.decode(b'[{"t": "hb", "attempts": ["a/1/1"]}, {"t": "drain"}]')
+    assert [type(m) for m in sent] == [worker_frames.Heartbeat, worker_frames.Drain]
+    received = server_frames.decode(
         b'[{"t": "welcome", "worker_id": "w", "heartbeat_timeout": 10, "reconnect_grace": 1,'
         b' "resume": "r"}, {"t": "ack", "attempt_id": "a/1/1", "ok": true}]'
     )
-    assert [m.t for m in received] == ["welcome", "ack"]
+    assert [type(m) for m in received] == [server_frames.Welcome, server_frames.Ack]

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import dex
 from dex.models import Scripted, say
 from dex.wire import StepType
 from dex.wire.server_frames import HeartbeatReply, Step
-from dex.worker.worker import _Attempt, _Link
+from dex.wire.worker_frames import Heartbeat, WorkerMessage
+from dex.worker.runner import Attempt
 
 
 @dex.tool
@@ -38,38 +38,43 @@ def handout() -> Step:
 
 
 async def test_only_a_timely_answer_with_the_asks_seq_starts_the_tool() -> None:
-    worker = dex.Worker([AGENT], "http://127.0.0.1:1")
-    sent: list[dict[str, Any]] = []
-    worker._send = sent.append  # type: ignore[method-assign,assignment]
-    worker._start_window = 0.2
-    attempt = _Attempt(handout())
+    runner = dex.Worker([AGENT], "http://127.0.0.1:1")._runner
+    sent: list[WorkerMessage] = []
+    runner.send = sent.append
+    runner.start_window = 0.2
+    attempt = Attempt(handout())
     attempt.started = asyncio.get_running_loop().create_future()
-    worker._attempts[attempt.handout.attempt_id] = attempt
-    asking = asyncio.create_task(worker._start_acknowledged(attempt))
+    runner.attempts[attempt.handout.attempt_id] = attempt
+    asking = asyncio.create_task(runner.start_acknowledged(attempt))
     await asyncio.sleep(0)
-    first_seq = sent[-1]["seq"]
-    link = _Link(ws=None, address="http://node", heartbeat_interval=1.0)  # type: ignore[arg-type]
+    first_seq = _asked(sent)
     aid = attempt.handout.attempt_id
-    worker._on_message(link, HeartbeatReply(status={aid: "ok"}))  # a periodic beat's reply
-    worker._on_message(link, HeartbeatReply(status={aid: "ok"}, seq=first_seq + 99))
+    runner.on_message(HeartbeatReply(status={aid: "ok"}))  # a periodic beat's reply
+    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=first_seq + 99))
     assert not attempt.started.done()
     attempt.start_sent = time.monotonic() - 1.0  # the answer comes back too late
-    worker._on_message(link, HeartbeatReply(status={aid: "ok"}, seq=first_seq))
+    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=first_seq))
     assert not attempt.started.done()
-    while sent[-1]["seq"] == first_seq:  # no timely answer: it asks again
+    while _asked(sent) == first_seq:  # no timely answer: it asks again
         await asyncio.sleep(0.01)
-    worker._on_message(link, HeartbeatReply(status={aid: "ok"}, seq=sent[-1]["seq"]))
+    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=_asked(sent)))
     assert await asking is True
 
 
+def _asked(sent: list[WorkerMessage]) -> int:
+    """The ``seq`` of the last start ask."""
+    last = sent[-1]
+    assert isinstance(last, Heartbeat) and last.seq is not None
+    return last.seq
+
+
 async def test_a_stop_refuses_the_start() -> None:
-    worker = dex.Worker([AGENT], "http://127.0.0.1:1")
-    worker._send = lambda message: None  # type: ignore[method-assign]
-    attempt = _Attempt(handout())
+    runner = dex.Worker([AGENT], "http://127.0.0.1:1")._runner
+    runner.send = lambda message: None
+    attempt = Attempt(handout())
     attempt.started = asyncio.get_running_loop().create_future()
-    worker._attempts[attempt.handout.attempt_id] = attempt
-    asking = asyncio.create_task(worker._start_acknowledged(attempt))
+    runner.attempts[attempt.handout.attempt_id] = attempt
+    asking = asyncio.create_task(runner.start_acknowledged(attempt))
     await asyncio.sleep(0)
-    link = _Link(ws=None, address="http://node", heartbeat_interval=1.0)  # type: ignore[arg-type]
-    worker._on_message(link, HeartbeatReply(status={attempt.handout.attempt_id: "stop"}))
+    runner.on_message(HeartbeatReply(status={attempt.handout.attempt_id: "stop"}))
     assert await asking is False

@@ -1,6 +1,6 @@
 """The ``step`` message of the Worker protocol: what a Worker is handed for an attempt.
 
-Built as plain JSON (the Worker validates it against ``dex.wire.protocol.StepMessage``):
+Built as plain JSON (the Worker decodes it with ``dex.wire.server_frames.Step``):
 the history's items were serialized once, when they were appended, and a RunModel
 hand-out carries only the items of the model's view that the Worker's connection was not
 sent before (``history_base``), so its cost follows the new items, not the conversation.

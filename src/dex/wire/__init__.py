@@ -260,37 +260,6 @@ class Summary(Wire):
     usage: Usage = Field(default_factory=Usage)
 
 
-# --- the Worker protocol -----------------------------------------------------------
-#
-# A Worker holds one WebSocket to the active node. Each frame is a JSON list of
-# messages, so both sides batch what is ready in one send.
-
-
-class Handout(Wire):
-    """A Step attempt handed to a Worker."""
-
-    attempt_id: str
-    session_id: str
-    step_id: str
-    step_type: StepType
-    attempt: int
-    agent: str
-    # RunModel
-    history: list[Item] = Field(default_factory=list)
-    # tool steps
-    tool: str | None = None
-    call_id: str | None = None
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    idempotency_key: str | None = None
-    needs_start_ack: bool = False
-    answers: list[str] = Field(default_factory=list)
-    """Answers to the questions this call asked so far, in order."""
-    sleeps_done: int = 0
-    """How many of this call's ``ctx.sleep`` timers have fired."""
-    task_handle: Any = None
-    """For PollToolTask and CheckToolCall: what the task's start returned."""
-
-
 MAX_JSON_DEPTH = 64
 """How deeply a value from outside (a tool result, a tool call's arguments) may nest. The
 stored session state wraps it in a few more levels, and every level must still parse."""

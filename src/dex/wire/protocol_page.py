@@ -1,4 +1,6 @@
-"""Writes ``docs/worker-protocol.md`` from the types in ``dex.wire.protocol``.
+"""Writes ``docs/worker-protocol.md`` from the frame types (``dex.wire.worker_frames``,
+``dex.wire.server_frames``), the rules and close codes of ``dex.wire.protocol``, and the
+payloads' pydantic types.
 
     python -m dex.wire.protocol_page docs/worker-protocol.md
 
@@ -9,17 +11,20 @@ from __future__ import annotations
 
 import json
 import sys
+import typing
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
-from pydantic import BaseModel
+import msgspec
+from pydantic import BaseModel, TypeAdapter
 
-from dex.wire import ModelResponse, Summary, ToolOutcome, protocol
+from dex.wire import ModelResponse, Summary, ToolOutcome, protocol, server_frames, worker_frames
 
 INTRO = """\
 # The Worker protocol
 
-Generated from `src/dex/wire/protocol.py` by
+Generated from the frame types in `src/dex/wire/worker_frames.py` and
+`src/dex/wire/server_frames.py` by
 `python -m dex.wire.protocol_page docs/worker-protocol.md`. Do not edit by hand.
 
 A Worker in any language is written from this page alone: it connects, says hello,
@@ -131,9 +136,50 @@ refused (`ack` with `ok: false`). The `Await…` Steps never reach a Worker.
 """
 
 
+REF = "#/$defs/{model}"
+
+
 def _schema(model: type[BaseModel]) -> dict[str, Any]:
     schema: dict[str, Any] = model.model_json_schema()
     return schema
+
+
+def _frame_schema(struct: type[msgspec.Struct], tag: str) -> dict[str, Any]:
+    """A frame's JSON Schema: the struct's object, with the schemas of what it refers to
+    (and of the payloads it carries: their pydantic types) under its ``$defs``."""
+    payloads: dict[str, Any] = {}
+
+    def payload(kind: type) -> dict[str, Any]:
+        """A payload inside a frame (a ``hello``'s agents): its pydantic type's schema."""
+        if not (isinstance(kind, type) and issubclass(kind, BaseModel)):
+            raise NotImplementedError(kind)
+        described = kind.model_json_schema(ref_template=REF)
+        payloads.update(described.pop("$defs", {}))
+        payloads[kind.__name__] = described
+        return {"$ref": REF.format(model=kind.__name__)}
+
+    generated = msgspec.json.schema(struct, schema_hook=payload)
+    defs: dict[str, Any] = {**generated["$defs"], **payloads}
+    schema: dict[str, Any] = defs.pop(struct.__name__)
+    properties = schema["properties"]
+    properties["t"] = {"const": tag, "type": "string"}
+    for name, hint in typing.get_type_hints(struct, include_extras=True).items():
+        of = _json_of(hint)
+        if of is not None:  # raw JSON: the type it holds
+            described = TypeAdapter(of.kind).json_schema(ref_template=REF)
+            defs.update(described.pop("$defs", {}))
+            properties[name] = {**described, **properties[name]}
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def _json_of(hint: Any) -> protocol.JSONOf | None:
+    for arg in (hint, *typing.get_args(hint)):
+        for meta in getattr(arg, "__metadata__", ()):
+            if isinstance(meta, protocol.JSONOf):
+                return meta
+    return None
 
 
 def render() -> str:
@@ -147,37 +193,17 @@ def render() -> str:
             "CLOSE_NOT_READY": "the node is starting, stopping or a standby: try the next",
         }[name]
         parts.append(f"| {code} | {doc} |\n")
-    sections: list[tuple[str, list[type[BaseModel]]]] = [
-        (
-            "Worker → server",
-            [
-                protocol.Hello,
-                protocol.Heartbeat,
-                protocol.Delta,
-                protocol.Done,
-                protocol.Fail,
-                protocol.Back,
-                protocol.Drain,
-            ],
-        ),
-        (
-            "Server → Worker",
-            [
-                protocol.Welcome,
-                protocol.StepMessage,
-                protocol.HeartbeatReply,
-                protocol.Ack,
-                protocol.Cancel,
-            ],
-        ),
+    sections = [
+        ("Worker → server", worker_frames.MESSAGES),
+        ("Server → Worker", server_frames.MESSAGES),
     ]
-    for title, models in sections:
+    for title, structs in sections:
         parts.append(f"\n## {title}\n")
-        for model in models:
-            (tag,) = get_args(model.model_fields["t"].annotation)
-            doc = (model.__doc__ or "").strip()
+        for struct in structs:
+            tag = msgspec.inspect.type_info(struct).tag  # type: ignore[attr-defined]
+            doc = (struct.__doc__ or "").strip()
             parts.append(f"\n### `{tag}`\n\n{doc}\n\n")
-            schema = json.dumps(_schema(model), indent=2, sort_keys=True)
+            schema = json.dumps(_frame_schema(struct, tag), indent=2, sort_keys=True)
             parts.append(f"```json\n{schema}\n```\n")
     parts.append(RESULTS)
     for model in (ModelResponse, Summary, ToolOutcome):

@@ -1,5 +1,6 @@
 """The Worker runtime: runs the Steps that the server hands it."""
 
-from dex.worker.worker import Worker, WorkerConfig
+from dex.worker.config import WorkerConfig
+from dex.worker.worker import Worker
 
 __all__ = ["Worker", "WorkerConfig"]

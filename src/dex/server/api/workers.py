@@ -36,16 +36,19 @@ from dex.server.api.responses import ORJSONResponse
 from dex.server.dispatch.dispatcher import Dispatcher, WorkerConn, WorkerIdInUse
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
-from dex.wire.protocol import (
-    CLOSE_BAD_FRAME,
-    CLOSE_FORBIDDEN,
-    CLOSE_ID_IN_USE,
-    CLOSE_NOT_READY,
-    WORKER_FRAME,
+from dex.wire.protocol import CLOSE_BAD_FRAME, CLOSE_FORBIDDEN, CLOSE_ID_IN_USE, CLOSE_NOT_READY
+from dex.wire.worker_frames import (
+    Back,
+    Delta,
+    Done,
+    Drain,
+    Fail,
+    Heartbeat,
     Hello,
+    HelloAgain,
+    WorkerMessage,
+    decode_hello,
 )
-from dex.wire.worker_frames import Back, Delta, Done, Drain, Fail, Heartbeat, WorkerMessage
-from dex.wire.worker_frames import Hello as HelloAgain
 from dex.wire.worker_frames import decode as decode_frame
 
 log = logging.getLogger("dex.workers")
@@ -163,24 +166,19 @@ tenth of a regular expression's ``\\d{19}`` search.)"""
 
 
 def _hello(raw: bytes | str) -> Hello:
-    """The ``hello`` that opens a frame (the connection's first), validated with the
-    protocol's own types, strictly; the frame is ``_parse``'s too, for the rest."""
+    """The ``hello`` that opens a frame (the connection's first), decoded strictly with the
+    protocol's own type; the frame is ``_parse``'s too, for the rest."""
     if not raw:
         raise BadFrame("an empty frame")
     try:
-        messages = WORKER_FRAME.validate_json(raw, strict=True)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise BadFrame(f"{where}: {first['msg']}" if where else first["msg"]) from None
-    if not messages or not isinstance(messages[0], Hello):
-        raise BadFrame("the first message must be a hello")
-    return messages[0]
+        return decode_hello(raw)
+    except msgspec.DecodeError as e:  # a ValidationError too
+        raise BadFrame(str(e)) from None
 
 
 def _parse(raw: bytes | str) -> list[WorkerMessage]:
-    """A frame's messages, decoded in one pass by the structs that mirror the protocol's
-    types (``dex.wire.worker_frames``): a ``done``'s result stays JSON, validated once by
+    """A frame's messages, decoded in one pass by the protocol's frame types
+    (``dex.wire.worker_frames``): a ``done``'s result stays JSON, validated once by
     the type its Step expects."""
     if not raw:
         raise BadFrame("an empty frame")

@@ -1,0 +1,388 @@
+"""The attempts a Worker holds, and how it runs them: models, summaries, tools.
+
+An attempt is held from its hand-out (``step``) until the server settles it (an ``ack``
+of its result, a ``stop`` or a ``cancel``). Its result is kept, encoded, until then, and
+sent again after a reconnect (``dex.worker.connection``). A single-attempt tool starts
+only on a timely ``ok`` to a heartbeat that asked for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import orjson
+from pydantic_core import to_jsonable_python
+
+from dex import _failpoints as failpoints
+from dex.agent import Agent
+from dex.errors import ToolError
+from dex.models.base import ModelRequest
+from dex.tools import PENDING, Interrupt, ToolContext
+from dex.wire import ITEMS, AttemptProgress, Item, ModelResponse, StepType, ToolOutcome
+from dex.wire import server_frames as frames
+from dex.wire.worker_frames import (
+    Back,
+    Delta,
+    Done,
+    Fail,
+    Heartbeat,
+    RecoveryError,
+    WorkerMessage,
+)
+from dex.worker.history import HistoryCache
+
+if TYPE_CHECKING:
+    from dex.worker.tracing import AttemptTracing
+
+log = logging.getLogger("dex.worker")
+_NO_SPAN = contextlib.nullcontext()
+
+Result = Done | Fail | Back
+
+
+@dataclass(eq=False)
+class Attempt:
+    handout: frames.Step
+    traceparent: str | None = None
+    """The attempt's span on the server, when the server traces."""
+    history: list[Item] = field(default_factory=list)
+    """RunModel and CompactContext: the model's view, validated."""
+    task: asyncio.Task[None] | None = None
+    started: asyncio.Future[bool] | None = None
+    start_seq: int | None = None
+    """The ``seq`` of the heartbeat that asks to start it; only its timely answer counts."""
+    start_sent: float = 0.0
+    result: Result | None = None
+    """Kept until the server acknowledges it."""
+
+
+class Runner:
+    """Runs the attempts handed to one Worker and answers the server's messages about
+    them; ``send`` puts a message on the live connection (if any)."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        agents: Mapping[str, Agent],
+        send: Callable[[WorkerMessage], None],
+        tracing: AttemptTracing | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.agents = agents
+        self.send = send
+        self.tracing = tracing
+        self.attempts: dict[str, Attempt] = {}
+        self.none_held = asyncio.Event()
+        """Set while this Worker holds no attempt: a drain waits on it for the last acks."""
+        self.none_held.set()
+        self.histories = HistoryCache()
+        self.start_window = 5.0
+        """How soon a start acknowledgement must answer (half the heartbeat timeout)."""
+        self.draining = False
+        self._seq = itertools.count(1)
+
+    # --- the server's messages -------------------------------------------------------------
+
+    def on_message(self, message: frames.ServerMessage) -> None:
+        """A message about attempts (a ``welcome`` is the connection's: ``welcomed``)."""
+        if isinstance(message, frames.Ack):
+            acked = self.forget(message.attempt_id)
+            if acked is not None and not message.ok:
+                log.info(
+                    "result refused: %s",
+                    message.error,
+                    extra={"action": "worker.result_refused", "attempt_id": message.attempt_id},
+                )
+        elif isinstance(message, frames.Step):
+            self._on_step(message)
+        elif isinstance(message, frames.HeartbeatReply):
+            self._on_reply(message)
+        elif isinstance(message, frames.Cancel):
+            cancelled = self.attempts.get(message.attempt_id)
+            if cancelled is not None and cancelled.result is None:
+                self._abandon(cancelled, "cancelled by the server")
+
+    def welcomed(self, welcome: frames.Welcome) -> None:
+        self.start_window = min(5.0, (welcome.heartbeat_timeout or float("inf")) / 2)
+        for attempt_id in welcome.stop:
+            stopped = self.attempts.get(attempt_id)
+            if stopped is not None:
+                self._abandon(stopped, "the server no longer runs this attempt")
+
+    def _on_reply(self, reply: frames.HeartbeatReply) -> None:
+        seq = reply.seq
+        for attempt_id, status in reply.status.items():
+            held = self.attempts.get(attempt_id)
+            if held is None:
+                continue
+            if held.started is not None and not held.started.done():
+                if status != "ok":
+                    held.started.set_result(False)
+                elif (
+                    seq is not None
+                    and seq == held.start_seq
+                    and time.monotonic() - held.start_sent <= self.start_window
+                ):
+                    held.started.set_result(True)  # a timely answer to our own ask
+            elif status != "ok" and held.result is None:
+                self._abandon(held, "the server no longer runs this attempt")
+
+    def _on_step(self, handout: frames.Step) -> None:
+        if handout.attempt_id in self.attempts:
+            return
+        raw = handout.history
+        handout.history = msgspec.UNSET  # the frame's buffer is not kept with the attempt
+        attempt = Attempt(handout, handout.traceparent)
+        self.attempts[handout.attempt_id] = attempt
+        self.none_held.clear()
+        if raw is msgspec.UNSET:
+            pass
+        elif handout.step_type == StepType.RUN_MODEL:
+            view = self.histories.view(handout.session_id, handout.history_base, raw)
+            if view is None:  # we lack what it builds on: the server sends it whole
+                attempt.result = Back(handout.attempt_id, reason="history")
+                self.send(attempt.result)
+                return
+            attempt.history = view
+        else:  # CompactContext: the whole view, every time
+            attempt.history = ITEMS.validate_json(bytes(raw))
+        attempt.task = asyncio.create_task(self._run(attempt))
+
+    def forget(self, attempt_id: str) -> Attempt | None:
+        attempt = self.attempts.pop(attempt_id, None)
+        if not self.attempts:
+            self.none_held.set()
+        return attempt
+
+    def _abandon(self, attempt: Attempt, why: str) -> None:
+        log.info(
+            why,
+            extra={"action": "worker.attempt_abandoned", "attempt_id": attempt.handout.attempt_id},
+        )
+        self.forget(attempt.handout.attempt_id)
+        if attempt.task is not None:
+            attempt.task.cancel()
+
+    async def finish(self, timeout: float) -> None:
+        """Draining: hand back what waits to start, let the rest run up to ``timeout``,
+        then cancel what is still running."""
+        self.draining = True
+        for attempt in list(self.attempts.values()):
+            if attempt.started is not None and not attempt.started.done():
+                attempt.started.set_result(False)  # hands it back
+        tasks = [a.task for a in self.attempts.values() if a.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=timeout)
+            for task in late:
+                task.cancel()
+
+    # --- running one attempt ---------------------------------------------------------------
+
+    async def _run(self, attempt: Attempt) -> None:
+        h = attempt.handout
+        try:
+            agent = self.agents.get(h.agent)
+            if agent is None:
+                raise ToolError(f"this Worker does not serve agent {h.agent!r}")
+            with self._span(attempt, agent):
+                if h.step_type == StepType.RUN_MODEL:
+                    result = await self._run_model(agent, h, attempt.history)
+                elif h.step_type == StepType.COMPACT_CONTEXT:
+                    result = await self._compact(agent, h, attempt.history)
+                else:
+                    result = await self.run_tool(agent, attempt)
+            if result is None:
+                return
+            failpoints.hit("worker.before_send_result")
+            attempt.result = _done(h, result)
+        except asyncio.CancelledError:
+            raise
+        except Interrupt as pause:  # ctx.ask or ctx.sleep: the call goes on later
+            attempt.result = _done(h, pause.outcome.model_dump(mode="json"))
+        except ToolError as e:
+            if h.step_type in (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT):
+                attempt.result = _fail(h, str(e), retryable=False)
+            else:
+                outcome = (
+                    ToolOutcome(status="checked", happened=None, error=e.message)
+                    if h.step_type == StepType.CHECK_TOOL_CALL
+                    else ToolOutcome(status="failed", error=e.message)
+                )
+                attempt.result = _done(h, outcome.model_dump(mode="json"))
+        except Exception as e:
+            log.warning(
+                "%s attempt %d of %s failed: %s: %s",
+                h.step_type.value,
+                h.attempt,
+                h.tool or h.agent,
+                type(e).__name__,
+                e,
+                exc_info=True,
+                extra={
+                    "action": "worker.attempt_failed",
+                    "session_id": h.session_id,
+                    "step_id": h.step_id,
+                    "attempt_id": h.attempt_id,
+                    "agent": h.agent,
+                    "tool": h.tool,
+                    "call_id": h.call_id,
+                    "worker_id": self.worker_id,
+                },
+            )
+            attempt.result = _fail(
+                h, f"{type(e).__name__}: {e}", retryable=getattr(e, "retryable", True)
+            )
+        if attempt.result is not None:
+            self.send(attempt.result)
+
+    def _span(self, attempt: Attempt, agent: Agent) -> AbstractContextManager[None]:
+        if self.tracing is None:
+            return _NO_SPAN
+        return self.tracing.span(attempt.handout, attempt.traceparent, agent.model.spec())
+
+    async def _run_model(
+        self, agent: Agent, h: frames.Step, history: list[Item]
+    ) -> dict[str, Any] | None:
+        request = ModelRequest(
+            session_id=h.session_id,
+            agent=agent.name,
+            instructions=agent.instructions,
+            history=history,
+            tools=[t.spec() for t in agent.tools],
+            attempt=h.attempt,
+        )
+        response: ModelResponse | None = None
+        failpoints.hit("worker.run_model.before_output")
+        async for event in agent.model.stream(request):
+            if isinstance(event, ModelResponse):
+                response = event
+            else:
+                self.send(Delta(h.attempt_id, event))
+        if response is None:
+            raise RuntimeError(f"model {agent.model.spec()} returned no response")
+        for call in response.tool_calls:
+            tool = agent.tool(call.name)
+            if tool is not None and callable(tool.approval) and tool.needs_approval(call.arguments):
+                response.approval_required.append(call.id)
+        return response.model_dump(mode="json")
+
+    async def _compact(self, agent: Agent, h: frames.Step, history: list[Item]) -> dict[str, Any]:
+        request = ModelRequest(
+            session_id=h.session_id,
+            agent=agent.name,
+            instructions=agent.instructions,
+            history=history,
+            tools=[],
+            attempt=h.attempt,
+        )
+        failpoints.hit("worker.compact_context.running")
+        summary = await agent.model.summarize(request)
+        return summary.model_dump(mode="json")
+
+    async def run_tool(self, agent: Agent, attempt: Attempt) -> dict[str, Any] | None:
+        """A tool Step's outcome; None if it never started (its result is sent or none
+        is wanted). A single-attempt tool's body starts only on the server's ``ok``."""
+        h = attempt.handout
+        assert h.tool is not None and h.call_id is not None and h.idempotency_key is not None
+        tool = agent.tool(h.tool)
+        if tool is None:
+            raise ToolError(f"this Worker's agent {agent.name!r} has no tool {h.tool!r}")
+        arguments = tool.validate(h.arguments)  # invalid arguments: the body never runs
+        failpoints.hit("worker.before_first_heartbeat")
+        if h.needs_start_ack or self.draining:
+            attempt.started = asyncio.get_running_loop().create_future()
+            if self.draining:
+                attempt.started.set_result(False)
+            if not await self.start_acknowledged(attempt):
+                if self.draining:
+                    attempt.result = Back(h.attempt_id)
+                    self.send(attempt.result)
+                else:
+                    log.info(
+                        "the server no longer runs this attempt: not starting it",
+                        extra={"action": "worker.start_refused", "attempt_id": h.attempt_id},
+                    )
+                    self.forget(h.attempt_id)
+                return None
+        ctx = ToolContext(
+            session_id=h.session_id,
+            call_id=h.call_id,
+            tool=tool.name,
+            idempotency_key=h.idempotency_key,
+            attempt=h.attempt,
+            _heartbeat=lambda: self._beat(h.attempt_id),
+            answers=list(h.answers),
+            sleeps_done=h.sleeps_done,
+        )
+        if h.step_type == StepType.POLL_TOOL_TASK:
+            failpoints.hit("worker.poll_running")
+            value = await tool.call_poll(ctx, h.task_handle)
+            if value is PENDING:
+                return dict(_PENDING)
+        elif h.step_type == StepType.CHECK_TOOL_CALL:
+            verdict = await tool.call_check(ctx, arguments)
+            outcome = ToolOutcome(
+                status="checked", happened=verdict.happened, result=verdict.result
+            )
+            return outcome.model_dump(mode="json")
+        else:
+            failpoints.hit("worker.tool_running")
+            value = await tool.invoke(ctx, arguments)
+        return succeeded(value)
+
+    async def start_acknowledged(self, attempt: Attempt) -> bool:
+        """Ask the node whether to start (a heartbeat with a ``seq`` of ours) until it
+        answers in time: an ``ok`` that comes back later than ``start_window`` (a node
+        that paused, and may have lost its lease meanwhile) does not count."""
+        started = attempt.started
+        assert started is not None
+        while not started.done():
+            attempt.start_seq = next(self._seq)
+            attempt.start_sent = time.monotonic()
+            self.send(Heartbeat([attempt.handout.attempt_id], seq=attempt.start_seq))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(started), self.start_window)
+        return started.result()
+
+    async def _beat(self, attempt_id: str) -> None:
+        self.send(Heartbeat([attempt_id]))
+
+
+_SUCCEEDED = ToolOutcome(status="succeeded").model_dump(mode="json")
+_PENDING = ToolOutcome(status="pending").model_dump(mode="json")
+
+
+def succeeded(value: Any) -> dict[str, Any]:
+    """``ToolOutcome(status="succeeded", result=value).model_dump(mode="json")``, without
+    building and dumping a model: the outcome of nearly every tool call, and a tenth of
+    the cost. ``value`` goes through the same serializer that dump uses for ``Any``
+    (a value it cannot serialize raises the same error, and the attempt fails)."""
+    return {**_SUCCEEDED, "result": to_jsonable_python(value, by_alias=False, inf_nan_mode="null")}
+
+
+def _done(h: frames.Step, result: dict[str, Any]) -> Done | Fail:
+    """The ``done`` of ``result``, encoded now; a result JSON cannot carry (an integer
+    beyond 64 bits) becomes the attempt's failure: its code ran, so the server decides, as
+    for any exception, whether the call is retried or its outcome is unknown."""
+    try:
+        return Done(h.attempt_id, msgspec.Raw(orjson.dumps(result)))
+    except orjson.JSONEncodeError as e:
+        problem = f"the result cannot be sent as JSON: {e}"
+    log.warning(
+        "%s", problem, extra={"action": "worker.result_unencodable", "attempt_id": h.attempt_id}
+    )
+    return _fail(h, problem, retryable=True)
+
+
+def _fail(h: frames.Step, message: str, *, retryable: bool) -> Fail:
+    error = RecoveryError(message, AttemptProgress.NOT_COMPLETED, retryable)
+    return Fail(h.attempt_id, error)
