@@ -125,6 +125,7 @@ ROWS: dict[str, tuple[str, str, str]] = {
 
 H = "dex.server.engine.handlers."
 S = "dex.server.sessions.Sessions."
+A = "dex.server.attempts.Attempts."
 DECIDED_BY: dict[str, tuple[str, ...]] = {
     "run_model.before_output": (H + "fail_attempt", H + "recover", H + "_failed_turn_note"),
     "run_model.after_output": (H + "fail_attempt", H + "recover"),
@@ -148,7 +149,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "any_step.queued": (H + "assign", H + "hand_back", S + "start"),
     "read_poll_compact.before_heartbeat": (H + "fail_attempt",),
     "wait_handler.running": (S + "resolve", S + "_process_inbox", H + "apply_input"),
-    "any_step.result_sent": (S + "complete", H + "recover"),
+    "any_step.result_sent": (A + "complete", H + "recover"),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each
 must exist, so a rename regenerates the page)."""
@@ -205,7 +206,8 @@ Takeover.
 
 "Not tested" means no test covers the cell yet, so its text states the design, not a
 checked result. "Decided by" names the functions whose code decides the row (handlers
-live in `src/dex/server/engine/handlers.py`, `Sessions` in `src/dex/server/sessions.py`). The page is generated from the tests' `crash` marks; a unit test fails
+live in `src/dex/server/engine/handlers.py`, `Sessions` in `src/dex/server/sessions.py`,
+`Attempts` in `src/dex/server/attempts.py`). The page is generated from the tests' `crash` marks; a unit test fails
 when it is stale.
 
 A running Worker survives both server failures: it reconnects, and the restarted node

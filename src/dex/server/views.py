@@ -3,6 +3,7 @@ with no effect on either."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -129,7 +130,7 @@ def pending_approvals(state: SessionState) -> list[dict[str, Any]]:
     ]
 
 
-def workers(dispatcher: Dispatcher, agents: dict[str, AgentSpec]) -> list[dict[str, Any]]:
+def workers(dispatcher: Dispatcher, agents: Mapping[str, AgentSpec]) -> list[dict[str, Any]]:
     """The connected Workers: the agents and tools each serves, its capacity, what it runs."""
     found = []
     for conn in dispatcher.workers.values():

@@ -1,4 +1,5 @@
-"""The server's frames as the Worker reads them: msgspec structs mirroring ``SERVER_FRAME``.
+"""The server's frames as the server writes them and the Worker reads them: msgspec
+structs mirroring ``SERVER_FRAME``.
 
 The protocol's types are the pydantic models of ``dex.wire.protocol``: the server
 validates what Workers send with them, and ``docs/worker-protocol.md`` is generated
@@ -27,7 +28,9 @@ AttemptId = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 
 
 class _Message(msgspec.Struct, tag_field="t", forbid_unknown_fields=True):
-    pass
+    """The server writes its frames from these structs too (``dex.server.attempts``); a
+    ``hb`` reply and an ``ack`` leave out a field at its default (``omit_defaults``), as
+    the server always has."""
 
 
 class Welcome(_Message, tag="welcome"):
@@ -61,12 +64,12 @@ class Step(_Message, tag="step"):
     traceparent: Annotated[str, msgspec.Meta(max_length=512)] | None = None
 
 
-class HeartbeatReply(_Message, tag="hb"):
+class HeartbeatReply(_Message, tag="hb", omit_defaults=True):
     status: dict[str, Literal["ok", "stop"]]
     seq: int | None = None
 
 
-class Ack(_Message, tag="ack"):
+class Ack(_Message, tag="ack", omit_defaults=True):
     attempt_id: str
     ok: bool
     error: str | None = None
