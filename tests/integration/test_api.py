@@ -17,13 +17,13 @@ from starlette.websockets import WebSocketDisconnect
 from dex.server.api.errors import BodyLimit
 from dex.testing import wait_until
 from dex.wire import (
-    Handout,
     ModelResponse,
     ModelToolCall,
     RecoveryError,
     ToolOutcome,
     UserItem,
 )
+from dex.wire.protocol import StepMessage
 from tests.integration.conftest import (
     MAX_BODY,
     Api,
@@ -485,8 +485,8 @@ def test_a_model_step_runs_to_a_completed_turn(api: Api, worker: FakeWorker) -> 
     assert step["attempt"] == 1
     assert step["agent"] == "echo"
     assert step["history"] == [{"type": "user", "text": "hello"}]
-    # the message is a Handout: the Worker reads it through that schema and its defaults
-    handout = Handout.model_validate({k: v for k, v in step.items() if k != "t"})
+    # the message is a StepMessage: the Worker reads it through that schema and its defaults
+    handout = StepMessage.model_validate(step)
     assert handout.needs_start_ack is False
     assert handout.history == [UserItem(text="hello")]
     attempt = step["attempt_id"]

@@ -6,7 +6,8 @@ message, a Step result, a failed attempt, a hand-out) runs a pure handler
 transition in one durable commit; only then does anything outside learn of it: the
 caller gets its answer, Workers get their Steps, waiters wake. What a client reads is
 built by ``views`` and read by ``reads``; what Workers do to attempts (hand-outs,
-results, heartbeats, expiry) is ``attempts``'; what a Worker is handed, ``handouts``'.
+results, heartbeats, expiry) is in ``attempts``; what a Worker is handed is built by
+``handouts``.
 
 A hot-path input is recorded and handled in that one commit. A wait's resolution (an
 approval, a denial, an answer, a fired timer) takes two: the first records it in the

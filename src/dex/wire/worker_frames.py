@@ -8,7 +8,7 @@ pydantic cost the server twice on each result: the frame parsed into plain value
 those values validated again into the Step's own type. These structs decode a frame in
 one pass, with the same fields, types, defaults and bounds, and keep a ``done``'s result
 as its raw JSON, validated once, from JSON, by the type its Step expects
-(``Sessions.complete_soon``). ``tests/unit/test_worker_frames.py`` checks that they accept
+(``Attempts.complete``). ``tests/unit/test_worker_frames.py`` checks that they accept
 and refuse what ``WORKER_FRAME`` does, so the two cannot drift apart unnoticed.
 """
 
