@@ -259,7 +259,7 @@ class Scripted(MemoryStreams):
 
 def test_the_route_sends_stream_dropped_last_and_ends(api_with_agent: Api) -> None:
     api_with_agent.create("s1")
-    api_with_agent.sessions.streams = Scripted(
+    api_with_agent.sessions.reads.streams = Scripted(
         Event("5", "model.delta", {"text": "a"}),
         None,
         Event("", "stream.dropped", {"reason": "fell behind"}),
@@ -279,7 +279,7 @@ def test_the_route_sends_stream_dropped_last_and_ends(api_with_agent: Api) -> No
 @pytest.mark.parametrize("header", ["57", "1733150000000-3", "0-0", "9" * 19 + "-" + "9" * 19])
 def test_last_event_id_of_either_form_is_taken(api_with_agent: Api, header: str) -> None:
     api_with_agent.create("s1")
-    streams = api_with_agent.sessions.streams = Scripted()
+    streams = api_with_agent.sessions.reads.streams = Scripted()
     for path in ("/v1/sessions/s1/events", "/ui/sessions/s1/events"):
         response = api_with_agent.http.get(path, headers={"last-event-id": header})
         assert response.status_code == 200, response.text
@@ -311,10 +311,10 @@ async def test_a_client_that_leaves_ends_the_response(tmp_path: Path) -> None:
         await wait_until_async(lambda: asyncio.sleep(0, server.started), what="uvicorn started")
         sessions = fastapi_of(app).state.sessions
         await sessions.register_agents([AGENT])
-        sessions.streams = Counted()
+        sessions.reads.streams = Counted()
         async with dex.Client(f"http://127.0.0.1:{port}") as client:
             await client.create_session(AGENT.name, "s1")
-            sessions.streams.publish("s1", "turn.started", {"turn": 1})
+            sessions.reads.streams.publish("s1", "turn.started", {"turn": 1})
             events = client.stream_events("s1")
             assert (await anext(events))["type"] == "turn.started"
             assert open_subscriptions == [1]

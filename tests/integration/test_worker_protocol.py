@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -20,9 +19,10 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from dex.errors import StorageError
-from dex.server.api.workers import Outbox
 from dex.testing import wait_until
 from dex.wire import ModelToolCall
+from dex.wire.outbox import Outbox
+from dex.wire.server_frames import Ack, HeartbeatReply, ServerMessage
 from tests.integration.conftest import (
     AGENT,
     Api,
@@ -239,17 +239,16 @@ def test_a_message_json_cannot_carry_is_dropped_and_logged_not_the_connection(
     and goes on sending, instead of dying and leaving the Worker waiting for ever."""
     sent: list[bytes] = []
 
-    class Wire:
-        async def send(self, frame: bytes) -> None:
-            sent.append(frame)
+    async def send(frame: bytes, _batch: list[ServerMessage]) -> None:
+        sent.append(frame)
 
     async def run() -> None:
-        outbox = Outbox(Wire(), SimpleNamespace(bytes_sent=0))  # type: ignore[arg-type]
+        outbox: Outbox[ServerMessage] = Outbox(send)
         writer = asyncio.create_task(outbox.run())
-        outbox.put({"t": "hb", "status": {}, "seq": 2**70})
-        outbox.put({"t": "ack", "attempt_id": "s1/1.1/1", "ok": True})
+        outbox.put(HeartbeatReply(status={}, seq=object()))  # type: ignore[arg-type]
+        outbox.put(Ack(attempt_id="s1/1.1/1", ok=True))
         await asyncio.wait_for(_until(lambda: len(sent) == 1), 5)
-        outbox.put({"t": "hb", "status": {}})
+        outbox.put(HeartbeatReply(status={}))
         await asyncio.wait_for(_until(lambda: len(sent) == 2), 5)
         writer.cancel()
 
@@ -428,7 +427,7 @@ def test_run_model_hand_outs_carry_only_new_history_to_a_worker_that_keeps_it(
     with connect_fake_worker(api, history_cache=16) as worker:
         api.send("s1", "one")
         first = worker.step(session_id="s1")
-        assert "history_base" not in first  # nothing sent before: the whole view
+        assert first["history_base"] == 0  # nothing sent before: the whole view
         assert [i["text"] for i in first["history"]] == ["one"]
         worker.done(first["attempt_id"], model_done("reply one"))
         api.send("s1", "two")
@@ -439,13 +438,13 @@ def test_run_model_hand_outs_carry_only_new_history_to_a_worker_that_keeps_it(
         worker.send({"t": "back", "attempt_id": second["attempt_id"], "reason": "history"})
         assert worker.ack(second["attempt_id"])["ok"] is True
         again = worker.step(session_id="s1", step_id=second["step_id"])
-        assert again["attempt"] == 1 and "history_base" not in again
+        assert again["attempt"] == 1 and again["history_base"] == 0
         assert [i.get("text") for i in again["history"]] == ["one", "reply one", "two"]
     # a Worker that keeps nothing (the default of the protocol) always gets the whole view
     # (turn 2's RunModel, failed after the first Worker left, runs again here)
     with connect_fake_worker(api, "w-plain") as plain:
         retried = plain.step(session_id="s1", step_type="RunModel", timeout=10)
-        assert "history_base" not in retried
+        assert retried["history_base"] == 0
         assert [i.get("text") for i in retried["history"]] == ["one", "reply one", "two"]
 
 

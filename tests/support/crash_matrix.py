@@ -144,6 +144,7 @@ ROWS: dict[str, tuple[str, str, str]] = {
 E = "dex.server.engine."
 H = E + "handlers."
 S = "dex.server.sessions.Sessions."
+A = "dex.server.attempts.Attempts."
 DECIDED_BY: dict[str, tuple[str, ...]] = {
     "run_model.before_output": (H + "fail_attempt", H + "recover", E + "outcomes.failed_turn_note"),
     "run_model.after_output": (H + "fail_attempt", H + "recover"),
@@ -167,7 +168,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "any_step.queued": (H + "assign", H + "hand_back", S + "start"),
     "read_poll_compact.before_heartbeat": (H + "fail_attempt",),
     "wait_handler.running": (S + "resolve", S + "_process_inbox", E + "waits.apply_input"),
-    "any_step.result_sent": (S + "complete", H + "recover"),
+    "any_step.result_sent": (A + "complete", H + "recover"),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each
 must exist, so a rename regenerates the page)."""
@@ -228,7 +229,7 @@ that failed or was skipped is listed after "did not pass", and does not count. "
 tested" means no case of the cell passed, so its text states the design, not a checked
 result. "Decided by" names the functions whose code decides the row (`handlers`, `turn`,
 `waits` and `outcomes` are modules of `src/dex/server/engine/`, `Sessions` is in
-`src/dex/server/sessions.py`).
+`src/dex/server/sessions.py`, `Attempts` in `src/dex/server/attempts.py`).
 
 The page is written from the results of a run of every crash test (`pytest tests/crash
 --write-crash-matrix docs/crash-matrix.md`). A unit test fails when the page does not

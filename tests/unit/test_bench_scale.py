@@ -23,7 +23,7 @@ async def test_a_copy_of_the_template_loads_as_the_template_does(tmp_path: Path)
         await sessions.create("a", TEMPLATE)
         await sessions.send(TEMPLATE, "hello", "m1")  # a turn (no Worker: it waits) ...
         await sessions.cancel(TEMPLATE, "done")  # ... that ended: history, turn and rows
-        template = await sessions.snapshot(TEMPLATE)
+        template = await sessions.reads.snapshot(TEMPLATE)
     finally:
         await store.close()
 
@@ -34,7 +34,7 @@ async def test_a_copy_of_the_template_loads_as_the_template_does(tmp_path: Path)
     try:
         sessions = Sessions(store, Dispatcher(heartbeat_timeout=5))
         await sessions.start()
-        copy = await sessions.snapshot("s_0002")
+        copy = await sessions.reads.snapshot("s_0002")
         assert await store.find_message("s_0002", "m1") == 1
         number, created = await sessions.send("s_0002", "more", None)
         assert (number, created) == (2, True)

@@ -23,14 +23,14 @@ async def test_idle_sessions_beyond_the_cap_are_forgotten_and_reload(tmp_path: P
         # a running session (its turn waits for a Worker, none is connected) stays cached
         await sessions.send("s0", "hello", None)
         for i in range(1, 6):
-            await sessions.snapshot(f"s{i}")
+            await sessions.reads.snapshot(f"s{i}")
         cached = list(sessions.actors)
         assert len(cached) == 3
         assert "s0" in cached and cached[-1] == "s5"
 
-        evicted = await sessions.snapshot("s1")  # reloads from storage, unchanged
+        evicted = await sessions.reads.snapshot("s1")  # reloads from storage, unchanged
         assert evicted["session"]["id"] == "s1" and evicted["session"]["status"] == "idle"
-        assert (await sessions.snapshot("s0"))["session"]["status"] == "running"
+        assert (await sessions.reads.snapshot("s0"))["session"]["status"] == "running"
     finally:
         await store.close()
 
@@ -52,9 +52,9 @@ async def test_the_cache_holds_sessions_up_to_a_size_and_a_larger_one_still_work
         await sessions.cancel("big", "done")
 
         for i in range(4):
-            await sessions.snapshot(f"s{i}")
+            await sessions.reads.snapshot(f"s{i}")
         assert len(sessions.actors) == 3 and sessions.actors.chars <= 4_500  # ~1.3 KB each
-        await sessions.snapshot("big")  # over the bound alone: stays, the rest go
+        await sessions.reads.snapshot("big")  # over the bound alone: stays, the rest go
         assert list(sessions.actors) == ["big"]
         number, _ = await sessions.send("big", "again", None)
         assert number == 2

@@ -147,7 +147,7 @@ async def test_a_start_loads_only_the_sessions_in_a_turn_and_recovers_them_all(
         assert sorted(store.loaded) == running
         assert await store.running_sessions() == running  # each turn goes on: queued again
         assert sum(sessions.dispatcher.queued().values()) == len(running)
-        idle = await sessions.snapshot("i000007")  # an idle one loads when it is used
+        idle = await sessions.reads.snapshot("i000007")  # an idle one loads when it is used
         assert idle["session"]["status"] == "idle"
     finally:
         await store.close()

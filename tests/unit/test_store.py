@@ -743,7 +743,7 @@ async def test_records_stored_by_dex_0_1_load_and_recover(store: Store) -> None:
     # a node starting on these rows recovers them as a restart does
     domain = Sessions(store, Dispatcher(10.0))
     assert await domain.start() == 1  # the attempt that was running fails as NOT_COMPLETED
-    snapshot = await domain.snapshot("running")
+    snapshot = await domain.reads.snapshot("running")
     [call] = snapshot["tool_calls"]
     # its retry window (30 min from 1970's T0) is long past: the call fails for good
     assert (call["name"], call["status"]) == ("lookup", "failed")

@@ -1,7 +1,9 @@
 """The committer: runs an input's handler on a session's actor, commits the transition, and
 only then lets anything outside learn of it. The one place effects run after a commit.
 
-``commit`` is called holding the actor (``Actor.run_when_free`` or ``acquire``). It runs
+``apply`` is the way in: it waits its turn on the session's actor (``Actor.run_when_free``:
+inputs apply in the order they are given), builds the handler holding it, and commits.
+``commit`` is called holding the actor (``apply``, or a caller that ``acquire``d it). It runs
 the handler on the state in memory, hands the Steps that became ready to Workers that are
 free right now (recorded in the same commit, so a hand-out is durable before the Worker
 hears of it), and gives the write to the store's group commit without waiting for it.
@@ -37,7 +39,7 @@ from dex.server.engine.state import SessionState, Step, ToolCall, attempt_id
 from dex.server.metrics import Metrics
 from dex.server.store.base import Store
 from dex.server.streams import Streams
-from dex.wire import StepStatus
+from dex.wire import StepStatus, server_frames
 
 if TYPE_CHECKING:
     from dex.server.tracing import Tracing  # OpenTelemetry: imported only when tracing is on
@@ -46,6 +48,8 @@ log = logging.getLogger("dex.sessions")
 
 Handle = Callable[[SessionState, float], Transition]
 """A handler bound to its input: (state, now) -> transition."""
+Build = Callable[[Actor], Handle]
+"""Builds the handler, called holding the session's actor (it may read its state)."""
 
 
 class Committer:
@@ -65,6 +69,42 @@ class Committer:
         self.actors = actors
         self.streams = streams
         self.metrics = metrics
+
+    def apply(
+        self, session: str | Actor, build: Build, **options: Any
+    ) -> asyncio.Future[Transition]:
+        """Apply an input as soon as the session's actor is free: ``build`` (called holding
+        it) returns the handler; the future resolves once its commit is durable (``commit``
+        says when its callbacks run). Inputs given for one session apply in the order they
+        were given, and one whose session is in memory costs no task. ``session``: its id,
+        or the actor the caller read (refused with ``Conflict`` if it was dropped since).
+        ``build`` raising releases the actor and fails the future; ``options`` are
+        ``commit``'s."""
+        actor = session if isinstance(session, Actor) else self.actors.cached(session)
+        if actor is None:
+            return asyncio.ensure_future(self._loaded(str(session), build, options))
+        return self._when_free(actor, build, options)
+
+    async def _loaded(self, session_id: str, build: Build, options: dict[str, Any]) -> Transition:
+        actor = await self.actors.get(session_id)
+        return await self._when_free(actor, build, options)
+
+    def _when_free(
+        self, actor: Actor, build: Build, options: dict[str, Any]
+    ) -> asyncio.Future[Transition]:
+        done: asyncio.Future[Transition] = asyncio.get_running_loop().create_future()
+
+        def run() -> None:
+            try:
+                handle = build(actor)
+            except BaseException as e:
+                actor.release()
+                done.set_exception(e)
+                return
+            self.commit(actor, handle, done=done, **options)
+
+        actor.run_when_free(run)
+        return done
 
     def commit(
         self,
@@ -204,7 +244,7 @@ class Committer:
         for aid in t.cancel:
             held = self.dispatcher.unhold(aid)
             if held is not None:
-                held.conn.send({"t": "cancel", "attempt_id": aid})
+                held.conn.send(server_frames.Cancel(attempt_id=aid))
         handed_steps = {id(step) for step, _ in handed}
         for step in t.ready:
             if id(step) not in handed_steps and step.status == StepStatus.QUEUED:
@@ -229,7 +269,7 @@ class Committer:
                 },
             )
 
-    def handout(self, actor: Actor, step: Step, worker: WorkerConn) -> dict[str, Any]:
+    def handout(self, actor: Actor, step: Step, worker: WorkerConn) -> server_frames.Step:
         """Hold the Step's latest attempt for ``worker``, and the ``step`` message to send."""
         state = actor.state
         attempt = step.attempts[-1]
@@ -249,10 +289,8 @@ class Committer:
                 deadline=time.monotonic() + self.dispatcher.heartbeat_timeout,
             ),
         )
-        message = handouts.step_message(state, actor.history_json, step, aid, worker)
-        if self.tracing is not None:
-            message["traceparent"] = self.tracing.traceparent(state.id, aid)
-        return message
+        traceparent = self.tracing.traceparent(state.id, aid) if self.tracing is not None else None
+        return handouts.step_message(state, actor.history_json, step, aid, worker, traceparent)
 
 
 def _log_unknown(session_id: str, call: ToolCall, step: Step) -> None:

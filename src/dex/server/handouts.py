@@ -1,18 +1,21 @@
 """The ``step`` message of the Worker protocol: what a Worker is handed for an attempt.
 
-Built as plain JSON (the Worker decodes it with ``dex.wire.server_frames.Step``):
-the history's items were serialized once, when they were appended, and a RunModel
-hand-out carries only the items of the model's view that the Worker's connection was not
-sent before (``history_base``), so its cost follows the new items, not the conversation.
+Built as the ``step`` struct of ``dex.wire.server_frames`` (the outbox encodes it with
+msgspec; the Worker decodes it with the same struct): the history's
+items were serialized once, when they were appended, and a RunModel hand-out carries
+only the items of the model's view that the Worker's connection was not sent before
+(``history_base``), so its cost follows the new items, not the conversation.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from dex.server.dispatch.dispatcher import WorkerConn
 from dex.server.engine.state import SessionState, Step
-from dex.wire import StepType
+from dex.wire import StepType, server_frames
 
 
 def step_message(
@@ -21,38 +24,50 @@ def step_message(
     step: Step,
     aid: str,
     worker: WorkerConn,
-) -> dict[str, Any]:
+    traceparent: str | None = None,
+) -> server_frames.Step:
     """The hand-out of ``step``'s latest attempt (``aid``) to ``worker``."""
-    message: dict[str, Any] = {
-        "t": "step",
-        "attempt_id": aid,
-        "session_id": state.id,
-        "step_id": step.id,
-        "step_type": step.type.value,
-        "attempt": step.attempts[-1].number,
-        "agent": state.agent,
-    }
-    if step.type == StepType.RUN_MODEL:
-        base, message["history"] = _context_for(worker, state, history_json)
-        if base:
-            message["history_base"] = base
-    elif step.type == StepType.COMPACT_CONTEXT:
-        message["history"] = state.to_compact(history_json)
-    else:
-        assert state.turn is not None and step.tool_call_id is not None
-        call = state.turn.tool_call(step.tool_call_id)
-        assert call is not None
-        message.update(
-            tool=call.name,
-            call_id=call.id,
-            arguments=call.arguments,
-            idempotency_key=call.idempotency_key,
-            needs_start_ack=step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL,
-            answers=call.answers,
-            sleeps_done=call.sleeps_done,
-            task_handle=call.task_handle,
+    if step.type in (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT):
+        base, context = (
+            _context_for(worker, state, history_json)
+            if step.type == StepType.RUN_MODEL
+            else (0, state.to_compact(history_json))
         )
-    return message
+        return server_frames.Step(
+            attempt_id=aid,
+            session_id=state.id,
+            step_id=step.id,
+            step_type=step.type,
+            attempt=step.attempts[-1].number,
+            agent=state.agent,
+            history=msgspec.Raw(_HISTORY.encode(context)),
+            history_base=base,
+            traceparent=traceparent,
+        )
+    assert state.turn is not None and step.tool_call_id is not None
+    call = state.turn.tool_call(step.tool_call_id)
+    assert call is not None
+    return server_frames.Step(
+        attempt_id=aid,
+        session_id=state.id,
+        step_id=step.id,
+        step_type=step.type,
+        attempt=step.attempts[-1].number,
+        agent=state.agent,
+        tool=call.name,
+        call_id=call.id,
+        arguments=call.arguments,
+        idempotency_key=call.idempotency_key,
+        needs_start_ack=step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL,
+        answers=call.answers,
+        sleeps_done=call.sleeps_done,
+        task_handle=call.task_handle,
+        traceparent=traceparent,
+    )
+
+
+_HISTORY = msgspec.json.Encoder()
+"""Encodes the history a hand-out carries (the frame embeds its JSON as it is)."""
 
 
 def _context_for(

@@ -178,7 +178,9 @@ def node_gauges(node: Node) -> Iterator[Metric]:
     store = node.store.counters()
     yield gauge("dex_workers_connected", "Worker connections.", len(dispatcher.workers))
     yield gauge("dex_attempts_running", "Attempts Workers hold now.", len(dispatcher.held))
-    yield gauge("dex_turn_waits", "Requests waiting for a turn to end now.", sessions.turn_waits)
+    yield gauge(
+        "dex_turn_waits", "Requests waiting for a turn to end now.", sessions.reads.turn_waits
+    )
     depth = GaugeMetricFamily(
         "dex_queue_depth", "Steps waiting for a Worker, by queue.", labels=["queue"]
     )
@@ -226,7 +228,7 @@ def node_gauges(node: Node) -> Iterator[Metric]:
         "dex_background_retries",
         "Background writes (a timer firing, an expired attempt's failure, a recorded "
         "input's handler) that failed to commit and were tried again.",
-        sessions.background_failures,
+        dispatcher.supervisor.failures,
     )
     streams = sessions.streams
     yield gauge("dex_stream_subscribers", "Subscribers of live events now.", streams.subscribers)

@@ -12,6 +12,7 @@ them when they change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -147,7 +148,7 @@ def pending_approvals(state: SessionState) -> list[dict[str, Any]]:
     ]
 
 
-def workers(dispatcher: Dispatcher, agents: dict[str, AgentSpec]) -> list[dict[str, Any]]:
+def workers(dispatcher: Dispatcher, agents: Mapping[str, AgentSpec]) -> list[dict[str, Any]]:
     """The connected Workers: the agents and tools each serves, its capacity, what it runs."""
     found = []
     for conn in dispatcher.workers.values():

@@ -25,7 +25,9 @@ AttemptId = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 
 
 class _Message(msgspec.Struct, tag_field="t", forbid_unknown_fields=True):
-    pass
+    """The server writes its frames from these structs too (``dex.server.attempts``); a
+    ``hb`` reply and an ``ack`` leave out a field at its default (``omit_defaults``), as
+    the server always has."""
 
 
 class Welcome(_Message, tag="welcome"):
@@ -77,7 +79,7 @@ class Step(_Message, tag="step"):
     Worker that traces makes its spans of the attempt children of it; others ignore it."""
 
 
-class HeartbeatReply(_Message, tag="hb"):
+class HeartbeatReply(_Message, tag="hb", omit_defaults=True):
     """The answer to ``hb``. A node that cannot be sure it still leads (its lease may have
     run out) does not answer at all: no ``ok`` comes from a node that may have been
     replaced."""
@@ -86,7 +88,7 @@ class HeartbeatReply(_Message, tag="hb"):
     seq: int | None = None
 
 
-class Ack(_Message, tag="ack"):
+class Ack(_Message, tag="ack", omit_defaults=True):
     """A ``done``, ``fail`` or ``back`` was committed (``ok``) or refused (the attempt is
     not this connection's, not running any more, or the result does not fit its Step).
     Either way the Worker forgets the attempt."""

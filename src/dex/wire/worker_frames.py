@@ -6,7 +6,7 @@ them from these structs, the server reads them with these structs, and
 Decoding is strict, whatever the frame: each field has the JSON type its schema gives,
 as it is (a number or a boolean sent as a string, a boolean sent as a number, does not
 fit). A frame is decoded in one pass; a ``done``'s result stays its raw JSON, validated
-once, from JSON, by the type its Step expects (``Sessions.complete_soon``). The agents
+once, from JSON, by the type its Step expects (``Attempts.complete``). The agents
 of a ``hello`` are payloads, validated (strictly) by their pydantic type ``AgentSpec``.
 """
 

@@ -209,7 +209,7 @@ async def list_sessions(
         updated_before=updated_before,
         order=order,
     )
-    rows, next_cursor = await _sessions(request).list_sessions(filters, limit, cursor)
+    rows, next_cursor = await _sessions(request).reads.list_sessions(filters, limit, cursor)
     return ORJSONResponse({"sessions": [row.__dict__ for row in rows], "next_cursor": next_cursor})
 
 
@@ -218,7 +218,7 @@ async def list_inbox(request: Request, limit: Limit = 100, cursor: Cursor = None
     """What waits for a person across sessions: tool calls to approve or deny, questions to
     answer. A page holds the waits of up to `limit` sessions, the sessions that started
     waiting last first."""
-    items, next_cursor = await _sessions(request).inbox(limit, cursor)
+    items, next_cursor = await _sessions(request).reads.inbox(limit, cursor)
     return ORJSONResponse({"items": items, "next_cursor": next_cursor})
 
 
@@ -226,7 +226,7 @@ async def list_inbox(request: Request, limit: Limit = 100, cursor: Cursor = None
 async def get_agent_snapshot(session_id: str, request: Request) -> ORJSONResponse:
     """History, state, the current turn with its Steps and attempts, waits, and every tool
     call of the session with its status."""
-    return ORJSONResponse(await _sessions(request).snapshot(session_id))
+    return ORJSONResponse(await _sessions(request).reads.snapshot(session_id))
 
 
 @router.post(
@@ -258,7 +258,7 @@ async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, 
     waits: list[dict[str, Any]] = []
     if body.wait_seconds > 0:
         wait = min(body.wait_seconds, app.state["config"].max_wait_seconds)
-        turn, waits = await sessions.wait_turn(session_id, number, wait)
+        turn, waits = await sessions.reads.wait_turn(session_id, number, wait)
     result = _turn_body(session_id, number, turn, waits)
     result["created"] = created
     return result, 201 if created else 200
@@ -287,7 +287,7 @@ async def get_turn(
     how it ended."""
     sessions = _sessions(request)
     wait = min(wait_seconds, request.app.state["config"].max_wait_seconds)
-    turn, waits = await sessions.wait_turn(session_id, number, wait)
+    turn, waits = await sessions.reads.wait_turn(session_id, number, wait)
     return RecordsResponse(_turn_body(session_id, number, turn, waits))
 
 
@@ -315,7 +315,7 @@ async def list_agents(request: Request) -> ORJSONResponse:
 )
 async def list_approvals(session_id: str, request: Request) -> ORJSONResponse:
     """Tool calls waiting for approval, with the arguments and their hash."""
-    return ORJSONResponse({"approvals": await _sessions(request).approvals(session_id)})
+    return ORJSONResponse({"approvals": await _sessions(request).reads.approvals(session_id)})
 
 
 @router.post(
@@ -422,5 +422,5 @@ async def stream_events(
     (the snapshot) has everything but the lost partial output. A subscriber that falls
     too far behind gets ``stream.dropped`` last, and the response ends."""
     sessions = _sessions(request)
-    events = await sessions.events(session_id, last_event_id)  # 404 before streaming
+    events = await sessions.reads.events(session_id, last_event_id)  # 404 before streaming
     return sse.response(events)

@@ -9,41 +9,30 @@ upgrade straight here on a serving node.
 
 Every frame is validated whole before any of it acts: a frame that does not fit the
 protocol closes the connection with code 4400 and the problem as its reason, and
-changes nothing. A message about an attempt this connection does not hold is refused
-(``stop`` or ``ack ok: false``), logged and counted. Results commit in parallel, so
-one group commit takes a whole frame's results.
+changes nothing. This module keeps the socket and the decoding: what each message does
+to attempts, and every frame sent back, is ``dex.server.attempts``' (``Link.receive``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from typing import Any
 
 import msgspec
-import orjson
 from fastapi import APIRouter, FastAPI, Request
-from pydantic import ValidationError
 from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
-from dex.errors import DexError
 from dex.server.api import models
 from dex.server.api.auth import AGENTS_KEY, GUARDED
 from dex.server.api.responses import ORJSONResponse
-from dex.server.dispatch.dispatcher import Dispatcher, WorkerConn, WorkerIdInUse
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.wire.protocol import CLOSE_BAD_FRAME, CLOSE_FORBIDDEN, CLOSE_ID_IN_USE, CLOSE_NOT_READY
 from dex.wire.worker_frames import (
-    Back,
     Delta,
-    Done,
-    Drain,
-    Fail,
-    Heartbeat,
     Hello,
     HelloAgain,
     WorkerMessage,
@@ -95,57 +84,6 @@ class Socket:
             await self._send({"type": "websocket.close", "code": code, "reason": reason})
         except (OSError, RuntimeError):
             pass
-
-
-class Outbox:
-    """Collects messages and sends them as one frame per event-loop turn."""
-
-    def __init__(self, ws: Socket, dispatcher: Dispatcher) -> None:
-        self.ws = ws
-        self.dispatcher = dispatcher
-        self.pending: list[dict[str, Any]] = []
-        self.ready = asyncio.Event()
-        self.closed = False
-
-    def put(self, message: dict[str, Any]) -> None:
-        if not self.closed:
-            self.pending.append(message)
-            self.ready.set()
-
-    async def run(self) -> None:
-        while True:
-            await self.ready.wait()
-            self.ready.clear()
-            batch, self.pending = self.pending, []
-            if batch:
-                try:
-                    frame = orjson.dumps(batch)
-                except orjson.JSONEncodeError:
-                    frame = _encodable(batch)
-                self.dispatcher.bytes_sent += len(frame)
-                await self.ws.send(frame)
-
-
-def _encodable(batch: list[dict[str, Any]]) -> bytes:
-    """The frame of ``batch`` without the messages JSON cannot carry, each one logged.
-
-    The door keeps such values out (``_parse``); were one to get past it, dropping its
-    message beats a writer that dies and leaves the connection silent for good."""
-    parts = []
-    for message in batch:
-        try:
-            parts.append(orjson.dumps(message))
-        except orjson.JSONEncodeError as e:
-            log.error(
-                "dropped a message JSON cannot carry: %s",
-                e,
-                extra={
-                    "action": "worker.message_unencodable",
-                    "message_type": message.get("t"),
-                    "attempt_id": message.get("attempt_id"),
-                },
-            )
-    return b"[" + b",".join(parts) + b"]"
 
 
 class BadFrame(Exception):
@@ -267,53 +205,19 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
     if node is None or node.role != "active":
         await ws.close(CLOSE_NOT_READY, f"not ready: {node.role if node else 'starting'}")
         return
-    dispatcher = sessions.dispatcher
     await sessions.register_agents(hello.agents)
-    outbox = Outbox(ws, dispatcher)
-    queues = set()
-    for agent in hello.agents:
-        queues.add(f"model:{agent.name}")
-        queues.update(f"tool:{agent.name}/{tool.name}" for tool in agent.tools)
-    worker = WorkerConn(
-        id=hello.worker_id,
-        queues=queues,
-        capacity=hello.capacity,
-        send=outbox.put,
-        agents=[a.name for a in hello.agents],
-        history_cache=hello.history_cache,
-    )
-    try:
-        stop, unreceived = dispatcher.connect(worker, hello.attempts, hello.resume)
-    except WorkerIdInUse:
+    link = sessions.attempts.connect(hello, ws, ws.close, node.lease_valid)
+    if link is None:
         await ws.close(CLOSE_ID_IN_USE, f"worker id {hello.worker_id!r} is connected already")
         return
-
-    def close(code: int, reason: str) -> None:
-        outbox.closed = True
-        dispatcher.spawn(ws.close(code, reason))
-
-    worker.close = close
-    for held in unreceived:
-        dispatcher.spawn(sessions.hand_back_unreceived(held))
-    outbox.put(
-        {
-            "t": "welcome",
-            "worker_id": worker.id,
-            "heartbeat_timeout": dispatcher.heartbeat_timeout,
-            "reconnect_grace": dispatcher.reconnect_grace,
-            "resume": worker.resume,
-            "stop": stop,
-        }
-    )
-    writer = asyncio.create_task(outbox.run())
     log.info(
         "worker connected",
         extra={
             "action": "worker.connected",
-            "worker_id": worker.id,
-            "reclaimed": len(worker.attempts),
-            "stopped": len(stop),
-            "handed_back": len(unreceived),
+            "worker_id": link.worker_id,
+            "reclaimed": link.held,
+            "stopped": link.stopped,
+            "handed_back": link.handed_back,
         },
     )
     refused: str | None = None
@@ -323,7 +227,7 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
         start = clock()
         while True:
             for message in _joined(rest):
-                _handle(node, sessions, worker, outbox, message)
+                link.receive(message)
             # receive() returns at once while frames are queued: a Worker that streams
             # thousands of deltas a second would hold the loop, starving every subscriber
             # (then dropped) and every other Worker. Let the rest run every millisecond
@@ -344,122 +248,24 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
                 log.warning(
                     "bad frame: %s",
                     e,
-                    extra={"action": "worker.bad_frame", "worker_id": worker.id},
+                    extra={"action": "worker.bad_frame", "worker_id": link.worker_id},
                 )
                 refused = f"bad frame: {e}"
                 break
     finally:
-        outbox.closed = True
-        dispatcher.disconnect(worker)
-        writer.cancel()
+        link.disconnect()
         log.info(
             "worker disconnected",
             extra={
                 "action": "worker.disconnected",
-                "worker_id": worker.id,
-                "held": len(worker.attempts),
+                "worker_id": link.worker_id,
+                "held": link.held,
             },
         )
     if refused is not None:
         # closed after the Worker is forgotten: one that sees the close and connects
         # again at once is not refused as still connected
         await ws.close(CLOSE_BAD_FRAME, refused)
-
-
-def _handle(
-    node: Node, sessions: Sessions, worker: WorkerConn, outbox: Outbox, message: WorkerMessage
-) -> None:
-    """Act on one message, in the order they came; a result's commit joins the next group
-    commit and answers with an ``ack`` when it is done, without holding up the next
-    message."""
-    dispatcher = sessions.dispatcher
-    if isinstance(message, Heartbeat):
-        if not node.lease_valid():
-            return  # not sure it still leads: no "ok" from a node that may be replaced
-        status: dict[str, str] = {}
-        for a in message.attempts:
-            if dispatcher.heartbeat(worker, a):
-                status[a] = "ok"
-            else:
-                status[a] = "stop"
-                if a in dispatcher.held:  # another connection's: never extend it
-                    dispatcher.refuse(worker, a, "hb")
-        reply: dict[str, object] = {"t": "hb", "status": status}
-        if message.seq is not None:
-            reply["seq"] = message.seq
-        outbox.put(reply)
-        return
-    if isinstance(message, Delta):
-        held = dispatcher.owned(worker, message.attempt_id)
-        if held is None:
-            dispatcher.refuse(worker, message.attempt_id, "delta")
-            return
-        if not node.lease_valid():
-            return  # a node that may be replaced publishes no text: its successor discards it
-        dispatcher.heartbeat(worker, message.attempt_id)
-        held.output += len(message.text)
-        sessions.streams.publish(
-            held.session_id,
-            "model.delta",
-            {"attempt_id": message.attempt_id, "step_id": held.step_id, "text": message.text},
-        )
-        return
-    if isinstance(message, Drain):
-        worker.draining = True
-        return
-    assert isinstance(message, Done | Fail | Back)
-    attempt = message.attempt_id
-    if dispatcher.owned(worker, attempt) is None:
-        reason = dispatcher.refuse(worker, attempt, _RESULTS[type(message)])
-        outbox.put({"t": "ack", "attempt_id": attempt, "ok": False, "error": reason})
-        return
-    try:
-        if isinstance(message, Done):
-            done = sessions.complete_soon(attempt, bytes(message.result))
-        elif isinstance(message, Fail):
-            done = sessions.fail_soon(attempt, message.error)
-        else:
-            if message.reason == "history":  # it lacks the prefix: send the whole view next
-                held = dispatcher.held[attempt]
-                worker.history_sent.pop(held.session_id, None)
-            done = sessions.hand_back_soon(attempt)
-    except Exception as e:
-        _answer(attempt, outbox, worker.id, e)
-        return
-    done.add_done_callback(functools.partial(_acked, attempt, outbox, worker.id))
-
-
-_RESULTS: dict[type, str] = {Done: "done", Fail: "fail", Back: "back"}
-"""Each result message's ``t``, as refusals name it."""
-
-
-def _acked(attempt: str, outbox: Outbox, worker_id: str, done: asyncio.Future[Any]) -> None:
-    """Answer every result: committed (ok) or refused, never silence."""
-    if done.cancelled():
-        _answer(attempt, outbox, worker_id, asyncio.CancelledError())
-    else:
-        _answer(attempt, outbox, worker_id, done.exception())
-
-
-def _answer(attempt: str, outbox: Outbox, worker_id: str, error: BaseException | None) -> None:
-    if error is None:
-        outbox.put({"t": "ack", "attempt_id": attempt, "ok": True})
-    elif isinstance(error, DexError | ValidationError):
-        outbox.put({"t": "ack", "attempt_id": attempt, "ok": False, "error": str(error)})
-    else:
-        log.error(
-            "committing a result failed",
-            exc_info=error,
-            extra={"action": "worker.result_failed", "attempt_id": attempt, "worker_id": worker_id},
-        )
-        outbox.put(
-            {
-                "t": "ack",
-                "attempt_id": attempt,
-                "ok": False,
-                "error": f"the server could not record this result: {type(error).__name__}",
-            }
-        )
 
 
 @router.get(
@@ -473,4 +279,4 @@ async def list_workers(request: Request) -> ORJSONResponse:
     """The Workers connected to this node: their agents, tools, capacity and the attempts
     they run."""
     sessions: Sessions = request.app.state.sessions
-    return ORJSONResponse({"workers": sessions.workers_view()})
+    return ORJSONResponse({"workers": sessions.reads.workers_view()})

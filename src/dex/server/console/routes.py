@@ -76,7 +76,7 @@ def _sessions(request: Request) -> Sessions:
 @router.get("", name="console_inbox")
 async def inbox(request: Request, cursor: Annotated[str | None, Query()] = None) -> Response:
     """Home: what waits for a person across sessions, the latest to start waiting first."""
-    items, next_cursor = await _sessions(request).inbox(PAGE, cursor)
+    items, next_cursor = await _sessions(request).reads.inbox(PAGE, cursor)
     return render(request, "inbox.html", items=items, next_cursor=next_cursor)
 
 
@@ -91,10 +91,10 @@ async def session_list(
     what it waits for (a session waiting for a person is in memory: no read per row)."""
     sessions = _sessions(request)
     filters = Filters(status=SHOW[show])
-    rows, next_cursor = await sessions.list_sessions(filters, PAGE, cursor, last_message=True)
+    rows, next_cursor = await sessions.reads.list_sessions(filters, PAGE, cursor, last_message=True)
     listed = []
     for row in rows:
-        waits = await sessions.person_waits(row.id) if row.status == "waiting" else []
+        waits = await sessions.reads.person_waits(row.id) if row.status == "waiting" else []
         if show in ("approval", "question") and show not in {w["kind"] for w in waits}:
             continue
         listed.append({**dataclasses.asdict(row), "waits": waits})
@@ -114,14 +114,14 @@ async def session_page(session_id: str, request: Request) -> Response:
     attempt that runs now), a box to send a message, and every turn with its Steps,
     attempts and tool calls, newest turn first."""
     sessions = _sessions(request)
-    snapshot, turns = await sessions.timeline(session_id)
+    snapshot, turns = await sessions.reads.timeline(session_id)
     session, current = snapshot["session"], snapshot["current_turn"]
     plain = shown([views.plain(turn) for turn in turns], session["status"])
     return render(
         request,
         "session.html",
         session=session,
-        waits=await sessions.person_waits(session_id),
+        waits=await sessions.reads.person_waits(session_id),
         running=snapshot["running"],
         waiting=snapshot["waiting"],
         current=current,
@@ -154,7 +154,7 @@ async def cluster(request: Request) -> Response:
         "cluster.html",
         role=node.role if node is not None else "starting",
         epoch=node.epoch if node is not None else 0,
-        workers=sessions.workers_view(),
+        workers=sessions.reads.workers_view(),
         queued=[(*_queue(name), count) for name, count in queued],
         running=len(sessions.dispatcher.held),
     )

@@ -31,11 +31,14 @@ from typing import Any
 from dex import _failpoints as failpoints
 from dex.errors import DexError
 from dex.server.clock import Clock
+from dex.server.supervisor import Supervisor
 from dex.wire.protocol import CLOSE_ID_IN_USE
+from dex.wire.server_frames import ServerMessage, Step
 
 log = logging.getLogger("dex.dispatch")
 
-Send = Callable[[dict[str, Any]], None]
+Send = Callable[[ServerMessage], None]
+"""Queue a message to a Worker connection (its outbox sends it in the next frame)."""
 HAND_OUT_RETRY = 0.25
 """Seconds before a Step whose hand-out could not be recorded is offered again."""
 
@@ -114,7 +117,7 @@ class Held:
 
 # Called to record a hand-out durably; returns the message to send, or None if the
 # Step is no longer queued.
-Assign = Callable[[str, str, WorkerConn], Awaitable[dict[str, Any] | None]]
+Assign = Callable[[str, str, WorkerConn], Awaitable[Step | None]]
 Expire = Callable[[Held], Coroutine[Any, Any, None]]
 Fire = Callable[[str, str], Coroutine[Any, Any, None]]
 
@@ -148,7 +151,8 @@ class Dispatcher:
         self._assign: Assign | None = None
         self._expire: Expire | None = None
         self._fire: Fire | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.supervisor = Supervisor()
+        """The node's background work: this loop's, the Worker channel's and the domain's."""
         self._runner: asyncio.Task[None] | None = None
         self.paused = False
         """Draining: hand nothing out and fire no timer (both stay queued in storage)."""
@@ -165,9 +169,7 @@ class Dispatcher:
         if self._runner is not None:
             self._runner.cancel()
             await asyncio.gather(self._runner, return_exceptions=True)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop()
 
     # --- Workers -------------------------------------------------------------------
 
@@ -402,7 +404,7 @@ class Dispatcher:
         assert self._fire is not None
         while not self.paused and self._timers and self._timers[0][0] <= now:
             _, _, session_id, step_id = heapq.heappop(self._timers)
-            self.spawn(self._fire(session_id, step_id))
+            self.supervisor.spawn(self._fire(session_id, step_id))
 
     def _pump(self) -> None:
         assert self._assign is not None
@@ -416,7 +418,7 @@ class Dispatcher:
                 sid, step_id = self._ready[queue].popleft()
                 self._ready_count -= 1
                 worker.reserved += 1
-                self.spawn(self._hand_out(sid, step_id, queue, worker))
+                self.supervisor.spawn(self._hand_out(sid, step_id, queue, worker))
 
     async def _hand_out(
         self, session_id: str, step_id: str, queue: str, worker: WorkerConn
@@ -461,19 +463,4 @@ class Dispatcher:
                 continue
             # it stays held until its failure is committed (the callee unholds it)
             held.expiring = True
-            self.spawn(self._expire(held))
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run background work; its failure is logged (each callee handles its own)."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error(
-                "dispatcher task failed",
-                exc_info=task.exception(),
-                extra={"action": "dispatch.task_failed"},
-            )
+            self.supervisor.spawn(self._expire(held))

@@ -82,7 +82,8 @@ class Node:
         self.store.fence_epoch = self.epoch  # every write now checks it (PostgreSQL)
         reason = "the node restarted" if self.epoch <= 1 else "a standby took over"
         failed = await self._recover(reason)
-        self.dispatcher.start(self.sessions.assign, self.sessions.expire, self.sessions.fire_timer)
+        attempts = self.sessions.attempts
+        self.dispatcher.start(attempts.assign, attempts.expire, self.sessions.fire_timer)
         self.role = "active"
         self._active.set()
         log.info(
@@ -159,7 +160,7 @@ class Node:
                 f"the node stopped: its drain timeout ({timeout:g}s) passed"
             )
         self.role = "stopped"
-        self.sessions.end_waits()
+        self.sessions.reads.end_waits()
         self.dispatcher.close_all(CLOSE_NOT_READY, "the node is stopping")
         await self.leadership.release()
         log.info("drained", extra={"action": "node.drained", "failed_attempts": failed})

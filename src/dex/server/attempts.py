@@ -1,0 +1,461 @@
+"""What Workers do to attempts: a connection's hello and welcome, hand-outs (``assign``),
+results (``complete``, ``fail``, ``hand_back``), heartbeats and the single-attempt start
+acknowledgement they answer, live text, and the ends the node decides itself (``expire``,
+``hand_back_unreceived``). The Worker channel (``api.workers``) reads frames off the
+socket and gives each message here (``Link.receive``); everything sent back is a struct
+of ``dex.wire.server_frames``, batched by the connection's ``Outbox`` into one frame per
+event-loop turn and encoded with msgspec.
+
+An attempt is settled in one commit: ``complete``, ``fail`` and ``hand_back`` return a
+future at once (``Committer.apply``), so one frame's results join one group commit without
+a task each, and the Worker's ``ack`` answers each once it is durable. Which handler a
+result runs is the Step type's (``_COMPLETE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+import msgspec
+from pydantic import BaseModel, ValidationError
+
+from dex import _failpoints as failpoints
+from dex.errors import DexError, InvalidInput, NotFound
+from dex.server.actors import Actor
+from dex.server.committer import Committer, Handle
+from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn, WorkerIdInUse
+from dex.server.engine import handlers
+from dex.server.engine.handlers import Transition
+from dex.server.engine.state import (
+    AttemptError,
+    SessionState,
+    Step,
+    attempt_id,
+    parse_attempt_id,
+)
+from dex.server.metrics import Metrics
+from dex.server.streams import Streams
+from dex.server.supervisor import Supervisor
+from dex.wire import (
+    MAX_JSON_DEPTH,
+    AgentSpec,
+    AttemptProgress,
+    ModelResponse,
+    RecoveryError,
+    StepStatus,
+    StepType,
+    Summary,
+    ToolOutcome,
+    server_frames,
+    too_deep,
+    worker_frames,
+)
+from dex.wire.outbox import Outbox
+from dex.wire.server_frames import Ack, HeartbeatReply, ServerMessage, Welcome
+from dex.wire.worker_frames import Back, Delta, Done, Drain, Fail, Heartbeat, Hello, WorkerMessage
+
+log = logging.getLogger("dex.workers")
+
+M = TypeVar("M", bound=BaseModel)
+
+Failure = RecoveryError | worker_frames.RecoveryError | AttemptError
+"""Why an attempt failed: from the API or a Worker's frame, or the server's own."""
+
+_COMPLETE: dict[StepType, tuple[type[BaseModel], Callable[..., Transition]]] = {
+    StepType.RUN_MODEL: (ModelResponse, handlers.complete_model),
+    StepType.COMPACT_CONTEXT: (Summary, handlers.complete_summary),
+}
+"""The type a Step's result is validated by, and the handler that commits it."""
+_COMPLETE_TOOL: tuple[type[BaseModel], Callable[..., Transition]] = (
+    ToolOutcome,
+    handlers.complete_tool,
+)
+"""Every other Step's (a tool call's), and an attempt's whose Step is gone (it refuses)."""
+
+_RESULTS: dict[type, str] = {Done: "done", Fail: "fail", Back: "back"}
+"""Each result message's ``t``, as refusals name it."""
+
+
+class Wire(Protocol):
+    """The socket of one Worker connection, as the outbox writes to it."""
+
+    async def send(self, frame: bytes) -> None: ...
+
+
+@dataclass(eq=False)
+class Link:
+    """One Worker connection as the attempts see it: what its messages do, and its outbox."""
+
+    attempts: Attempts
+    worker: WorkerConn
+    outbox: Outbox[ServerMessage]
+    lease_valid: Callable[[], bool]
+    """Whether answers from memory (heartbeat replies, start acks, live text) may be given."""
+    writer: asyncio.Task[None]
+    stopped: int
+    """Attempts the hello claimed that the node does not run any more (``welcome.stop``)."""
+    handed_back: int
+    """Attempts a reconnected Worker did not name: it never received them."""
+
+    @property
+    def worker_id(self) -> str:
+        return self.worker.id
+
+    @property
+    def held(self) -> int:
+        return len(self.worker.attempts)
+
+    def receive(self, message: WorkerMessage) -> None:
+        """Act on one message, in the order they came; a result's commit joins the next
+        group commit and answers with an ``ack`` when it is done, without holding up the
+        next message."""
+        worker, outbox = self.worker, self.outbox
+        dispatcher = self.attempts.dispatcher
+        if isinstance(message, Heartbeat):
+            if not self.lease_valid():
+                return  # not sure it still leads: no "ok" from a node that may be replaced
+            # a heartbeat's "ok" is also the start acknowledgement of a single-attempt tool
+            status = self.attempts.heartbeat(worker, message.attempts)
+            outbox.put(HeartbeatReply(status=status, seq=message.seq))
+            return
+        if isinstance(message, Delta):
+            held = dispatcher.owned(worker, message.attempt_id)
+            if held is None:
+                dispatcher.refuse(worker, message.attempt_id, "delta")
+                return
+            if not self.lease_valid():
+                return  # a node that may be replaced publishes no text: its successor discards it
+            dispatcher.heartbeat(worker, message.attempt_id)
+            held.output += len(message.text)
+            self.attempts.streams.publish(
+                held.session_id,
+                "model.delta",
+                {"attempt_id": message.attempt_id, "step_id": held.step_id, "text": message.text},
+            )
+            return
+        if isinstance(message, Drain):
+            worker.draining = True
+            return
+        assert isinstance(message, Done | Fail | Back)
+        attempt = message.attempt_id
+        if dispatcher.owned(worker, attempt) is None:
+            reason = dispatcher.refuse(worker, attempt, _RESULTS[type(message)])
+            outbox.put(Ack(attempt_id=attempt, ok=False, error=reason))
+            return
+        try:
+            if isinstance(message, Done):
+                done = self.attempts.complete(attempt, bytes(message.result))
+            elif isinstance(message, Fail):
+                done = self.attempts.fail(attempt, message.error)
+            else:
+                if message.reason == "history":  # it lacks the prefix: send the whole view next
+                    held = dispatcher.held[attempt]
+                    worker.history_sent.pop(held.session_id, None)
+                done = self.attempts.hand_back(attempt)
+        except Exception as e:
+            _answer(attempt, outbox, worker.id, e)
+            return
+        done.add_done_callback(functools.partial(_acked, attempt, outbox, worker.id))
+
+    def disconnect(self) -> None:
+        """The connection closed: send nothing more; its attempts wait for the Worker to
+        reconnect (``Dispatcher.disconnect``)."""
+        self.outbox.closed = True
+        self.attempts.dispatcher.disconnect(self.worker)
+        self.writer.cancel()
+
+
+class Attempts:
+    def __init__(
+        self,
+        committer: Committer,
+        dispatcher: Dispatcher,
+        streams: Streams,
+        metrics: Metrics,
+        spec: Callable[[str], AgentSpec],
+    ) -> None:
+        self.committer = committer
+        self.dispatcher = dispatcher
+        self.supervisor: Supervisor = dispatcher.supervisor
+        self.streams = streams
+        self.metrics = metrics
+        self.spec = spec
+        """The agent's registered spec (``Sessions.spec``: ``NotFound`` if none is)."""
+
+    # --- connections -----------------------------------------------------------------
+
+    def connect(
+        self,
+        hello: Hello,
+        ws: Wire,
+        close: Callable[[int, str], Awaitable[None]],
+        lease_valid: Callable[[], bool],
+    ) -> Link | None:
+        """Register a Worker connection from its ``hello`` (its agents registered already)
+        and queue its ``welcome``; None if the Worker id is connected already and the hello
+        did not prove it is the same process."""
+        dispatcher = self.dispatcher
+
+        async def send(frame: bytes, _batch: list[ServerMessage]) -> None:
+            dispatcher.bytes_sent += len(frame)
+            await ws.send(frame)
+
+        outbox: Outbox[ServerMessage] = Outbox(send)
+        queues = set()
+        for agent in hello.agents:
+            queues.add(f"model:{agent.name}")
+            queues.update(f"tool:{agent.name}/{tool.name}" for tool in agent.tools)
+        worker = WorkerConn(
+            id=hello.worker_id,
+            queues=queues,
+            capacity=hello.capacity,
+            send=outbox.put,
+            agents=[a.name for a in hello.agents],
+            history_cache=hello.history_cache,
+        )
+        try:
+            stop, unreceived = self.dispatcher.connect(worker, hello.attempts, hello.resume)
+        except WorkerIdInUse:
+            return None
+
+        def close_from_server(code: int, reason: str) -> None:
+            outbox.closed = True
+            self.supervisor.spawn(close(code, reason))
+
+        worker.close = close_from_server
+        for held in unreceived:
+            self.supervisor.spawn(self.hand_back_unreceived(held))
+        outbox.put(
+            Welcome(
+                worker_id=worker.id,
+                heartbeat_timeout=self.dispatcher.heartbeat_timeout,
+                reconnect_grace=self.dispatcher.reconnect_grace,
+                resume=worker.resume,
+                stop=stop,
+            )
+        )
+        writer = asyncio.create_task(outbox.run())
+        return Link(self, worker, outbox, lease_valid, writer, len(stop), len(unreceived))
+
+    def heartbeat(
+        self, worker: WorkerConn, attempts: list[str]
+    ) -> dict[str, Literal["ok", "stop"]]:
+        """Extend each attempt this connection holds ("ok"); "stop" for the others (one
+        another connection holds is refused, and never extended)."""
+        status: dict[str, Literal["ok", "stop"]] = {}
+        for a in attempts:
+            if self.dispatcher.heartbeat(worker, a):
+                status[a] = "ok"
+            else:
+                status[a] = "stop"
+                if a in self.dispatcher.held:
+                    self.dispatcher.refuse(worker, a, "hb")
+        return status
+
+    # --- hand-outs ---------------------------------------------------------------------
+
+    async def assign(
+        self, session_id: str, step_id: str, worker: WorkerConn
+    ) -> server_frames.Step | None:
+        """Record a hand-out of a queued Step to ``worker``; None if it is not queued any more."""
+
+        def handle(s: SessionState, now: float) -> Transition:
+            step = s.turn.step(step_id) if s.turn else None
+            if step is None or step.status != StepStatus.QUEUED:
+                raise _NotQueued
+            handlers.assign(s, step_id, worker.id, now)
+            return Transition()
+
+        actor = await self.committer.actors.get(session_id)
+        try:
+            await self.committer.apply(actor, lambda _: handle, dispatch=False)
+        except _NotQueued:
+            return None
+        step = actor.state.turn.step(step_id) if actor.state.turn else None
+        assert step is not None
+        return self.committer.handout(actor, step, worker)
+
+    # --- results -----------------------------------------------------------------------
+
+    def complete(self, attempt: str, payload: dict[str, Any] | bytes) -> asyncio.Future[Transition]:
+        """Commit an attempt's result (a JSON object, parsed or as its text: a Worker's
+        frame keeps it JSON, validated once by the type its Step expects). Raises at once
+        for a result that cannot apply."""
+        failpoints.hit("server.before_commit_result")
+        if _too_deep(payload):
+            raise InvalidInput(f"the result nests deeper than {MAX_JSON_DEPTH} levels")
+        session_id, step_id, number = _parse(attempt)
+        ended = _Ended("succeeded", None)
+
+        def build(actor: Actor) -> Handle:
+            spec = self.spec(actor.state.agent)
+            step = ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
+            model, complete = _COMPLETE.get(step.type, _COMPLETE_TOOL) if step else _COMPLETE_TOOL
+            return lambda s, now: complete(
+                s, spec, step_id, number, _validated(model, payload), now
+            )
+
+        return self._settling(session_id, build, attempt, ended)
+
+    def fail(
+        self, attempt: str, error: Failure, *, backoff: bool = True
+    ) -> asyncio.Future[Transition]:
+        session_id, step_id, number = _parse(attempt)
+        failure = (
+            error
+            if isinstance(error, AttemptError)
+            else AttemptError(
+                message=error.message,
+                attempt_progress=error.attempt_progress,
+                retryable=error.retryable,
+            )
+        )
+        ended = _Ended("failed", failure.attempt_progress.value)
+
+        def build(actor: Actor) -> Handle:
+            spec = self.spec(actor.state.agent)
+            ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
+            return lambda s, now: handlers.fail_attempt(
+                s, spec, step_id, number, failure, now, backoff=backoff
+            )
+
+        return self._settling(session_id, build, attempt, ended)
+
+    def hand_back(self, attempt: str) -> asyncio.Future[Transition]:
+        session_id, step_id, number = _parse(attempt)
+        ended = _Ended("handed_back", None)
+
+        def build(actor: Actor) -> Handle:
+            ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
+            return lambda s, now: handlers.hand_back(s, step_id, number)
+
+        return self._settling(session_id, build, attempt, ended)
+
+    def _settling(
+        self, session_id: str, build: Callable[[Actor], Handle], attempt: str, ended: _Ended
+    ) -> asyncio.Future[Transition]:
+        """Apply the end of ``attempt`` (let go once committed), and count it then."""
+        done = self.committer.apply(session_id, build, release=attempt)
+        done.add_done_callback(functools.partial(self._settled, ended))
+        return done
+
+    def _settled(self, ended: _Ended, done: asyncio.Future[Transition]) -> None:
+        """After an attempt's end committed: count it."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        step_type = ended.step.type.value if ended.step is not None else "unknown"
+        if ended.progress is None:
+            self.metrics.attempt_ended(step_type, ended.outcome)
+        else:
+            self.metrics.attempt_ended(step_type, ended.outcome, ended.progress)
+        if ended.outcome == "succeeded":
+            failpoints.hit("server.after_commit_result")
+
+    # --- ends the node decides -----------------------------------------------------------
+
+    async def expire(self, held: Held) -> None:
+        """An attempt's Worker is gone (its connection closed and it did not come back
+        within the reconnect grace) or silent (no heartbeat within the timeout). The
+        attempt stays held until its failure is committed; it retries at once."""
+        if held.grace_until is not None and held.grace_until <= held.deadline:
+            why = (
+                f"the connection of Worker {held.worker_id} closed and it did not reconnect "
+                f"within {self.dispatcher.reconnect_grace:g}s"
+            )
+        else:
+            why = (
+                f"no heartbeat from Worker {held.worker_id} for "
+                f"{self.dispatcher.heartbeat_timeout:g}s"
+            )
+        error = AttemptError(message=why, attempt_progress=AttemptProgress.NOT_COMPLETED)
+        aid = attempt_id(held.session_id, held.step_id, held.number)
+        try:
+            await self.supervisor.retrying(
+                "failing an attempt", lambda: self.fail(aid, error, backoff=False), attempt_id=aid
+            )
+        finally:
+            self.dispatcher.unhold(aid, held)  # committed, or it had ended on its own
+
+    async def hand_back_unreceived(self, held: Held) -> None:
+        """A reconnected Worker did not name this attempt: it never received the hand-out,
+        so the tool did not run. The Step queues again and uses no attempt."""
+        aid = attempt_id(held.session_id, held.step_id, held.number)
+        held.expiring = True
+        try:
+            await self.supervisor.retrying(
+                "handing back an attempt", lambda: self.hand_back(aid), attempt_id=aid
+            )
+        finally:
+            self.dispatcher.unhold(aid, held)
+
+
+@dataclass(eq=False)
+class _Ended:
+    """How an attempt ends, for its count once committed."""
+
+    outcome: str
+    progress: str | None
+    step: Step | None = None
+
+
+class _NotQueued(Exception):
+    """A hand-out found its Step no longer queued: nothing to record."""
+
+
+def _acked(
+    attempt: str, outbox: Outbox[ServerMessage], worker_id: str, done: asyncio.Future[Any]
+) -> None:
+    """Answer every result: committed (ok) or refused, never silence."""
+    if done.cancelled():
+        _answer(attempt, outbox, worker_id, asyncio.CancelledError())
+    else:
+        _answer(attempt, outbox, worker_id, done.exception())
+
+
+def _answer(
+    attempt: str, outbox: Outbox[ServerMessage], worker_id: str, error: BaseException | None
+) -> None:
+    if error is None:
+        outbox.put(Ack(attempt_id=attempt, ok=True))
+    elif isinstance(error, DexError | ValidationError):
+        outbox.put(Ack(attempt_id=attempt, ok=False, error=str(error)))
+    else:
+        log.error(
+            "committing a result failed",
+            exc_info=error,
+            extra={"action": "worker.result_failed", "attempt_id": attempt, "worker_id": worker_id},
+        )
+        outbox.put(
+            Ack(
+                attempt_id=attempt,
+                ok=False,
+                error=f"the server could not record this result: {type(error).__name__}",
+            )
+        )
+
+
+def _validated(model: type[M], payload: dict[str, Any] | bytes) -> M:
+    if isinstance(payload, bytes):
+        return model.model_validate_json(payload)
+    return model.model_validate(payload)
+
+
+def _too_deep(payload: dict[str, Any] | bytes) -> bool:
+    if not isinstance(payload, bytes):
+        return too_deep(payload)
+    # no JSON text with fewer brackets than the limit nests past it: skip the parse
+    if payload.count(b"[") + payload.count(b"{") <= MAX_JSON_DEPTH:
+        return False
+    return too_deep(msgspec.json.decode(payload))
+
+
+def _parse(attempt: str) -> tuple[str, str, int]:
+    try:
+        return parse_attempt_id(attempt)
+    except ValueError:
+        raise NotFound(f"unknown attempt {attempt!r}") from None
