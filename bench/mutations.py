@@ -89,13 +89,18 @@ MUTATIONS = (
             "test_every_attempt_interrupted_read_fails_and_write_is_unknown",
         ),
     ),
+    # Not ``fire_timer``'s check that the wait still waits: that check only saves a commit,
+    # since recording the firing (``waits.record_input``) refuses a wait that ended, and
+    # applying it (``waits.apply_input``) ignores one; breaking it alone changes nothing
+    # a user sees (run once: no test failed, rightly). A node that comes back must arm its
+    # waiting timers again, or a timer that came due while it was down never fires.
     Mutation(
-        "timer-once",
-        "a timer fires once (sessions.Sessions.fire_timer)",
+        "timer-rearmed",
+        "a timer that came due during an outage fires when the node is back "
+        "(sessions.Sessions.start)",
         "src/dex/server/sessions.py",
-        "            if step is None or step.status != StepStatus.WAITING "
-        "or step.tool_call_id is None:\n",
-        "            if step is None or step.tool_call_id is None:\n",
+        "                    self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)\n",
+        "                    pass\n",
         ("tests/crash/test_waits.py",),
         only="timer",
     ),
