@@ -93,7 +93,7 @@ def test_a_question_its_answer_and_who_answered_stay_in_the_conversation(
 
     expect(said(page).last).to_contain_text("done: ordered shirt in M")
     texts = said(page).all_inner_texts()
-    assert [t.splitlines()[-1] for t in texts] == [
+    assert [t.strip().splitlines()[-1].strip() for t in texts] == [
         "hi",
         "echo: hi",
         "order a shirt",
