@@ -159,6 +159,7 @@ class HaCluster(WorkerPool):
                 heartbeat_timeout=self.heartbeat_timeout,
                 env=env,
                 database=self.database,
+                standby=True,
             )
             for name in ("node-a", "node-b")
         ]

@@ -238,7 +238,7 @@ def run(kills: int, fault: str, directory: Path, database: str) -> Result:
     result = Result()
     ledger = Ledger(directory / "ledger.jsonl")
     nodes = [
-        ServerProcess(directory / name, heartbeat_timeout=5.0, database=database)
+        ServerProcess(directory / name, heartbeat_timeout=5.0, database=database, standby=True)
         for name in ("a", "b")
     ]
     address = ",".join(n.address for n in nodes)

@@ -36,8 +36,8 @@ def test_one_address_behind_a_balancer_that_follows_readyz(
 ) -> None:
     """Workers and clients know one address; the balancer behind it sends connections to
     the node whose /readyz is 200. After a takeover they follow by themselves."""
-    a = ServerProcess(tmp_path / "a", database=postgres_url)
-    b = ServerProcess(tmp_path / "b", database=postgres_url)
+    a = ServerProcess(tmp_path / "a", database=postgres_url, standby=True)
+    b = ServerProcess(tmp_path / "b", database=postgres_url, standby=True)
     a.start()
     b.start(ready=False)
     with TcpProxy("127.0.0.1", a.port).in_thread() as balancer:
@@ -75,7 +75,9 @@ def test_after_postgresql_restarts_exactly_one_node_leads_with_a_higher_epoch(
     ctl = _pg_ctl()
     if ctl is None:
         pytest.skip("restarting PostgreSQL needs root and pg_ctlcluster")
-    nodes = [ServerProcess(tmp_path / n, database=postgres_url) for n in ("a", "b")]
+    nodes = [
+        ServerProcess(tmp_path / n, database=postgres_url, standby=True) for n in ("a", "b")
+    ]
     nodes[0].start()
     nodes[1].start(ready=False)
     address = ",".join(n.address for n in nodes)

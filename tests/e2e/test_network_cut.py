@@ -20,8 +20,8 @@ def test_a_leader_cut_off_from_the_database_steps_down_and_the_standby_serves(
     assert db.hostname is not None and db.port is not None
     with TcpProxy(db.hostname, db.port).in_thread() as proxy:
         through_proxy = postgres_url.replace(f":{db.port}/", f":{proxy.port}/")
-        leader = ServerProcess(tmp_path / "a", database=through_proxy)
-        standby = ServerProcess(tmp_path / "b", database=postgres_url)
+        leader = ServerProcess(tmp_path / "a", database=through_proxy, standby=True)
+        standby = ServerProcess(tmp_path / "b", database=postgres_url, standby=True)
         address = f"{leader.address},{standby.address}"
         worker = WorkerProcess(AGENTS, address, tmp_path / "worker.log")
         try:

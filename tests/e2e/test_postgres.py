@@ -51,8 +51,8 @@ def readyz(server: ServerProcess) -> tuple[int, dict[str, Any]]:
 def test_two_servers_on_one_postgres_one_leads_and_the_other_takes_over_when_it_dies(
     tmp_path: Path, postgres_url: str
 ) -> None:
-    first = ServerProcess(tmp_path / "a", database=postgres_url).start()
-    second = ServerProcess(tmp_path / "b", database=postgres_url)
+    first = ServerProcess(tmp_path / "a", database=postgres_url, standby=True).start()
+    second = ServerProcess(tmp_path / "b", database=postgres_url, standby=True)
     try:
         assert readyz(first) == (200, {"status": "ready", "role": "active", "epoch": 1})
         with dex.SyncClient(first.address) as client:

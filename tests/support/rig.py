@@ -61,7 +61,12 @@ class Rig:
         self.failpoints.mkdir()
         self.ledger = Ledger(tmp / "ledger.jsonl")
         self.nodes = [
-            ServerProcess(tmp / name, heartbeat_timeout=HEARTBEAT_TIMEOUT, database=database)
+            ServerProcess(
+                tmp / name,
+                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                database=database,
+                standby=bool(database and standby),
+            )
             for name in (("data", "data-b") if database and standby else ("data",))
         ]
         self.server = self.nodes[0]

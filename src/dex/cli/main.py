@@ -175,6 +175,31 @@ def server(
             "\\[default: memory]",
         ),
     ] = None,
+    standby: Annotated[
+        bool | None,
+        typer.Option(
+            "--standby",
+            envvar="DEX_STANDBY",
+            help="On PostgreSQL: own no session while another node that is not a standby "
+            "lives; stand in for all of them when none does (a hot standby).",
+        ),
+    ] = None,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            envvar="DEX_PARTITIONS",
+            help="On PostgreSQL: how many partitions a new database's sessions are shared out "
+            "in.  \\[default: 64]",
+        ),
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DEX_ADVERTISE",
+            help="On PostgreSQL: the base URL other nodes and Workers reach this node at.  "
+            "\\[default: http://LISTEN]",
+        ),
+    ] = None,
     tracing: Tracing = None,
     tokens_file: Annotated[
         Path | None,
@@ -219,6 +244,9 @@ def server(
         worker_token=worker_token,
         admin_token=admin_token,
         streams=streams,
+        standby=standby,
+        partitions=partitions,
+        advertise=advertise,
         tracing=tracing,
         tokens_file=tokens_file,
         rate_limit=rate_limit,

@@ -13,7 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import uvicorn
 from fastapi import FastAPI
@@ -42,6 +42,9 @@ from dex.server.store.base import Store
 from dex.server.store.open import open_store
 from dex.server.streams import open_streams
 
+if TYPE_CHECKING:
+    from dex.server.ha.lease import Lease  # psycopg: only on PostgreSQL
+
 log = logging.getLogger("dex.server")
 
 
@@ -60,7 +63,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = open_store(config.database_url)
+        store = open_store(config.database_url, config.partitions)
         store.on_lost = on_store_lost
         await store.open()  # a DexError says why it cannot start (``serve`` logs it)
         dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
@@ -68,8 +71,9 @@ def create_app(
         await streams.start()
         domain = Sessions(store, dispatcher, streams, tracing=_tracing(config, tracer_provider))
 
-        lead = leadership or _leadership(config.database_url, store, dispatcher.clock)
+        lead = leadership or _leadership(config, store, dispatcher.clock)
         node = Node(store, dispatcher, domain, lead, on_step_down)
+        node.handover_timeout = config.drain_timeout
         app.state.store = store
         app.state.dispatcher = dispatcher
         app.state.sessions = domain
@@ -134,15 +138,16 @@ def _tracing(config: ServerConfig, provider: Any) -> Any:
     return Tracing(provider)
 
 
-def _leadership(database_url: str, store: Store, clock: Clock) -> Leadership:
-    """The embedded SQLite node leads from the start; nodes sharing PostgreSQL compete for
-    its lease, and a write that was fenced or whose commit is unknown loses it."""
-    if database_url.startswith(("postgresql://", "postgres://")):
+def _leadership(config: ServerConfig, store: Store, clock: Clock) -> Leadership | Lease:
+    """The embedded SQLite node leads from the start; nodes sharing PostgreSQL share its
+    partitions out (docs/cluster.md), and a write that was fenced or whose commit is
+    unknown loses the node its lease."""
+    if config.database_url.startswith(("postgresql://", "postgres://")):
         from dex.server.ha.lease import Lease  # psycopg is an optional extra
         from dex.server.store.postgres import PostgresStore
 
         assert isinstance(store, PostgresStore)
-        lease = Lease(store.url, clock=clock)
+        lease = Lease(store.url, clock=clock, address=config.address, standby=config.standby)
         store.on_fatal = lambda e: lease.lose(f"{e.code}: {e.message}")
         return lease
     return Solo()

@@ -57,6 +57,15 @@ class ServerConfig(Settings):
     """Where live events wait for subscribers (``DEX_STREAMS``): ``memory``, this node's,
     or ``redis://HOST:PORT[/DB]``, which survives a restart or a takeover (needs
     ``dex-runtime[redis]``; docs/streams.md)."""
+    standby: bool = Field(False, validation_alias="DEX_STANDBY")
+    """On PostgreSQL: own no partition while another node that is not a standby lives,
+    and stand in for all of them when none does (``DEX_STANDBY``; docs/cluster.md)."""
+    partitions: int = Field(64, ge=1, le=4096, validation_alias="DEX_PARTITIONS")
+    """On PostgreSQL: how many partitions a new database's sessions are shared out in
+    (``DEX_PARTITIONS``); a database keeps the number it was created with."""
+    advertise: str | None = Field(None, validation_alias="DEX_ADVERTISE")
+    """On PostgreSQL: the base URL other nodes and Workers reach this node at
+    (``DEX_ADVERTISE``); None: ``http(s)://`` and ``listen``."""
     tracing: bool = Field(False, validation_alias="DEX_TRACING")
     """OpenTelemetry spans of turns, Steps and attempts (``DEX_TRACING``; needs
     ``dex-runtime[otel]``): see docs/operations.md."""
@@ -83,6 +92,19 @@ class ServerConfig(Settings):
     @property
     def port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+    @property
+    def address(self) -> str:
+        """The base URL other nodes and Workers reach this node at."""
+        if self.advertise:
+            return self.advertise.rstrip("/")
+        scheme = "https" if self.tls_cert is not None else "http"
+        host = self.host
+        if host in ("0.0.0.0", "::", "[::]"):
+            import socket
+
+            host = socket.gethostname()
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def database_path(self) -> Path:

@@ -25,10 +25,11 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dex import _failpoints as failpoints
-from dex.errors import Conflict, CorruptRecord, InvalidInput, NotFound
+from dex.errors import Conflict, CorruptRecord, InvalidInput, NotFound, Unavailable
 from dex.server import records
 from dex.server.actors import Actor, Actors
 from dex.server.attempts import Attempts
@@ -83,6 +84,9 @@ class Sessions:
         """What Workers do to attempts."""
         self.reads = Reads(store, self.actors, self.streams, dispatcher, self.agents)
         """What clients read."""
+        self.serves: Callable[[str], bool] | None = None
+        """In a cluster, whether this node serves a session (its partition): a new
+        session's id is made in one of this node's partitions. None: every session."""
         self.corrupt: set[str] = set()
         """Sessions whose stored records could not be read at start: they were not
         recovered (each answers ``corrupt_record``), every other one was."""
@@ -92,19 +96,28 @@ class Sessions:
 
     # --- start -----------------------------------------------------------------------
 
-    async def start(self, reason: str = "the server restarted", parallel: int = 1024) -> int:
+    async def load_agents(self) -> None:
+        """Read the registered agents from storage (other nodes' Workers register too)."""
+        agents = self._readable_agents(await self.store.load_agents())
+        self.agents.clear()  # ``reads`` reads this very dict
+        self.agents.update((a.name, a) for a in agents)
+
+    async def start(
+        self,
+        reason: str = "the server restarted",
+        parallel: int = 1024,
+        partitions: Callable[[str], bool] | None = None,
+    ) -> int:
         """Load agents, fail every attempt left running, apply recorded inputs, arm timers,
         and queue what was queued. Only the sessions in a turn are read: an idle one loads
         when it is first used. They recover ``parallel`` at a time, in two waves: every
         session of the wave is loaded (the reads reach the store together), then every one
         recovers (little work lies between two of their writes, so they share a few
-        commits). Returns how many attempts were failed."""
+        commits). ``partitions``: only the sessions it takes (a node of a cluster that
+        took some partitions). Returns how many attempts were failed."""
         if self.tracing is not None:
             self.tracing.started_at = self.clock.now()  # what ended before is the old node's
-        self.agents.clear()  # ``reads`` reads this very dict
-        self.agents.update(
-            (a.name, a) for a in self._readable_agents(await self.store.load_agents())
-        )
+        await self.load_agents()
 
         async def recover(actor: Actor) -> int:
             session_id = actor.state.id
@@ -120,6 +133,8 @@ class Sessions:
             return running
 
         sessions = await self.store.running_sessions()
+        if partitions is not None:
+            sessions = [s for s in sessions if partitions(s)]
         failed = 0
         for first in range(0, len(sessions), parallel):
             wave = sessions[first : first + parallel]
@@ -160,12 +175,14 @@ class Sessions:
                 self.metrics.attempt_ended(step_type, "failed", "NOT_COMPLETED")
         return len(types)
 
-    async def fail_held(self, reason: str) -> int:
-        """Fail every attempt a Worker still holds, as a node stopping does (group commit
-        makes it one transaction, or few). Returns how many failed."""
+    async def fail_held(self, reason: str, only: Callable[[str], bool] | None = None) -> int:
+        """Fail every attempt a Worker still holds (``only``: of the sessions it takes), as
+        a node stopping does (group commit makes it one transaction, or few). Returns how
+        many failed."""
         by_session: dict[str, list[str]] = {}
         for aid, held in self.dispatcher.held.items():
-            by_session.setdefault(held.session_id, []).append(aid)
+            if only is None or only(held.session_id):
+                by_session.setdefault(held.session_id, []).append(aid)
 
         async def fail_session(session_id: str, held: list[str]) -> int:
             actor = await self.actors.get(session_id)
@@ -176,6 +193,14 @@ class Sessions:
 
         counts = await asyncio.gather(*(fail_session(s, a) for s, a in by_session.items()))
         return sum(counts)
+
+    def forget(self, which: Callable[[str], bool]) -> None:
+        """Drop the sessions ``which`` takes from memory (a cluster node handed their
+        partition over): who waits on one hears now, and a later use loads it again."""
+        for actor in self.actors.actors():
+            if which(actor.state.id):
+                actor.wake_all()
+                self.actors.drop(actor)
 
     # --- agents ------------------------------------------------------------------------
 
@@ -202,9 +227,22 @@ class Sessions:
     async def create(self, agent: str, session_id: str | None) -> SessionState:
         self.spec(agent)
         now = self.clock.now()
-        state = SessionState(id=_new_id(session_id), agent=agent, created_at=now, updated_at=now)
+        new_id = _new_id(session_id)
+        if session_id is None and self.serves is not None:
+            new_id = self._own_id(new_id)
+        state = SessionState(id=new_id, agent=agent, created_at=now, updated_at=now)
         await self._write_new(records.new_session(state))
         return state
+
+    def _own_id(self, new_id: str) -> str:
+        """A new id in one of this node's partitions (a few tries: it serves one of every
+        few); ``Unavailable`` if it serves none now."""
+        assert self.serves is not None
+        for _ in range(10_000):
+            if self.serves(new_id):
+                return new_id
+            new_id = _new_id(None)
+        raise Unavailable("this node serves no partition now: try another node")
 
     async def fork(self, session_id: str, before: int, new_id: str | None) -> SessionState:
         """A new session whose history is this one's before turn ``before``
@@ -214,8 +252,11 @@ class Sessions:
         try:
             ended = [records.turn(raw) for raw in await self.store.load_turns(session_id)]
             history = ITEMS.validate_python(actor.history_json)
+            fork_id = _new_id(new_id)
+            if new_id is None and self.serves is not None:
+                fork_id = self._own_id(fork_id)
             state, history, turns = fork.fork(
-                actor.state, history, ended, before, _new_id(new_id), self.clock.now()
+                actor.state, history, ended, before, fork_id, self.clock.now()
             )
         finally:
             actor.release()

@@ -82,9 +82,11 @@ class ServerProcess(_Process):
         database: str | None = None,
         wrap: Sequence[str] = (),
         tls: ssl.SSLContext | None = None,
+        standby: bool = False,
     ) -> None:
         """``tls``: the node serves HTTPS (give ``DEX_TLS_CERT`` and ``DEX_TLS_KEY`` in
-        ``env``); the context verifies it, for the probes."""
+        ``env``); the context verifies it, for the probes. ``standby``: on PostgreSQL, a
+        hot standby (``--standby``), which owns nothing while another node serves."""
         super().__init__(data_dir.parent / f"{data_dir.name}-server.log", wrap)
         self.data_dir = data_dir
         self.port = port or free_port()
@@ -92,6 +94,7 @@ class ServerProcess(_Process):
         self.env = dict(env or {})
         self.database = database
         self.tls = tls
+        self.standby = standby
 
     @property
     def address(self) -> str:
@@ -104,6 +107,8 @@ class ServerProcess(_Process):
         """Start the node and wait until it serves (``ready``), or, for a node that may
         come up a standby, until it answers ``/healthz``."""
         storage = ["--database", self.database] if self.database else []
+        if self.standby:
+            storage.append("--standby")
         self._spawn(
             [
                 "server",

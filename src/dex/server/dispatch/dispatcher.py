@@ -122,6 +122,10 @@ Expire = Callable[[Held], Coroutine[Any, Any, None]]
 Fire = Callable[[str, str], Coroutine[Any, Any, None]]
 
 
+def _every_session(session_id: str) -> bool:
+    return True
+
+
 class Dispatcher:
     def __init__(
         self, heartbeat_timeout: float, reconnect_grace: float = 1.0, clock: Clock | None = None
@@ -156,6 +160,10 @@ class Dispatcher:
         self._runner: asyncio.Task[None] | None = None
         self.paused = False
         """Draining: hand nothing out and fire no timer (both stay queued in storage)."""
+        self.dispatches: Callable[[str], bool] = _every_session
+        """Whether this node hands out a session's Steps and fires its timers: in a
+        cluster, only its own partitions' (a Step of another's is dropped here: the node
+        that takes the partition queues it again from storage)."""
         self._none_held = asyncio.Event()
         self._none_held.set()
 
@@ -404,7 +412,8 @@ class Dispatcher:
         assert self._fire is not None
         while not self.paused and self._timers and self._timers[0][0] <= now:
             _, _, session_id, step_id = heapq.heappop(self._timers)
-            self.supervisor.spawn(self._fire(session_id, step_id))
+            if self.dispatches(session_id):
+                self.supervisor.spawn(self._fire(session_id, step_id))
 
     def _pump(self) -> None:
         assert self._assign is not None
@@ -417,6 +426,8 @@ class Dispatcher:
                     break
                 sid, step_id = self._ready[queue].popleft()
                 self._ready_count -= 1
+                if not self.dispatches(sid):
+                    continue
                 worker.reserved += 1
                 self.supervisor.spawn(self._hand_out(sid, step_id, queue, worker))
 

@@ -1,9 +1,10 @@
-"""Leadership: which node may serve, and for how long it may trust that it still does.
+"""Leadership: whether a node may serve, and for how long it may trust that it still does.
 
-A node serves (dispatches Steps, fires timers, answers the API) only while it leads.
-``Leadership`` is what the node needs of a lease; the PostgreSQL ``Lease`` provides it
-for nodes that share a database, and ``Solo`` for the embedded SQLite node, which leads
-from the start (the lock on its data directory keeps any other node out).
+A node serves (dispatches Steps, fires timers, answers the API) only while it holds its
+lease. ``Leadership`` is what the node needs of a lease; the PostgreSQL ``Lease``
+(``dex.server.ha.lease``) provides it for the nodes of a cluster, which share the
+partitions out, and ``Solo`` for the embedded SQLite node, which leads from the start
+(the lock on its data directory keeps any other node out).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ class Leadership(Protocol):
     a write was fenced): it must stop serving at once."""
 
     async def acquire(self) -> int:
-        """Wait until this node leads; return its epoch (higher than any before)."""
+        """Wait until this node leads alone; return its epoch (a cluster node's
+        ``Lease`` joins instead: ``Lease.join``)."""
         ...
 
     async def release(self) -> None:

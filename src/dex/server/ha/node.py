@@ -1,29 +1,40 @@
-"""One node's life: standby until it leads, then recover and serve, until it stops
-(a drain) or loses the lead (a step down).
+"""One node's life: it joins (a cluster on PostgreSQL) or leads from the start (SQLite),
+recovers and serves, until it stops (a drain) or loses its lease (a step down).
 
     starting -> standby -> recovering -> active -> draining -> stopped
                                            \\-> stepped-down (the lease was lost: exit)
 
+On SQLite the node leads alone (``Solo``). On PostgreSQL it joins the cluster
+(``dex.server.ha.lease``): a node that is not a standby is ``active`` at once and takes
+its share of the partitions (``dex.server.ha.cluster``), recovering each batch of
+partitions it takes before serving them, and hands partitions over (drained) when others
+join; a standby stays ``standby`` until it stands in for nodes that are gone.
+
 Only an ``active`` node answers ``/readyz`` with 200 and takes Worker connections; the
 client API answers while ``active`` and while ``draining`` (new work queues in storage
-for the next node). A node that loses the lead stops handing out Steps and answering
-heartbeats at once and leaves: its process exits, and a supervisor starts it again as a
-standby.
+for the next node). A node that loses its lease stops handing out Steps and answering
+heartbeats at once and leaves: its process exits, and a supervisor starts it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from dex.errors import StorageError
 from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.ha.cluster import Cluster, View
 from dex.server.ha.leadership import Leadership, Solo
 from dex.server.metrics import node_gauges
 from dex.server.sessions import Sessions
 from dex.server.store.base import Store
 from dex.wire.protocol import CLOSE_NOT_READY
+
+if TYPE_CHECKING:
+    from dex.server.ha.lease import Lease  # psycopg: only on PostgreSQL
 
 log = logging.getLogger("dex.node")
 
@@ -36,7 +47,7 @@ class Node:
         store: Store,
         dispatcher: Dispatcher,
         sessions: Sessions,
-        leadership: Leadership,
+        leadership: Leadership | Lease,
         on_step_down: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
@@ -46,6 +57,15 @@ class Node:
         self.on_step_down = on_step_down
         self.role = "starting"
         self.epoch = 0
+        self.cluster: Cluster | None = None
+        """On PostgreSQL: this node's partitions and the cluster's view; None on SQLite."""
+        self.handover_timeout = 20.0
+        """How long a partition handed over waits for its running attempts to finish
+        before they fail (``dex server --drain-timeout``)."""
+        self.on_members: Callable[[list[str]], None] | None = None
+        """Told the addresses Workers should connect to whenever they change."""
+        self._members: list[str] = []
+        self._to_recover: set[int] = set()
         self._active = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         sessions.metrics.watch(lambda: node_gauges(self))
@@ -58,7 +78,8 @@ class Node:
     async def start(self, *, wait: bool) -> None:
         """Start leading in the background; with ``wait``, return once active (a node
         that leads from the start recovers before it answers anything)."""
-        self._task = asyncio.create_task(self._lead(), name="dex-node")
+        run = self._join() if getattr(self.leadership, "clustered", False) else self._lead()
+        self._task = asyncio.create_task(run, name="dex-node")
         self._task.add_done_callback(self._lead_ended)
         if wait:
             active = asyncio.create_task(self._active.wait())
@@ -74,32 +95,34 @@ class Node:
         return not isinstance(self.leadership, Solo)
 
     async def _lead(self) -> None:
+        """A node alone (the embedded one): wait for the lead, recover everything, serve."""
         self.role = "standby"
-        if self.shared:
-            log.info("standby: waiting for the lead", extra={"action": "node.standby"})
-        self.epoch = await self.leadership.acquire()
+        self.epoch = await cast(Leadership, self.leadership).acquire()
         self.role = "recovering"
-        self.store.fence_epoch = self.epoch  # every write now checks it (PostgreSQL)
-        reason = "the node restarted" if self.epoch <= 1 else "a standby took over"
-        failed = await self._recover(reason)
+        failed = await self._recover("the node restarted")
         attempts = self.sessions.attempts
         self.dispatcher.start(attempts.assign, attempts.expire, self.sessions.fire_timer)
         self.role = "active"
         self._active.set()
         log.info(
-            "node active" if self.shared else "recovered from storage",
+            "recovered from storage",
             extra={"action": "node.ready", "epoch": self.epoch, "failed_attempts": failed},
         )
         await self.leadership.lost.wait()
         self.step_down("the lease was lost")
 
-    async def _recover(self, reason: str) -> int:
+    async def _recover(self, reason: str, partitions: set[int] | None = None) -> int:
         """Run the recovery a start runs until it commits (it is idempotent): a storage
-        error (the database restarting) is retried while the lease holds."""
+        error (the database restarting) is retried while the lease holds. ``partitions``:
+        only those (a cluster node that took them)."""
+        cluster = self.cluster
+        only = None
+        if cluster is not None and partitions is not None:
+            only = lambda session_id: cluster.partition(session_id) in partitions  # noqa: E731
         delay = 0.1
         while True:
             try:
-                return await self.sessions.start(reason)
+                return await self.sessions.start(reason, partitions=only)
             except StorageError as e:
                 if self.leadership.lost.is_set():
                     raise
@@ -111,6 +134,137 @@ class Node:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    # --- a cluster on PostgreSQL ------------------------------------------------------
+
+    @property
+    def _lease(self) -> Lease:
+        return cast("Lease", self.leadership)
+
+    async def _join(self) -> None:
+        """Join the cluster, then take, recover, serve and hand over partitions as each
+        ping's view says (``_on_view``), until the lease is lost."""
+        lease = self._lease
+        cluster = Cluster(lease.holder, self.store.partition_count, lease.standby)
+        self.cluster = cluster
+        self.store.fence = cluster.epochs  # every write now checks its partition's epoch
+        self.sessions.serves = cluster.serves
+        self.dispatcher.dispatches = cluster.dispatches
+        self.role = "standby" if lease.standby else "starting"
+        if lease.standby:
+            log.info("standby: waiting for nodes to stand in for", extra={"action": "node.standby"})
+        lease.on_view = self._on_view
+        lease.on_taken = self._on_taken
+        view = await lease.join()
+        await self.sessions.load_agents()
+        attempts = self.sessions.attempts
+        self.dispatcher.start(attempts.assign, attempts.expire, self.sessions.fire_timer)
+        if not lease.standby:
+            self._serve()
+        self._on_view(view)
+        await lease.lost.wait()
+        self.step_down("the lease was lost")
+
+    def _serve(self) -> None:
+        if self.role in ("starting", "standby"):
+            self.role = "active"
+            self._active.set()
+            log.info(
+                "node active",
+                extra={"action": "node.ready", "node_id": self.cluster and self.cluster.node_id},
+            )
+
+    def _on_view(self, view: View) -> None:
+        """A ping's view of the cluster (on the loop): take or give partitions."""
+        cluster = self.cluster
+        if cluster is None or self.role in ("stepped-down", "draining", "stopped"):
+            return
+        cluster.view = view
+        members = cluster.worker_addresses()
+        if members != self._members:
+            self._members = members
+            if self.on_members is not None:
+                self.on_members(members)
+        plan = cluster.next_plan()
+        if plan.lead:
+            self._lease.lead()
+        if plan.take:
+            cluster.taking.update(plan.take)
+            self._lease.take(plan.take)
+        give = {p for p in plan.give if p in cluster.serving}
+        if give:
+            cluster.serving -= give
+            cluster.draining |= give
+            self.sessions.supervisor.spawn(self._hand_over(give))
+
+    def _on_taken(self, partition: int, epoch: int | None) -> None:
+        """The lock thread took ``partition`` (with its new epoch) or missed it (None)."""
+        cluster = self.cluster
+        assert cluster is not None
+        cluster.taking.discard(partition)
+        if epoch is not None:
+            cluster.epochs[partition] = epoch
+            cluster.recovering.add(partition)
+            self.epoch = max(self.epoch, epoch)
+            self._to_recover.add(partition)
+        if not cluster.taking and self._to_recover:
+            taken, self._to_recover = self._to_recover, set()
+            self.sessions.supervisor.spawn(self._take_over(taken))
+
+    async def _take_over(self, partitions: set[int]) -> None:
+        """Recover the sessions of partitions just taken, then serve them."""
+        cluster = self.cluster
+        assert cluster is not None
+        started = time.monotonic()
+        failed = await self._recover("its partition was taken over by another node", partitions)
+        cluster.recovering -= partitions
+        cluster.serving |= partitions
+        self._serve()
+        log.info(
+            "took %d partitions",
+            len(partitions),
+            extra={
+                "action": "node.partitions_taken",
+                "partitions": sorted(partitions),
+                "failed_attempts": failed,
+                "recovery_seconds": round(time.monotonic() - started, 3),
+            },
+        )
+
+    async def _hand_over(self, partitions: set[int]) -> None:
+        """Give partitions up: hand out nothing new of theirs, let their running attempts
+        finish (up to ``handover_timeout``; then they fail), stop writing to them, forget
+        their sessions, free their locks."""
+        cluster = self.cluster
+        assert cluster is not None
+
+        def in_them(session_id: str) -> bool:
+            return cluster.partition(session_id) in partitions
+
+        deadline = time.monotonic() + self.handover_timeout
+        while time.monotonic() < deadline and any(
+            in_them(held.session_id) for held in self.dispatcher.held.values()
+        ):
+            await asyncio.sleep(0.05)
+        failed = await self.sessions.fail_held(
+            f"its partition was handed over to another node, and it did not finish within "
+            f"{self.handover_timeout:g}s",
+            only=in_them,
+        )
+        for p in partitions:
+            cluster.epochs.pop(p, None)  # the store refuses writes to them from here on
+        self.sessions.forget(in_them)
+        cluster.draining -= partitions
+        self._lease.give(sorted(partitions))
+        log.info(
+            "handed over %d partitions",
+            len(partitions),
+            extra={
+                "action": "node.partitions_given",
+                "partitions": sorted(partitions),
+                "failed_attempts": failed,
+            },
+        )
 
     def _lead_ended(self, task: asyncio.Task[None]) -> None:
         """Nothing may fail here unseen: a node that cannot lead steps down (and leaves)."""

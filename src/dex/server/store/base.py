@@ -199,9 +199,14 @@ def migrations(dialect: str) -> list[tuple[int, str]]:
 
 
 class Store(ABC):
-    fence_epoch: int | None = None
-    """The epoch of the lead this node holds: a backend shared by several nodes refuses
-    every write once another node has taken the lead with a higher epoch."""
+    fence: dict[int, int] | None = None
+    """The partitions this node owns, with the epoch it took each with: a backend shared
+    by several nodes refuses a write to a partition not in it (``Unavailable``: another
+    node serves it) and every batch to one another node has taken since (``Fenced``).
+    None: a node alone on its store (SQLite), which checks nothing."""
+    partition_count = 1
+    """How many partitions the store's sessions are shared out in
+    (``dex.server.ha.partitions``): 1 on a store only one node uses."""
     on_lost: Callable[[], None] | None = None
     """Called once if the store can no longer write while open (SQLite: its writer
     process died). It then refuses every call; ``dex server`` exits, and its restart

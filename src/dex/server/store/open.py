@@ -10,9 +10,10 @@ from dex.server.store.base import Store
 SQLITE = "sqlite:///"
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, partitions: int = 64) -> Store:
     """An unopened store for ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or
-    ``postgresql://user@host:port/database`` (``postgres://`` too)."""
+    ``postgresql://user@host:port/database`` (``postgres://`` too; ``partitions``: how many
+    a database it creates gets)."""
     if url.startswith(SQLITE):
         from dex.server.store.sqlite import SqliteStore
 
@@ -27,7 +28,7 @@ def open_store(url: str) -> Store:
             raise InvalidInput(
                 f"PostgreSQL needs psycopg: pip install 'dex-runtime[postgres]' ({e})"
             ) from e
-        return PostgresStore(url)
+        return PostgresStore(url, partitions=partitions)
     raise InvalidInput(
         f"unknown database URL {url!r}: use sqlite:///path or postgresql://user@host/database"
     )

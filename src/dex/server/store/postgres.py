@@ -23,17 +23,24 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from dex import _failpoints as failpoints
-from dex.errors import CommitUnknown, Conflict, Fenced, StorageError
+from dex.errors import CommitUnknown, Conflict, Fenced, StorageError, Unavailable
+from dex.server.ha.partitions import DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of
 from dex.server.store.base import migrations
 from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
 
 log = logging.getLogger("dex.store")
 
 LEADER_KEY = 4601000001
-"""The session advisory lock the active node holds (``dex.server.ha.Lease``)."""
-FENCE_KEY = 4601000002
-"""Taken shared by every fenced write batch, exclusively by a new leader bumping the
-epoch (the number is also in migration 0002's ``dex_fence``)."""
+"""The session advisory lock of the standby that may take partitions when no other node
+serves (``dex.server.ha.lease``)."""
+NODE_LOCKS = 4610
+"""``(NODE_LOCKS, key)``: held by each live node on its lock connection."""
+PARTITION_LOCKS = 4611
+"""``(PARTITION_LOCKS, id)``: held by the node that owns partition ``id``."""
+FENCE_LOCKS = 4612
+"""``(FENCE_LOCKS, id)``: taken shared by every write batch to partition ``id``,
+exclusively by a node bumping its epoch (the number is also in migration 0005's
+``dex_fence_partitions``)."""
 MIGRATE_KEY = 4601000003
 """Held while migrations run, so that two nodes starting at once run each file once."""
 FENCED_SQLSTATE = "DXF01"
@@ -41,7 +48,9 @@ UNIQUE_VIOLATION = "23505"
 
 Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 Cursor = psycopg.AsyncCursor[tuple[Any, ...]]
-Pending = tuple[list[Statement], "asyncio.Future[None]"]
+Pending = tuple[list[Statement], "asyncio.Future[None]", int | None]
+"""A write's statements, its caller's future, and the partition it writes to (None: no
+session's, an agent)."""
 
 CONNECT_OPTIONS: dict[str, Any] = {
     "application_name": "dex",
@@ -73,12 +82,17 @@ async def connect(url: str, **options: Any) -> Conn:
 class PostgresStore(SqlStore):
     dialect = "postgresql"
 
-    def __init__(self, url: str, *, read_connections: int = 4) -> None:
+    def __init__(
+        self, url: str, *, read_connections: int = 4, partitions: int = DEFAULT_PARTITIONS
+    ) -> None:
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ValueError(f"partitions must be between 1 and {MAX_PARTITIONS}")
         self.url = url
         self.read_connections = read_connections
-        self.fence_epoch: int | None = None
-        """When set, every batch first checks that this is still the lease's epoch and is
-        refused with ``Fenced`` otherwise (the node lost the lease)."""
+        self.partitions_wanted = partitions
+        """How many partitions a database this store creates gets (``--partitions``)."""
+        self.partition_count = partitions
+        """How many the database has: read from it on ``open``."""
         self.on_fatal: Callable[[StorageError], None] | None = None
         """Called when a batch is refused by the fence (``Fenced``) or its outcome is
         unknown (``CommitUnknown``): the node must step down (the server sets the lease's
@@ -95,7 +109,10 @@ class PostgresStore(SqlStore):
             return
         try:
             self._conn = await self._connect_writer()
-            await _migrate(self._conn)
+            await _migrate(self._conn, self.partitions_wanted)
+            cur = await self._conn.execute("SELECT count(*) FROM dex_partitions")
+            row = await cur.fetchone()
+            self.partition_count = int(row[0]) if row else 0
             self._pool = AsyncConnectionPool(
                 self.url,
                 min_size=1,
@@ -148,11 +165,24 @@ class PostgresStore(SqlStore):
 
     # --- the writer task -------------------------------------------------------------
 
-    def _commit_write(self, statements: list[Statement]) -> asyncio.Future[None]:
+    def _commit_write(
+        self, statements: list[Statement], session_id: str | None
+    ) -> asyncio.Future[None]:
         if self._writer is None:
             raise StorageError("the store is not open")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((statements, fut))
+        partition = None
+        if session_id is not None and self.fence is not None:
+            partition = partition_of(session_id, self.partition_count)
+            if partition not in self.fence:  # handed over, or never this node's
+                fut.set_exception(
+                    Unavailable(
+                        f"session {session_id!r} is served by another node now: try again",
+                        session_id=session_id,
+                    )
+                )
+                return fut
+        self._queue.put_nowait((statements, fut, partition))
         return fut
 
     async def _run(self) -> None:
@@ -168,6 +198,9 @@ class PostgresStore(SqlStore):
                     stop = True
                     break
                 batch.append(item)
+            batch = self._still_owned(batch)
+            if not batch:
+                continue
             started = time.perf_counter()
             try:
                 results = await self._commit(batch)
@@ -178,7 +211,7 @@ class PostgresStore(SqlStore):
             fatal = next((e for e in results if isinstance(e, Fenced | CommitUnknown)), None)
             if fatal is not None and self.on_fatal is not None:
                 self.on_fatal(fatal)
-            for (_, fut), error in zip(batch, results, strict=True):
+            for (_, fut, _), error in zip(batch, results, strict=True):
                 if fut.done():
                     continue
                 if error is None:
@@ -186,9 +219,24 @@ class PostgresStore(SqlStore):
                 else:
                     fut.set_exception(error)
 
+    def _still_owned(self, batch: list[Pending]) -> list[Pending]:
+        """The batch without the writes to partitions this node handed over since they
+        were queued: each of those is refused alone (``Unavailable``), not the batch."""
+        fence = self.fence
+        if fence is None:
+            return batch
+        kept = []
+        for item in batch:
+            partition, fut = item[2], item[1]
+            if partition is None or partition in fence:
+                kept.append(item)
+            elif not fut.done():
+                fut.set_exception(Unavailable("the session is served by another node now"))
+        return kept
+
     async def _commit(self, batch: list[Pending]) -> list[Exception | None]:
         n = len(batch)
-        epoch = self.fence_epoch
+        fence = self._fence_of(batch)
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = await self._connect_writer()
@@ -199,10 +247,10 @@ class PostgresStore(SqlStore):
             async with conn.pipeline():
                 cur = conn.cursor()
                 await cur.execute("BEGIN")
-                if epoch is not None:
-                    await cur.execute("SELECT dex_fence(%s)", (epoch,))
+                if fence is not None:
+                    await cur.execute(FENCE, fence)
                     failpoints.hit("store.in_fenced_batch")  # the fence is sent, COMMIT not
-                for statements, _ in batch:
+                for statements, _, _ in batch:
                     await _execute(cur, statements)
                 await cur.execute("COMMIT")
         except psycopg.Error as e:
@@ -212,13 +260,24 @@ class PostgresStore(SqlStore):
                 return [StorageError(f"commit failed: {e}", retryable=True)] * n
             if e.sqlstate == FENCED_SQLSTATE or n == 1:
                 return [_translate(e)] * n
-            return await self._one_by_one(conn, batch, epoch)
+            return await self._one_by_one(conn, batch, fence)
         self.commits += 1
         self.operations += n
         return [None] * n
 
+    def _fence_of(self, batch: list[Pending]) -> tuple[list[int], list[int]] | None:
+        """The partitions the batch writes to and the epochs this node took them with, for
+        ``dex_fence_partitions`` (None: nothing to check). A partition handed over since
+        its write was queued was left out of the batch (``_still_owned``)."""
+        if self.fence is None:
+            return None
+        parts = sorted({p for _, _, p in batch if p is not None})
+        if not parts:
+            return None
+        return parts, [self.fence[p] for p in parts]
+
     async def _one_by_one(
-        self, conn: Conn, batch: list[Pending], epoch: int | None
+        self, conn: Conn, batch: list[Pending], fence: tuple[list[int], list[int]] | None
     ) -> list[Exception | None]:
         """The batch again, each write in its own savepoint: the bad ones fail alone."""
         results: list[Exception | None] = []
@@ -226,9 +285,9 @@ class PostgresStore(SqlStore):
         try:
             cur = conn.cursor()
             await cur.execute("BEGIN")
-            if epoch is not None:
-                await cur.execute("SELECT dex_fence(%s)", (epoch,))
-            for statements, _ in batch:
+            if fence is not None:
+                await cur.execute(FENCE, fence)
+            for statements, _, _ in batch:
                 await cur.execute("SAVEPOINT op")
                 try:
                     await _execute(cur, statements)
@@ -313,8 +372,14 @@ def _translate(e: psycopg.Error) -> Exception:
     return StorageError("the store could not complete the operation", retryable=True)
 
 
-async def _migrate(conn: Conn) -> None:
-    """Run pending migrations, each file whole in its own transaction, one node at a time."""
+FENCE = "SELECT dex_fence_partitions(%s, %s)"
+PARTITIONS_AT = 5
+"""The migration that creates the partitions (``0005_partitions.sql``)."""
+
+
+async def _migrate(conn: Conn, partitions: int = DEFAULT_PARTITIONS) -> None:
+    """Run pending migrations, each file whole in its own transaction, one node at a time.
+    A database that does not have partitions yet gets ``partitions`` of them."""
     await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_KEY,))
     try:
         await conn.execute(
@@ -324,6 +389,12 @@ async def _migrate(conn: Conn) -> None:
         cur = await conn.execute(VERSION)
         row = await cur.fetchone()
         current = int(row[0]) if row else 0
+        if current < PARTITIONS_AT:
+            await conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('partitions', %s) "
+                "ON CONFLICT (key) DO NOTHING",
+                (str(partitions),),
+            )
         for number, sql in migrations("postgresql"):
             if number <= current:
                 continue

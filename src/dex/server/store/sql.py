@@ -223,9 +223,12 @@ class SqlStore(Store):
     """Which of ``ITEM_FIELD`` reads a JSON field in this backend's SQL."""
 
     @abstractmethod
-    def _commit_write(self, statements: list[Statement]) -> asyncio.Future[None]:
-        """Queue one write's statements for the next group commit (it succeeds or fails
-        alone); the future resolves once it is durable."""
+    def _commit_write(
+        self, statements: list[Statement], session_id: str | None
+    ) -> asyncio.Future[None]:
+        """Queue one write's statements (of ``session_id``'s, or of no session) for the
+        next group commit (it succeeds or fails alone); the future resolves once it is
+        durable."""
 
     @abstractmethod
     async def _read(self, queries: list[Query]) -> list[list[tuple[Any, ...]]]:
@@ -245,7 +248,8 @@ class SqlStore(Store):
         )
 
     def submit(self, write: Write) -> asyncio.Future[None]:
-        done = self._commit_write(statements(write))
+        session = write.session
+        done = self._commit_write(statements(write), None if session is None else session.id)
         done.add_done_callback(functools.partial(self._count, write.size()))
         return done
 

@@ -281,7 +281,9 @@ class SqliteStore(SqlStore):
 
     # --- the executor hooks ----------------------------------------------------------
 
-    def _commit_write(self, statements: list[Statement]) -> asyncio.Future[None]:
+    def _commit_write(
+        self, statements: list[Statement], session_id: str | None
+    ) -> asyncio.Future[None]:
         return self._queue(("w", statements), writing=True)
 
     async def _read(self, queries: list[Query]) -> list[list[tuple[Any, ...]]]:
