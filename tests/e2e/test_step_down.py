@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from dex.testing import wait_until
@@ -43,6 +44,8 @@ def test_the_active_node_steps_down_and_the_standby_serves(
         wait_until(standby.ready, 10, what="the standby took over")
         rig.server = standby
         assert rig.client.send_message(sid, "after", wait=True)["text"] == "echo: after"
-        assert "lease acquired" in standby.output() and "epoch=2" in standby.output()
+        assert "took 64 partitions" in standby.output()
+        with urllib.request.urlopen(standby.address + "/readyz", timeout=5) as ready:
+            assert json.loads(ready.read()) == {"status": "ready", "role": "active", "epoch": 2}
     finally:
         rig.close()

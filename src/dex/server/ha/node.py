@@ -122,6 +122,8 @@ class Node:
         delay = 0.1
         while True:
             try:
+                if only is None:
+                    return await self.sessions.start(reason)
                 return await self.sessions.start(reason, partitions=only)
             except StorageError as e:
                 if self.leadership.lost.is_set():
