@@ -18,6 +18,10 @@ docs/crash-matrix.md``, which fails the run when the page its results would writ
 from the committed one (a marked case that failed or skipped). ``render`` is the one place
 that writes the page; ``CrashResults`` gathers the cases from the test reports (in
 pytest-xdist's controller, which receives every report).
+
+The "Decided by" column comes from ``DECIDED_BY``, not from results: after a change to it
+(or to ``PROSE``), ``python -m tests.support.crash_matrix docs/crash-matrix.md`` writes
+that column and the prose anew and keeps every result cell (``redecide``), with no run.
 """
 
 from __future__ import annotations
@@ -145,6 +149,25 @@ E = "dex.server.engine."
 H = E + "handlers."
 S = "dex.server.sessions.Sessions."
 A = "dex.server.attempts.Attempts."
+LINK = "dex.server.attempts.Link."
+PY = "dex.worker.runner.Runner."
+TS = "sdk/typescript/src/runner.ts:Runner."
+GO = "sdk/go/runner.go:(*Worker)."
+SINGLE_ATTEMPT = (
+    E + "turn.queue_tool",
+    E + "outcomes.settle_failed_call",
+    LINK + "receive",  # a heartbeat is answered only while the node holds its lease
+    A + "heartbeat",  # "ok" only to the connection that holds the attempt
+    PY + "run_tool",  # the tool's body starts only on a timely "ok"
+    PY + "start_acknowledged",
+    PY + "_on_reply",
+    TS + "runTool",
+    TS + "startAcknowledged",
+    TS + "onMessage",
+    GO + "runTool",
+    GO + "startAcknowledged",
+    GO + "heartbeatReply",
+)
 DECIDED_BY: dict[str, tuple[str, ...]] = {
     "run_model.before_output": (H + "fail_attempt", H + "recover", E + "outcomes.failed_turn_note"),
     "run_model.after_output": (H + "fail_attempt", H + "recover"),
@@ -152,38 +175,99 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "idempotent_write.running": (H + "fail_attempt", H + "complete_model"),
     "read.running": (H + "fail_attempt",),
     "call_tool.every_attempt": (E + "outcomes.settle_failed_call",),
-    "single_attempt.before_heartbeat": (E + "turn.queue_tool", E + "outcomes.settle_failed_call"),
-    "single_attempt.running": (
-        E + "turn.queue_tool",
-        E + "outcomes.settle_failed_call",
-        "dex.worker.runner.Runner.run_tool",
-    ),
+    "single_attempt.before_heartbeat": SINGLE_ATTEMPT,
+    "single_attempt.running": SINGLE_ATTEMPT,
     "await_tool_approval.waiting": (E + "waits.record_input", E + "waits.apply_input"),
     "await_question_answer.waiting": (E + "waits.record_input", E + "waits.apply_input"),
-    "await_timer.waiting": (S + "fire_timer", S + "start"),
+    # the firing is recorded once: record_input refuses a wait that ended
+    "await_timer.waiting": (
+        S + "fire_timer",
+        E + "waits.record_input",
+        E + "waits.apply_input",
+        S + "start",
+    ),
     "poll_tool_task.between_polls": (H + "complete_tool", S + "start"),
     "poll_tool_task.during_poll": (H + "fail_attempt", H + "complete_tool"),
     "compact_context.during_summary": (H + "complete_summary", H + "fail_attempt"),
     "idle.waiting_for_message": (H + "receive_message",),
     "any_step.queued": (H + "assign", H + "hand_back", S + "start"),
     "read_poll_compact.before_heartbeat": (H + "fail_attempt",),
-    "wait_handler.running": (S + "resolve", S + "_process_inbox", E + "waits.apply_input"),
-    "any_step.result_sent": (A + "complete", H + "recover"),
+    "wait_handler.running": (
+        S + "resolve",
+        S + "_process_inbox",
+        E + "waits.apply_input",
+        S + "start",
+    ),
+    # the Worker channel gives each message to Link.receive: it refuses a result from a
+    # connection that does not hold the attempt, and commits the others (Attempts.complete)
+    "any_step.result_sent": (LINK + "receive", A + "complete", H + "recover"),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each
-must exist, so a rename regenerates the page)."""
+must exist, so a rename regenerates the page): a dotted Python name (the server's, or the
+Python Worker's ``dex.worker``), or ``FILE:NAME`` for the TypeScript and Go Workers' ports
+(``sdk/typescript/src/runner.ts:Runner.runTool``, ``sdk/go/runner.go:(*Worker).runTool``;
+a function outside a class or without a receiver is ``FILE:name``)."""
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+SOURCES = {".ts": "TypeScript", ".go": "Go"}
+"""The Worker languages whose functions ``DECIDED_BY`` names as ``FILE:NAME``, by suffix."""
+
+SIDES = ("Server", "Python", "TypeScript", "Go")
+"""Whose code a name in ``DECIDED_BY`` is, in the order the page shows them."""
+
+
+def _side(name: str) -> str:
+    """``Server``, or the Worker language whose code ``name`` is."""
+    path, colon, _ = name.partition(":")
+    if colon:
+        return SOURCES[Path(path).suffix]
+    return "Python" if name.startswith("dex.worker.") else "Server"
 
 
 def decided_by(key: str) -> str:
-    shown = []
-    for dotted in DECIDED_BY.get(key, ()):
-        _resolve(dotted)
-        parts = dotted.split(".")
-        shown.append(f"`{'.'.join(parts[-3:] if parts[-2][0].isupper() else parts[-2:])}`")
-    return ", ".join(shown) or "—"
+    """The row's "Decided by" cell: its server functions, and, when the row names some of
+    the Workers' code, each side's after its name (``Python Worker: ...``)."""
+    sides: dict[str, list[str]] = {}
+    for name in DECIDED_BY.get(key, ()):
+        _resolve(name)
+        sides.setdefault(_side(name), []).append(f"`{_shown(name)}`")
+    if not sides:
+        return "—"
+    if list(sides) == ["Server"]:
+        return ", ".join(sides["Server"])
+    return "; ".join(
+        f"{side if side == 'Server' else side + ' Worker'}: {', '.join(sides[side])}"
+        for side in SIDES
+        if side in sides
+    )
 
 
-def _resolve(dotted: str) -> object:
+def _shown(name: str) -> str:
+    """``handlers.fail_attempt``, ``attempts.Attempts.complete``, ``runner.ts Runner.runTool``."""
+    path, colon, qualified = name.partition(":")
+    if colon:
+        return f"{Path(path).name} {qualified}"
+    parts = name.split(".")
+    return ".".join(parts[-3:] if parts[-2][0].isupper() else parts[-2:])
+
+
+def _resolve(name: str) -> object:
+    """What ``name`` names: a Python object, or the declaration's text in a TypeScript or
+    Go source file; raises if it does not exist."""
+    path, colon, qualified = name.partition(":")
+    if not colon:
+        return _resolve_python(name)
+    if Path(path).suffix not in SOURCES:
+        raise ValueError(f"{name}: a FILE:NAME is a TypeScript or Go function")
+    source = (ROOT / path).read_text()
+    found = (_go if path.endswith(".go") else _typescript)(source, qualified)
+    if found is None:
+        raise LookupError(f"{path} declares no {qualified}")
+    return found
+
+
+def _resolve_python(dotted: str) -> object:
     """The object a dotted path names; raises if it does not exist."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
@@ -195,6 +279,47 @@ def _resolve(dotted: str) -> object:
             found = getattr(found, name)
         return found
     raise ImportError(dotted)
+
+
+_TS_MODIFIERS = r"(?:(?:public|private|protected|static|async|override|readonly)\s+)*"
+
+
+def _typescript(source: str, qualified: str) -> str | None:
+    """The declaration of ``Class.method`` (a method declared in the class's body, before
+    the next class of the file) or of a function ``name``; None if there is none."""
+    owner, dot, name = qualified.rpartition(".")
+    if not dot:
+        found = re.search(
+            rf"^(?:export\s+)?(?:async\s+)?function\s*\*?\s*{re.escape(name)}\s*[<(]",
+            source,
+            re.M,
+        )
+        return found[0] if found else None
+    declared = re.search(
+        rf"^(?:export\s+)?(?:abstract\s+)?class\s+{re.escape(owner)}\b", source, re.M
+    )
+    if declared is None:
+        return None
+    body = source[declared.end() :]
+    following = re.search(r"^(?:export\s+)?(?:abstract\s+)?class\s", body, re.M)
+    if following is not None:
+        body = body[: following.start()]
+    # a method's declaration starts its line; a call inside the class reads ``this.name(``
+    found = re.search(rf"^[ \t]+{_TS_MODIFIERS}{re.escape(name)}\s*(?:<[^>]*>)?\(", body, re.M)
+    return found[0] if found else None
+
+
+def _go(source: str, qualified: str) -> str | None:
+    """The declaration of the method ``(*Type).name`` (or ``(Type).name``) or of the
+    function ``name``; None if there is none."""
+    receiver = re.fullmatch(r"\((\*?)(\w+)\)\.(\w+)", qualified)
+    if receiver:
+        pointer, type_, name = receiver.groups()
+        pattern = rf"^func\s*\(\s*(?:\w+\s+)?{re.escape(pointer)}{type_}\s*\)\s*{name}\s*[\[(]"
+    else:
+        pattern = rf"^func\s+{re.escape(qualified)}\s*[\[(]"
+    found = re.search(pattern, source, re.M)
+    return found[0] if found else None
 
 
 PROSE = """\
@@ -229,7 +354,11 @@ that failed or was skipped is listed after "did not pass", and does not count. "
 tested" means no case of the cell passed, so its text states the design, not a checked
 result. "Decided by" names the functions whose code decides the row (`handlers`, `turn`,
 `waits` and `outcomes` are modules of `src/dex/server/engine/`, `Sessions` is in
-`src/dex/server/sessions.py`, `Attempts` in `src/dex/server/attempts.py`).
+`src/dex/server/sessions.py`, `Attempts` and `Link` in `src/dex/server/attempts.py`;
+the Worker channel gives each message a Worker sends to `Link.receive`). Where the
+Workers' code decides too, the row names it for each Worker language after the server's:
+the Python Worker's `runner` is `src/dex/worker/runner.py`, the TypeScript Worker's
+`runner.ts` is in `sdk/typescript/src/` and the Go Worker's `runner.go` in `sdk/go/`.
 
 The page is written from the results of a run of every crash test (`pytest tests/crash
 --write-crash-matrix docs/crash-matrix.md`). A unit test fails when the page does not
@@ -304,6 +433,27 @@ def render(cases: Iterable[Case]) -> str:
             f"| {step} | {interrupted} | {what} | {decided_by(key)} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines) + "\n\n" + PROSE
+
+
+def redecide(page: str) -> str:
+    """``page`` with the "Decided by" column and the prose after the table written anew
+    from ``DECIDED_BY`` and ``PROSE``, every other cell as it was: what a run of every
+    crash test would write when its cases pass as they did in the run that wrote ``page``
+    (``python -m tests.support.crash_matrix docs/crash-matrix.md``). Raises if a row of
+    ``ROWS`` is not on the page: that takes a run."""
+    table, heading, _ = page.partition(PROSE.splitlines()[0])
+    if not heading:
+        raise ValueError("the page has no prose after its table")
+    lines = table.splitlines()
+    for key, (step, interrupted, _) in ROWS.items():
+        start = f"| {step} | {interrupted} |"
+        index = next((i for i, line in enumerate(lines) if line.startswith(start)), None)
+        if index is None:
+            raise ValueError(f"the page has no row {start}: write it from a run, {REGENERATE}")
+        cells = [cell.strip() for cell in lines[index].strip("|").split("|")]
+        cells[3] = decided_by(key)
+        lines[index] = "| " + " | ".join(cells) + " |"
+    return "\n".join(lines).rstrip("\n") + "\n\n" + PROSE
 
 
 def _cell(runs: dict[tuple[str, str], bool]) -> str:
@@ -448,3 +598,10 @@ class CrashResults:
         )
         for line in self.difference:
             terminalreporter.line(line)
+
+
+if __name__ == "__main__":
+    import sys
+
+    for path in sys.argv[1:]:
+        Path(path).write_text(redecide(Path(path).read_text()))

@@ -10,8 +10,19 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from tests.support import skips
-from tests.support.crash_matrix import REGENERATE, Case, did_not_pass, render
+import pytest
+
+from tests.support import crash_matrix, skips
+from tests.support.crash_matrix import (
+    DECIDED_BY,
+    REGENERATE,
+    ROWS,
+    Case,
+    decided_by,
+    did_not_pass,
+    redecide,
+    render,
+)
 
 ROOT = Path(__file__).parent.parent.parent
 
@@ -130,3 +141,93 @@ def test_the_page_is_written_from_results_a_skipped_and_a_failed_case_do_not_rea
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "is not the page this run's crash results write" in checked.stdout
     assert "+| CallTool, for a read |" in checked.stdout
+
+
+@pytest.mark.parametrize(
+    ("named", "misnamed"),
+    [
+        ("dex.worker.runner.Runner.run_tool", "dex.worker.runner.Runner.run_tools"),
+        (
+            "sdk/typescript/src/runner.ts:Runner.runTool",
+            "sdk/typescript/src/runner.ts:Runner.runTools",
+        ),
+        (
+            "sdk/typescript/src/connection.ts:Connection.onMessage",
+            "sdk/typescript/src/connection.ts:Connection.runTool",  # Runner's, not Connection's
+        ),
+        ("sdk/typescript/src/runner.ts:needsApproval", "sdk/typescript/src/runner.ts:runTool"),
+        ("sdk/go/runner.go:(*Worker).runTool", "sdk/go/runner.go:(*Worker).runTools"),
+        ("sdk/go/runner.go:(*Worker).runTool", "sdk/go/runner.go:(Worker).runTool"),
+        ("sdk/go/results.go:done", "sdk/go/results.go:(*Worker).done"),
+    ],
+)
+def test_the_page_names_only_functions_that_exist_in_each_worker_language(
+    monkeypatch: pytest.MonkeyPatch, named: str, misnamed: str
+) -> None:
+    """A renamed or misspelled function in "Decided by", Python, TypeScript or Go, stops
+    the page from being written."""
+    row = DECIDED_BY["read.running"]
+    monkeypatch.setitem(DECIDED_BY, "read.running", (*row, named))
+    cells = _row(render([]), "| CallTool, for a read |")
+    shown = named.rpartition("/")[2].replace(":", " ").removeprefix("dex.worker.")
+    assert f"`{shown}`" in cells[3]
+
+    monkeypatch.setitem(DECIDED_BY, "read.running", (*row, misnamed))
+    with pytest.raises((ImportError, AttributeError, LookupError)):
+        render([])
+
+
+def test_a_call_is_not_taken_for_a_declaration(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "runner.ts").write_text(
+        "export class Runner {\n"
+        "  private run(): void {\n    this.runTool();\n  }\n"
+        "}\n"
+        "export class Other {\n  runTool(): void {}\n}\n"
+    )
+    (tmp_path / "runner.go").write_text(
+        "package dex\n\n"
+        "func (w *Worker) run() {\n\tw.runTool()\n}\n\n"
+        "func (o *Other) runTool() {}\n"
+    )
+    monkeypatch.setattr(crash_matrix, "ROOT", tmp_path)
+    monkeypatch.setitem(
+        DECIDED_BY, "read.running", ("runner.ts:Runner.run", "runner.go:(*Worker).run")
+    )
+    assert decided_by("read.running") == (
+        "TypeScript Worker: `runner.ts Runner.run`; Go Worker: `runner.go (*Worker).run`"
+    )
+    for misnamed in ("runner.ts:Runner.runTool", "runner.go:(*Worker).runTool"):
+        monkeypatch.setitem(DECIDED_BY, "read.running", (misnamed,))
+        with pytest.raises(LookupError):
+            decided_by("read.running")
+
+
+def test_a_row_that_names_a_workers_code_names_it_for_each_worker_language() -> None:
+    """The rows whose tests run the Python, TypeScript and Go Workers name each one's
+    port of the code that decides them, after the server's."""
+    sdks = ("Python Worker: ", "TypeScript Worker: ", "Go Worker: ")
+    named = {key for key in ROWS if any(sdk in decided_by(key) for sdk in sdks)}
+    assert named == {"single_attempt.before_heartbeat", "single_attempt.running"}
+    for key in named:
+        cell = decided_by(key)
+        assert cell.startswith("Server: `turn.queue_tool`")
+        assert all(sdk in cell for sdk in sdks), key
+        assert "`attempts.Link.receive`" in cell  # the start acknowledgement, lease-checked
+
+
+def test_redecide_writes_the_decided_by_column_and_keeps_every_result() -> None:
+    path = "tests/crash/test_call_tool.py"
+    page = render(
+        [
+            Case("read.running", "Worker kill", path, "python", True),
+            Case("read.running", "Takeover", path, "go", False),
+        ]
+    )
+    stale = page.replace("| `handlers.fail_attempt` |", "| `handlers.gone` |")
+    stale = stale.replace("`Attempts` and `Link`", "`Attempts`")
+    assert stale != page
+    assert redecide(stale) == page
+    committed = (ROOT / "docs" / "crash-matrix.md").read_text()
+    assert redecide(committed) == committed
