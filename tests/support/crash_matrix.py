@@ -332,9 +332,11 @@ moment and checks the outcome against the tool's own ledger of side effects:
 - **Worker kill**: the Worker gets SIGKILL and a new Worker starts.
 - **Server restart**: the Dex Server node gets SIGKILL and restarts on its data
   directory; the Worker keeps running and reconnects by itself.
-- **Takeover**: two nodes on one PostgreSQL database; the active node gets SIGKILL and
-  the hot standby takes the lease, recovers and serves; the Worker and the client follow
-  it by themselves (they know both addresses), and the killed node rejoins as the standby.
+- **Takeover**: three nodes sharing one PostgreSQL database's partitions
+  ([cluster.md](cluster.md)); the node that owns the session's partition gets SIGKILL,
+  the other two take its partitions over, and the one that took the session's recovers
+  and serves it; the Worker (connected to every node) and the client (which any node
+  answers) follow by themselves.
 
 The Server restart cells are tested on SQLite and again on PostgreSQL (one node,
 `--database postgresql://...`).

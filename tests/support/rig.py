@@ -44,7 +44,10 @@ records can only be compared with the test's own to within this."""
 
 class Rig:
     """One node on SQLite; or, given ``database`` (a PostgreSQL URL), two nodes on it: the
-    active one (``server``) and a hot standby, which Workers and clients both know."""
+    active one (``server``) and a hot standby, which Workers and clients both know; or,
+    with ``cluster``, that many nodes sharing the partitions (docs/cluster.md): ``server``
+    is then the one whose partitions hold the sessions ``session`` makes (the client
+    creates them through it, and it makes their ids in its own partitions)."""
 
     def __init__(
         self,
@@ -52,6 +55,7 @@ class Rig:
         database: str | None = None,
         *,
         standby: bool = True,
+        cluster: int = 0,
         worker_language: str = "python",
     ) -> None:
         self.tmp = tmp
@@ -60,14 +64,20 @@ class Rig:
         self.gates.mkdir()
         self.failpoints.mkdir()
         self.ledger = Ledger(tmp / "ledger.jsonl")
+        names = ["data"]
+        if database and cluster:
+            names += [f"data-{chr(ord('a') + i)}" for i in range(1, cluster)]
+        elif database and standby:
+            names.append("data-b")
+        self.cluster = bool(database and cluster)
         self.nodes = [
             ServerProcess(
                 tmp / name,
                 heartbeat_timeout=HEARTBEAT_TIMEOUT,
                 database=database,
-                standby=bool(database and standby),
+                standby=bool(database and standby and not cluster),
             )
-            for name in (("data", "data-b") if database and standby else ("data",))
+            for name in names
         ]
         self.server = self.nodes[0]
         """The node that serves (in HA, the active one)."""
@@ -148,6 +158,12 @@ class Rig:
         if not self.ha:
             dead.start()
             return
+        if self.cluster:
+            # the survivors take the dead node's partitions; it stays down, so that no
+            # hand-over back to it moves the sessions again while the test runs
+            self.server = next(node for node in self.nodes if node.alive)
+            wait_until(self._balanced, 30, 0.02, what="the survivors took every partition")
+            return
         (standby,) = [node for node in self.nodes if node is not dead]
         wait_until(standby.ready, 30, 0.02, what="the standby took over")
         self.server = standby
@@ -159,7 +175,19 @@ class Rig:
         self.server.start(env=self._env(failpoints))
         for node in self.nodes:
             if node is not self.server:
-                node.start(env=self._env(""), ready=False)
+                node.start(env=self._env(""), ready=not self.cluster)
+        if self.cluster:
+            wait_until(self._balanced, 30, 0.02, what="the nodes shared the partitions out")
+
+    def _balanced(self) -> bool:
+        """Every live node serves its share of the partitions, and no partition is being
+        taken over, recovered or handed over."""
+        live = [node for node in self.nodes if node.alive]
+        counts = [partitions_served(node) for node in live]
+        if any(count is None for count in counts):
+            return False
+        served = [count for count in counts if count is not None]
+        return sum(served) == PARTITIONS and max(served) - min(served) <= 1
 
     def _env(self, failpoints: str) -> dict[str, str]:
         return {"DEX_FAILPOINTS": failpoints, "DEX_FAILPOINT_DIR": str(self.failpoints)}
@@ -221,20 +249,42 @@ class Rig:
             node.kill()
 
 
+PARTITIONS = 64
+
+
+def partitions_served(node: ServerProcess) -> int | None:
+    """How many partitions the node serves, and nothing else in hand (its ``/metrics``);
+    None while it takes, recovers or hands one over, or does not answer."""
+    try:
+        with urllib.request.urlopen(node.address + "/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    states = {}
+    for line in text.splitlines():
+        if line.startswith("dex_partitions{"):
+            state = line.split('state="', 1)[1].split('"', 1)[0]
+            states[state] = int(float(line.rsplit(" ", 1)[1]))
+    if not states or states.get("recovering") or states.get("draining"):
+        return None
+    return states.get("serving", 0)
+
+
 TAKEOVER = "Takeover"
 SERVER_RESTART_POSTGRES = "Server restart on PostgreSQL"
 
 
 def make_rig(tmp_path: Path, request: pytest.FixtureRequest) -> Rig:
-    """A rig of real processes. A test parametrized with ``column`` "Takeover" gets two
-    nodes on a fresh PostgreSQL database, with "Server restart on PostgreSQL" one node on
-    it (skipped where PostgreSQL cannot be reached); any other, one node on SQLite."""
+    """A rig of real processes. A test parametrized with ``column`` "Takeover" gets three
+    nodes sharing a fresh PostgreSQL database's partitions, with "Server restart on
+    PostgreSQL" one node on it; any other, one node on SQLite."""
     callspec = getattr(request.node, "callspec", None)
     column = callspec.params.get("column") if callspec is not None else None
     on_postgres = column in (TAKEOVER, SERVER_RESTART_POSTGRES)
     database = request.getfixturevalue("postgres_url") if on_postgres else None
     language = callspec.params.get("worker_language", "python") if callspec else "python"
-    return Rig(tmp_path, database, standby=column == TAKEOVER, worker_language=language)
+    cluster = 3 if column == TAKEOVER else 0
+    return Rig(tmp_path, database, standby=False, cluster=cluster, worker_language=language)
 
 
 @pytest.fixture

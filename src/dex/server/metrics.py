@@ -246,4 +246,23 @@ def node_gauges(node: Node) -> Iterator[Metric]:
     for name in ROLES:
         role.add_metric([name], 1.0 if node.role == name else 0.0)
     yield role
-    yield gauge("dex_lease_epoch", "The epoch of the lead this node holds (0: none).", node.epoch)
+    yield gauge(
+        "dex_lease_epoch",
+        "The highest epoch of the partitions this node took (0: none).",
+        node.epoch,
+    )
+    cluster = node.cluster
+    if cluster is not None:
+        owned = GaugeMetricFamily(
+            "dex_partitions", "The partitions this node holds, by state.", labels=["state"]
+        )
+        for state, partitions in (
+            ("serving", cluster.serving),
+            ("recovering", cluster.recovering),
+            ("draining", cluster.draining),
+        ):
+            owned.add_metric([state], float(len(partitions)))
+        yield owned
+        yield gauge(
+            "dex_cluster_nodes", "The live nodes of the cluster.", len(cluster.view.members)
+        )

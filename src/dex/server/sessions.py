@@ -225,6 +225,8 @@ class Sessions:
     # --- client inputs ------------------------------------------------------------------
 
     async def create(self, agent: str, session_id: str | None) -> SessionState:
+        if agent not in self.agents and self.serves is not None:
+            await self.load_agents()  # in a cluster: a Worker of another node registered it
         self.spec(agent)
         now = self.clock.now()
         new_id = _new_id(session_id)

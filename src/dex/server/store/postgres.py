@@ -158,6 +158,9 @@ class PostgresStore(SqlStore):
             # active however long the node is stopped. A new leader ends those itself
             # (``LeaseSettings.fence_wait``).
             await conn.execute("SET idle_in_transaction_session_timeout TO '3s'")
+            # No wait without end: a batch waits for a partition's fence lock only while
+            # another node takes the partition (a bump takes milliseconds, or is ended).
+            await conn.execute("SET lock_timeout TO '5s'")
         except psycopg.Error as e:
             await conn.close()
             raise StorageError(f"cannot set up the writer connection: {e}", retryable=True) from e
