@@ -25,7 +25,7 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
-from dex.server.api import models
+from dex.server.api import cluster, models
 from dex.server.api.auth import AGENTS_KEY, GUARDED
 from dex.server.api.responses import ORJSONResponse
 from dex.server.ha.node import Node
@@ -276,7 +276,7 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
     dependencies=GUARDED,
 )
 async def list_workers(request: Request) -> ORJSONResponse:
-    """The Workers connected to this node: their agents, tools, capacity and the attempts
-    they run."""
-    sessions: Sessions = request.app.state.sessions
-    return ORJSONResponse({"workers": sessions.reads.workers_view()})
+    """The connected Workers: their agents, tools, capacity and the attempts they run; in a
+    cluster, those of every node, each with the node it is connected to (only this node's
+    with `x-dex-local: 1`)."""
+    return ORJSONResponse(await cluster.all_workers(request))
