@@ -20,7 +20,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from multidict import CIMultiDictProxy
+from typer.testing import CliRunner
 
+from dex.cli.main import app as cli
 from dex.errors import Unavailable
 from dex.server.app import asgi
 from dex.server.config import ServerConfig
@@ -412,7 +414,26 @@ async def test_the_workers_of_every_node_are_listed_with_their_node(
             assert f'data-node="{node_id}"' in page
         assert 'data-worker="w-a" data-node="A"' in page
         assert 'data-worker="w-b" data-node="B"' in page
-        assert "Not answering" in page and silent in page
+        assert "Not answering (their Workers are not listed): C<" in page
+
+        # the command line: each Worker with its node, and the nodes
+        listed = await asyncio.to_thread(dex_command, a, "workers")
+        assert "w-a  node A  capacity 2" in listed and "w-b  node B  capacity 2" in listed
+        nodes = await asyncio.to_thread(dex_command, a, "cluster")
+        assert nodes.splitlines() == [
+            "3 nodes, 4 partitions",
+            f"A  {a.address}  active  2 partitions  (answered)",
+            f"B  {b.address}  active  2 partitions",
+            f"C  {silent}  standby  0 partitions",
+        ]
+
+
+def dex_command(n: Node, *args: str) -> str:
+    """What ``dex ARGS`` prints against node ``n`` (run in a thread: the nodes run on the
+    test's loop)."""
+    result = CliRunner().invoke(cli, [*args, "--address", n.address], prog_name="dex")
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 async def test_a_node_alone_lists_its_workers_without_a_node(
