@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from yarl import URL
 
 from dex.errors import Unavailable
-from dex.server.api.peers import FORWARDED_BY, Cluster, Peers, cluster_of
+from dex.server.api.peers import FORWARDED_BY, Cluster, Peers
 from dex.server.pages import PREFIX as CONSOLE
 from dex.wire import error_body
 
@@ -60,6 +60,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 """Headers of one connection, not of the call: never passed on (either way)."""
+ANSWERED_HERE = HOP_BY_HOP | {b"date", b"server"}
+"""Headers of the owner's answer that the server sending it on writes itself."""
 
 
 class Forward:
@@ -70,7 +72,8 @@ class Forward:
         self._turn = itertools.count()  # spreads creations over the owning nodes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        cluster = cluster_of(self.state["node"])  # by key: see ``hot``
+        # one attribute on a node alone: ``cluster_of`` inlined, the state read by key
+        cluster: Cluster | None = getattr(self.state["node"], "cluster", None)
         if cluster is None or scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -255,7 +258,7 @@ class _Call:
                     "headers": [
                         (name, value)
                         for name, value in response.raw_headers
-                        if name.lower() not in HOP_BY_HOP
+                        if name.lower() not in ANSWERED_HERE
                     ],
                 }
             )
