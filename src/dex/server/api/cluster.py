@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 
 from dex.server.api import models
 from dex.server.api.auth import GUARDED
-from dex.server.api.peers import LOCAL, Cluster, Peers, cluster_of
+from dex.server.api.peers import Cluster, Peers, cluster_of
 from dex.server.api.responses import ORJSONResponse
 from dex.server.pages import COOKIE
 from dex.server.sessions import Sessions
@@ -27,7 +27,7 @@ router = APIRouter()
 
 @router.get(
     "/v1/cluster",
-    tags=["workers"],
+    tags=["cluster"],
     response_model=models.ClusterView,
     responses=models.errors(401, 403, 429, 500, 503),
     dependencies=GUARDED,
@@ -57,9 +57,9 @@ def cluster_view(cluster: Cluster | None) -> dict[str, Any]:
     }
 
 
-async def all_workers(request: Request) -> dict[str, Any]:
+async def all_workers(request: Request, *, local: bool = False) -> dict[str, Any]:
     """The Workers of every node (``workers``, each with its ``node``), and the other nodes
-    that did not answer (``unreachable``); this node's own only when asked so."""
+    that did not answer (``unreachable``); with ``local``, this node's own only."""
     sessions: Sessions = request.app.state.sessions
     here = sessions.reads.workers_view()
     cluster = cluster_of(request.app.state.node)
@@ -67,7 +67,7 @@ async def all_workers(request: Request) -> dict[str, Any]:
         return {"workers": here, "unreachable": []}
     for worker in here:
         worker["node"] = cluster.node_id
-    if request.headers.get(LOCAL) == "1":
+    if local:
         return {"workers": here, "unreachable": []}
     others = [m for m in cluster.members() if not m.here]
     peers: Peers = request.app.state.peers
