@@ -188,6 +188,37 @@ async def test_a_creation_and_a_send_through_one_node_are_served_by_the_owner(
     assert snapshot["session"]["messages_received"] == 1
 
 
+async def test_a_streamed_body_and_the_console_s_session_page_go_to_the_owner(
+    two: tuple[Node, Node], http: aiohttp.ClientSession
+) -> None:
+    a, b = two
+    a.join(FakeCluster("A", routes={"s1": b.address}))
+    b.join(FakeCluster("B"))
+    await call(
+        http, "POST", b.address + "/v1/sessions", json={"agent": AGENT.name, "session_id": "s1"}
+    )
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"text": "in two'
+        yield b' pieces"}'
+
+    status, sent, _ = await call(
+        http,
+        "POST",
+        a.address + "/v1/sessions/s1/messages",
+        data=chunks(),  # no content-length: sent chunked, and on as it comes
+        headers={"content-type": "application/json"},
+    )
+    assert status in (200, 201), sent
+    status, snapshot, _ = await call(http, "GET", b.address + "/v1/sessions/s1")
+    assert snapshot["history"][0]["text"] == "in two pieces"
+
+    async with http.get(a.address + "/ui/sessions/s1") as response:
+        page = await response.text()
+    assert response.status == 200, page
+    assert "in two pieces" in page
+
+
 async def test_the_owner_checks_the_token_the_client_sent(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
