@@ -76,6 +76,13 @@ def test_dex_workers_shows_who_serves_what(rig: Rig) -> None:
     assert "delete_all" in names["waiter"] and worker["capacity"] == 16
     table = dex(rig, "workers")
     assert worker["worker_id"] in table.stdout and "serves" in table.stdout
+    assert "node" not in worker and " node " not in table.stdout  # a node alone
+
+    alone = dex(rig, "cluster")
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout == "a single node: it serves every session itself (no cluster)\n"
+    view = json.loads(dex(rig, "cluster", "--json").stdout)
+    assert view == {"node_id": None, "partition_count": None, "members": []}
 
 
 def test_dex_events_follows_a_session(rig: Rig) -> None:

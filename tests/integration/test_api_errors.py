@@ -224,7 +224,6 @@ def test_an_unexpected_exception_answers_json_500_and_logs_its_traceback(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     asgi_app = make_api_app(tmp_path / "data")
-    assert isinstance(asgi_app, BodyLimit)
     app = fastapi_of(asgi_app)
     assert isinstance(app, FastAPI)
 

@@ -91,6 +91,7 @@ EXPECTED: dict[str, str] = {
     "reconcile": Role.CLIENT,
     "stream_events": Role.CLIENT,
     "list_workers": Role.CLIENT,
+    "get_cluster": Role.CLIENT,
     "worker_channel": Role.WORKER,
     # the web console: read and act like the client API; its log-in and files are open
     "console_inbox": Role.CLIENT,

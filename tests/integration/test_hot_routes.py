@@ -71,7 +71,7 @@ def answers(client: TestClient, api: Api) -> list[tuple[int, Any]]:
 
 def test_the_hot_routes_answer_every_request_as_the_fastapi_routes_do(tmp_path: Path) -> None:
     hot = make_api_app(tmp_path / "hot")
-    assert isinstance(hot, BodyLimit) and isinstance(hot.app, HotRoutes)
+    assert isinstance(hot.app, BodyLimit) and isinstance(hot.app.app, HotRoutes)
     config = ServerConfig(data_dir=tmp_path / "fastapi", max_body_bytes=MAX_BODY)
     fastapi_only = BodyLimit(create_app(config), MAX_BODY)
 

@@ -78,9 +78,33 @@ def workers(address: Address = DEFAULT_ADDRESS, json_output: JsonFlag = False) -
             agents = ", ".join(
                 f"{a['name']} ({', '.join(a['tools']) or 'no tools'})" for a in w["agents"]
             )
+            node = f"  node {w['node']}" if w.get("node") else ""
             typer.echo(
-                f"{w['worker_id']}  capacity {w['capacity']}  running {len(w['running'])}"
+                f"{w['worker_id']}{node}  capacity {w['capacity']}  running {len(w['running'])}"
                 f"{'  draining' if w['draining'] else ''}\n  serves {agents}"
+            )
+        return None
+
+    _call(address, show)
+
+
+@app.command()
+def cluster(address: Address = DEFAULT_ADDRESS, json_output: JsonFlag = False) -> None:
+    """The nodes of the cluster and the partitions each owns now."""
+
+    def show(client: SyncClient) -> Any:
+        found = client.get_cluster()
+        if json_output:
+            return found
+        if not found["members"]:
+            typer.echo("a single node: it serves every session itself (no cluster)")
+            return None
+        typer.echo(f"{len(found['members'])} nodes, {found['partition_count']} partitions")
+        for m in found["members"]:
+            role = "standby" if m["standby"] else "active"
+            here = "  (answered)" if m["here"] else ""
+            typer.echo(
+                f"{m['node_id']}  {m['address']}  {role}  {len(m['partitions'])} partitions{here}"
             )
         return None
 

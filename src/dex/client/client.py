@@ -231,10 +231,17 @@ class Client:
 
     async def list_workers(self) -> list[dict[str, Any]]:
         """The Workers connected to the server: their agents and tools, capacity, and the
-        attempts they run."""
+        attempts they run; in a cluster, those of every node that answered, each with the
+        ``node`` it is connected to."""
         result = await self._request("GET", "/v1/workers")
         workers: list[dict[str, Any]] = result["workers"]
         return workers
+
+    async def get_cluster(self) -> dict[str, Any]:
+        """The nodes of the cluster (``members``: each one's ``node_id``, ``address``,
+        ``standby``, and the ``partitions`` it owns now) and the ``node_id`` of the node
+        that answered; no members on a node alone."""
+        return await self._request("GET", "/v1/cluster")
 
     async def stream_events(
         self, session_id: str, *, last_event_id: str | None = None, reconnect: bool = True

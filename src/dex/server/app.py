@@ -23,9 +23,11 @@ from starlette.types import ASGIApp
 import dex
 from dex import _loop
 from dex.errors import DexError
-from dex.server.api import errors, hot, ops, sessions, workers
+from dex.server.api import cluster, errors, hot, ops, sessions, workers
 from dex.server.api.auth import Auth
+from dex.server.api.forward import Forward
 from dex.server.api.gate import StandbyGate
+from dex.server.api.peers import Peers
 from dex.server.api.ratelimit import RateLimits
 from dex.server.api.responses import ORJSONResponse
 from dex.server.api.tokens import Role, Tokens, check_rate_limit
@@ -84,6 +86,7 @@ def create_app(
             yield
         finally:
             await node.stop()
+            await app.state.peers.close()
             await streams.close()
             await store.close()
 
@@ -98,11 +101,13 @@ def create_app(
     )
     app.state.config = config
     app.state.node = None
+    app.state.peers = Peers()  # the HTTP client to the other nodes of a cluster
     errors.install(app)
     app.add_middleware(StandbyGate)
     app.include_router(ops.router)
     app.include_router(sessions.router)
     app.include_router(workers.router)
+    app.include_router(cluster.router)
     app.include_router(console.router)  # the web console at /ui (docs/console.md)
     app.add_api_route("/", lambda: RedirectResponse(CONSOLE), include_in_schema=False, name="root")
     return app
@@ -158,8 +163,9 @@ def asgi(config: ServerConfig, tracer_provider: Any = None) -> ASGIApp:
 
 
 def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
-    """The layers in front of the routes: auth and rate limits when they are on, the body
-    limit, and the message send served without the framework (``hot``). The node's tokens
+    """The layers in front of the routes: the forwarding of a cluster's calls to the node
+    that serves their session, auth and rate limits when they are on, the body limit, and
+    the message send served without the framework (``hot``). The node's tokens
     are ``app.state.tokens`` (SIGHUP reads the file again)."""
     # with tracing on, every request goes through FastAPI, whose spans the turns link to
     routes: ASGIApp = fastapi_app if config.tracing else hot.HotRoutes(fastapi_app)
@@ -178,7 +184,10 @@ def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
     limited = config.rate_limit is not None or any(t.rate_limit for t in tokens.tokens)
     limits = RateLimits(config.rate_limit) if limited or config.tokens_file else None
     fastapi_app.state.rate_limits = limits
-    return Auth(app, tokens, limits) if tokens.enabled or limits is not None else app
+    guarded = Auth(app, tokens, limits) if tokens.enabled or limits is not None else app
+    # a call about a session another node serves goes there before anything else: the
+    # owner checks its token, rate limit and body, once
+    return Forward(guarded, fastapi_app, config.max_body_bytes)
 
 
 STARTUP_FAILED = 3

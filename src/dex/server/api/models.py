@@ -293,10 +293,49 @@ class ConnectedWorker(BaseModel):
     draining: bool
     agents: list[WorkerAgent] = Field(description="The agents it serves, with their tools.")
     running: list[str] = Field(description="The attempts it holds now.")
+    node: str | None = Field(
+        None,
+        description="The id of the node it is connected to (a Worker connects to every "
+        "node of a cluster: one entry per node); null on a node alone.",
+    )
 
 
 class WorkerList(BaseModel):
-    workers: list[ConnectedWorker]
+    workers: list[ConnectedWorker] = Field(
+        description="The Workers connected to every node of the cluster that answered "
+        "(to this node only when asked with `x-dex-local: 1`, or on a node alone)."
+    )
+    unreachable: list[str] = Field(
+        default_factory=list,
+        description="The ids of the other nodes that did not answer in time: their "
+        "Workers are missing from the list.",
+    )
+
+
+# --- cluster -------------------------------------------------------------------------------
+
+
+class ClusterMember(BaseModel):
+    node_id: str
+    address: str = Field(description="The base URL other nodes reach it at.")
+    standby: bool = Field(
+        description="Started as a standby: it owns partitions only once another node fails."
+    )
+    partitions: list[int] = Field(description="The partitions it owns now.")
+    here: bool = Field(description="Whether it is the node that answered.")
+
+
+class ClusterView(BaseModel):
+    node_id: str | None = Field(
+        description="The id of the node that answered; null on a node alone (SQLite, or "
+        "no cluster), which serves every session itself."
+    )
+    partition_count: int | None = Field(
+        description="How many partitions the sessions are spread over (null on a node alone)."
+    )
+    members: list[ClusterMember] = Field(
+        description="The live nodes and the partitions each owns (empty on a node alone)."
+    )
 
 
 # --- waits -----------------------------------------------------------------------------------

@@ -18,14 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Header, Request
 from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
-from dex.server.api import models
+from dex.server.api import cluster, models
 from dex.server.api.auth import AGENTS_KEY, GUARDED
 from dex.server.api.responses import ORJSONResponse
 from dex.server.ha.node import Node
@@ -272,11 +272,16 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
     "/v1/workers",
     tags=["workers"],
     response_model=models.WorkerList,
-    responses=models.errors(401, 403, 429, 500, 503),
+    responses=models.errors(401, 403, 422, 429, 500, 503),
     dependencies=GUARDED,
 )
-async def list_workers(request: Request) -> ORJSONResponse:
-    """The Workers connected to this node: their agents, tools, capacity and the attempts
-    they run."""
-    sessions: Sessions = request.app.state.sessions
-    return ORJSONResponse({"workers": sessions.reads.workers_view()})
+async def list_workers(
+    request: Request,
+    x_dex_local: Annotated[
+        Literal["1"] | None,
+        Header(description="`1`: this node's Workers only (how nodes ask each other)."),
+    ] = None,
+) -> ORJSONResponse:
+    """The connected Workers: their agents, tools, capacity and the attempts they run; in a
+    cluster, those of every node, each with the node it is connected to."""
+    return ORJSONResponse(await cluster.all_workers(request, local=x_dex_local == "1"))

@@ -28,6 +28,8 @@ from dex.server import views
 from dex.server.api import models
 from dex.server.api import sessions as api
 from dex.server.api.auth import TOKEN_KEY, refusal
+from dex.server.api.cluster import all_workers, cluster_view
+from dex.server.api.peers import cluster_of
 from dex.server.api.tokens import Role, Tokens
 from dex.server.console.conversation import conversation, live, shown
 from dex.server.fleet import Filters
@@ -144,17 +146,21 @@ async def session_events(
 
 @router.get("/cluster", name="console_cluster")
 async def cluster(request: Request) -> Response:
-    """This node (role, epoch), the Workers connected to it with what they serve, and the
-    Steps queued for a Worker, by queue (a tool, or an agent's model)."""
+    """This node (role, epoch), the nodes of its cluster with their partitions, the Workers
+    connected to every node with what they serve, and the Steps queued on this node for a
+    Worker, by queue (a tool, or an agent's model)."""
     node: Node | None = request.app.state.node
     sessions: Sessions = request.app.state.sessions
     queued = sorted(sessions.dispatcher.queued().items())
+    workers = await all_workers(request)
     return render(
         request,
         "cluster.html",
         role=node.role if node is not None else "starting",
         epoch=node.epoch if node is not None else 0,
-        workers=sessions.reads.workers_view(),
+        cluster=cluster_view(cluster_of(node)),
+        workers=workers["workers"],
+        unreachable=workers["unreachable"],
         queued=[(*_queue(name), count) for name, count in queued],
         running=len(sessions.dispatcher.held),
     )
