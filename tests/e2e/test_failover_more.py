@@ -75,9 +75,7 @@ def test_after_postgresql_restarts_exactly_one_node_leads_with_a_higher_epoch(
     ctl = _pg_ctl()
     if ctl is None:
         pytest.skip("restarting PostgreSQL needs root and pg_ctlcluster")
-    nodes = [
-        ServerProcess(tmp_path / n, database=postgres_url, standby=True) for n in ("a", "b")
-    ]
+    nodes = [ServerProcess(tmp_path / n, database=postgres_url, standby=True) for n in ("a", "b")]
     nodes[0].start()
     nodes[1].start(ready=False)
     address = ",".join(n.address for n in nodes)

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from dex.errors import Unavailable
-from dex.server.ha.partitions import partition_of
+from dex.server.store.partitions import partition_of
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class Member:
     standby: bool
     partitions: tuple[int, ...]
     """The partitions it owns now."""
+    here: bool = False
+    """Whether it is the node that reads this view."""
 
 
 @dataclass(frozen=True)

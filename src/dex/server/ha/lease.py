@@ -479,7 +479,13 @@ class _LockThread:
         for p, owner in sorted(owners.items()):
             owned.setdefault(owner, []).append(p)
         members = {
-            node_id: Member(node_id, address, standby, tuple(owned.get(node_id, ())))
+            node_id: Member(
+                node_id,
+                address,
+                standby,
+                tuple(owned.get(node_id, ())),
+                here=node_id == self.holder,
+            )
             for node_id, address, standby, _ in nodes
         }
         return View(members, owners, leader)

@@ -206,7 +206,7 @@ class Store(ABC):
     None: a node alone on its store (SQLite), which checks nothing."""
     partition_count = 1
     """How many partitions the store's sessions are shared out in
-    (``dex.server.ha.partitions``): 1 on a store only one node uses."""
+    (``dex.server.store.partitions``): 1 on a store only one node uses."""
     on_lost: Callable[[], None] | None = None
     """Called once if the store can no longer write while open (SQLite: its writer
     process died). It then refuses every call; ``dex server`` exits, and its restart

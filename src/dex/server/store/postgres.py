@@ -24,8 +24,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from dex import _failpoints as failpoints
 from dex.errors import CommitUnknown, Conflict, Fenced, StorageError, Unavailable
-from dex.server.ha.partitions import DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of
 from dex.server.store.base import migrations
+from dex.server.store.partitions import DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of
 from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
 
 log = logging.getLogger("dex.store")
