@@ -1,8 +1,10 @@
 /** A fake node for the Worker's tests: a WebSocket server in this process. */
 import assert from "node:assert/strict";
 import type { AddressInfo } from "node:net";
+import { after, before } from "node:test";
 import WebSocket, { WebSocketServer } from "ws";
 
+import { Worker, type WorkerOptions } from "../src";
 import type * as p from "../src/protocol";
 
 /** The Worker's log lines, as it writes them to stderr (from this module's import on). */
@@ -71,6 +73,23 @@ export class FakeNode {
     }
   }
 
+  /** Serve the test file's tests: a Worker with ``options`` connects to this node before
+   * they run and shuts down after them, and then the node closes. */
+  serveWorker(options: Omit<WorkerOptions, "address">): void {
+    let worker: Worker;
+    let running: Promise<void>;
+    before(async () => {
+      await this.listening();
+      worker = new Worker({ address: this.address, handleSignals: false, ...options });
+      running = worker.run();
+    });
+    after(async () => {
+      await worker.shutdown(5);
+      await running;
+      this.server.close();
+    });
+  }
+
   /** The message that settles ``attemptId``. */
   async result(attemptId: string): Promise<p.Result> {
     const isResult = (m: p.WorkerMessage): boolean =>
@@ -87,4 +106,18 @@ export async function until(what: string, cond: () => boolean): Promise<void> {
     assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
     await new Promise((resolve) => setTimeout(resolve, 5));
   }
+}
+
+/** A RunModel hand-out of ``agent``'s model: attempt 1 of Step ``id`` in ``session``, with
+ * the history from ``base`` on. */
+export function runModelStep(
+  agent: string,
+  session: string,
+  id: string,
+  base: number,
+  history: unknown[],
+): p.StepMessage {
+  const step = { t: "step", attempt_id: id, session_id: session, step_id: id, attempt: 1 };
+  const model = { step_type: "RunModel", agent, history_base: base, history };
+  return { ...step, ...model } as p.StepMessage;
 }

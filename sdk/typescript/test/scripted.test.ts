@@ -1,12 +1,12 @@
 /** The scripted stand-in model: served by a Worker to a fake node, it answers what its
  * script says of the history (a tool call, then a final answer), streams its text, and
  * summarizes as Python's Scripted does. */
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { Item, ModelRequest, ModelResponse, Scripted, Worker, call, defineAgent, say } from "../src";
+import { Item, ModelRequest, ModelResponse, Scripted, call, defineAgent, say } from "../src";
 import type * as p from "../src/protocol";
-import { FakeNode } from "./fake-node";
+import { FakeNode, runModelStep } from "./fake-node";
 
 /** The TypeScript page's script: a tool call first, then an answer from its result. */
 function script(history: Item[]): ModelResponse {
@@ -16,30 +16,10 @@ function script(history: Item[]): ModelResponse {
 }
 
 const node = new FakeNode();
-let worker: Worker;
-let running: Promise<void>;
-
-before(async () => {
-  await node.listening();
-  worker = new Worker({
-    address: node.address,
-    agents: [defineAgent({ name: "concierge", model: new Scripted(script) })],
-    handleSignals: false,
-  });
-  running = worker.run();
-});
-
-after(async () => {
-  await worker.shutdown(5);
-  await running;
-  node.server.close();
-});
+node.serveWorker({ agents: [defineAgent({ name: "concierge", model: new Scripted(script) })] });
 
 function runModel(id: string, base: number, history: Item[]): p.StepMessage {
-  return {
-    ...{ t: "step", attempt_id: id, session_id: "s1", step_id: id, attempt: 1 },
-    ...{ step_type: "RunModel", agent: "concierge", history_base: base, history },
-  };
+  return runModelStep("concierge", "s1", id, base, history);
 }
 
 test("a Worker serves the scripted model: a tool call, then an answer from its result", async () => {

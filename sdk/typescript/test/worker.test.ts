@@ -1,13 +1,13 @@
 /** The Worker against a fake node (a WebSocket server in this process): what it says in
  * hello, how it batches a frame and joins deltas, how it builds on the history it kept,
  * checks arguments, asks for approval and passes the traceparent on. */
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { defineAgent, defineTool, ModelRequest, ModelResponse, Worker } from "../src";
+import { defineAgent, defineTool, ModelRequest, ModelResponse } from "../src";
 import { backoff } from "../src/connection";
 import type * as p from "../src/protocol";
-import { FakeNode, logged, until } from "./fake-node";
+import { FakeNode, logged, runModelStep, until } from "./fake-node";
 
 /** Answers with the texts of the history it saw, streamed in three pieces. */
 const viewer = {
@@ -74,30 +74,14 @@ const hugeTool = defineTool({
 });
 
 const node = new FakeNode();
-let worker: Worker;
-let running: Promise<void>;
-
-before(async () => {
-  await node.listening();
-  worker = new Worker({
-    address: node.address,
-    agents: [defineAgent({ name: "a", model: viewer, tools: [pay, holdTool, hugeTool] })],
-    handleSignals: false,
-    capacity: 3,
-  });
-  running = worker.run();
+node.serveWorker({
+  agents: [defineAgent({ name: "a", model: viewer, tools: [pay, holdTool, hugeTool] })],
+  capacity: 3,
 });
 
-after(async () => {
-  await worker.shutdown(5);
-  await running;
-  node.server.close();
-});
-
+/** A RunModel hand-out of agent ``a``. */
 function runModel(id: string, session: string, base: number, history: unknown[]): p.StepMessage {
-  const step = { t: "step", attempt_id: id, session_id: session, step_id: id, attempt: 1 };
-  const model = { step_type: "RunModel", agent: "a", history_base: base, history };
-  return { ...step, ...model } as p.StepMessage;
+  return runModelStep("a", session, id, base, history);
 }
 
 test("hello announces the agents, the capacity and the history cache", async () => {

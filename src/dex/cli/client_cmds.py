@@ -385,13 +385,12 @@ def approve(
     json_output: JsonFlag = False,
 ) -> None:
     """Approve a tool call: it runs once."""
-    _call(
+    said = f"approved {call_id}: it runs once"
+    _act(
         address,
-        lambda c: _said(
-            c.approve(session_id, call_id, by=by, arguments_hash=arguments_hash),
-            json_output,
-            f"approved {call_id}: it runs once",
-        ),
+        json_output,
+        said,
+        lambda c: c.approve(session_id, call_id, by=by, arguments_hash=arguments_hash),
     )
 
 
@@ -405,14 +404,8 @@ def deny(
     json_output: JsonFlag = False,
 ) -> None:
     """Deny a tool call: the model sees REASON."""
-    _call(
-        address,
-        lambda c: _said(
-            c.deny(session_id, call_id, reason, by=by),
-            json_output,
-            f"denied {call_id}: it does not run, and the model sees why",
-        ),
-    )
+    said = f"denied {call_id}: it does not run, and the model sees why"
+    _act(address, json_output, said, lambda c: c.deny(session_id, call_id, reason, by=by))
 
 
 @app.command()
@@ -425,14 +418,8 @@ def answer(
     json_output: JsonFlag = False,
 ) -> None:
     """Answer the question a tool asked."""
-    _call(
-        address,
-        lambda c: _said(
-            c.answer(session_id, call_id, text, by=by),
-            json_output,
-            f"answered {call_id}: the tool goes on with the answer",
-        ),
-    )
+    said = f"answered {call_id}: the tool goes on with the answer"
+    _act(address, json_output, said, lambda c: c.answer(session_id, call_id, text, by=by))
 
 
 @app.command()
@@ -449,6 +436,14 @@ def cancel(
         return _said(done, json_output, f"cancelled turn {done['turn']} of {session_id}")
 
     _call(address, cancelled)
+
+
+def _act(
+    address: str, json_output: bool, sentence: str, action: Callable[[SyncClient], dict[str, Any]]
+) -> None:
+    """Run one action (``_call``) and print what it answered: whole with ``--json``, else
+    ``sentence``."""
+    _call(address, lambda c: _said(action(c), json_output, sentence))
 
 
 def _said(answer: dict[str, Any], json_output: bool, sentence: str) -> dict[str, Any] | None:

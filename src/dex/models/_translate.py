@@ -105,6 +105,12 @@ def context_text(item: NoteItem | SummaryItem) -> str:
     return (NOTE_PREFIX if isinstance(item, NoteItem) else SUMMARY_PREFIX) + item.text
 
 
+def user_text(item: UserItem | NoteItem | SummaryItem) -> str:
+    """The text of the user message that stands for ``item`` (``parse_user_text`` reads
+    it back)."""
+    return item.text if isinstance(item, UserItem) else context_text(item)
+
+
 def parse_user_text(text: str) -> UserItem | NoteItem | SummaryItem:
     if text.startswith(NOTE_PREFIX):
         return NoteItem(text=text.removeprefix(NOTE_PREFIX))
@@ -283,10 +289,8 @@ def to_chat(instructions: str, history: Iterable[Item]) -> list[dict[str, Any]]:
     if instructions:
         messages.append({"role": "system", "content": instructions})
     for item in paired(history):
-        if isinstance(item, UserItem):
-            messages.append({"role": "user", "content": item.text})
-        elif isinstance(item, NoteItem | SummaryItem):
-            messages.append({"role": "user", "content": context_text(item)})
+        if isinstance(item, UserItem | NoteItem | SummaryItem):
+            messages.append({"role": "user", "content": user_text(item)})
         elif isinstance(item, AssistantItem):
             if not item.text and not item.tool_calls:
                 continue
@@ -360,10 +364,8 @@ def to_responses(history: Iterable[Item]) -> list[dict[str, Any]]:
     """The ``input`` items of a Responses request (the instructions go in ``instructions``)."""
     items: list[dict[str, Any]] = []
     for item in paired(history):
-        if isinstance(item, UserItem):
-            items.append({"role": "user", "content": item.text})
-        elif isinstance(item, NoteItem | SummaryItem):
-            items.append({"role": "user", "content": context_text(item)})
+        if isinstance(item, UserItem | NoteItem | SummaryItem):
+            items.append({"role": "user", "content": user_text(item)})
         elif isinstance(item, AssistantItem):
             if item.text:
                 items.append({"role": "assistant", "content": item.text})

@@ -27,26 +27,28 @@ def step_message(
     traceparent: str | None = None,
 ) -> server_frames.Step:
     """The hand-out of ``step``'s latest attempt (``aid``) to ``worker``."""
+    what: dict[str, Any]  # the model's view, or the tool call
     if step.type in (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT):
         base, context = (
             _context_for(worker, state, history_json)
             if step.type == StepType.RUN_MODEL
             else (0, state.to_compact(history_json))
         )
-        return server_frames.Step(
-            attempt_id=aid,
-            session_id=state.id,
-            step_id=step.id,
-            step_type=step.type,
-            attempt=step.attempts[-1].number,
-            agent=state.agent,
-            history=msgspec.Raw(_HISTORY.encode(context)),
-            history_base=base,
-            traceparent=traceparent,
-        )
-    assert state.turn is not None and step.tool_call_id is not None
-    call = state.turn.tool_call(step.tool_call_id)
-    assert call is not None
+        what = {"history": msgspec.Raw(_HISTORY.encode(context)), "history_base": base}
+    else:
+        assert state.turn is not None and step.tool_call_id is not None
+        call = state.turn.tool_call(step.tool_call_id)
+        assert call is not None
+        what = {
+            "tool": call.name,
+            "call_id": call.id,
+            "arguments": call.arguments,
+            "idempotency_key": call.idempotency_key,
+            "needs_start_ack": step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL,
+            "answers": call.answers,
+            "sleeps_done": call.sleeps_done,
+            "task_handle": call.task_handle,
+        }
     return server_frames.Step(
         attempt_id=aid,
         session_id=state.id,
@@ -54,15 +56,8 @@ def step_message(
         step_type=step.type,
         attempt=step.attempts[-1].number,
         agent=state.agent,
-        tool=call.name,
-        call_id=call.id,
-        arguments=call.arguments,
-        idempotency_key=call.idempotency_key,
-        needs_start_ack=step.type == StepType.CALL_SINGLE_ATTEMPT_TOOL,
-        answers=call.answers,
-        sleeps_done=call.sleeps_done,
-        task_handle=call.task_handle,
         traceparent=traceparent,
+        **what,
     )
 
 

@@ -11,8 +11,11 @@ import sys
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from dex.testing.wait import wait_until
+
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -149,11 +152,13 @@ class ServerProcess(_Process):
             return False
 
 
-class _Worker(_Process):
-    """A Worker process pointed at a server (its addresses, comma-separated)."""
+class _Worker(_Process, Generic[T]):
+    """A Worker process pointed at a server (its addresses, comma-separated). ``runs``:
+    what it runs, the module of ``WorkerProcess`` or the command of ``SdkWorkerProcess``."""
 
     def __init__(
         self,
+        runs: T,
         address: str,
         log: Path,
         *,
@@ -162,57 +167,32 @@ class _Worker(_Process):
         wrap: Sequence[str] = (),
     ) -> None:
         super().__init__(log, wrap)
+        self.runs = runs
         self.address = address
         self.env = dict(env or {})
         self.capacity = capacity
 
 
-class WorkerProcess(_Worker):
-    """``dex worker MODULE`` pointed at a server."""
-
-    def __init__(
-        self,
-        module: str,
-        address: str,
-        log: Path,
-        *,
-        env: Mapping[str, str] | None = None,
-        capacity: int = 16,
-        wrap: Sequence[str] = (),
-    ) -> None:
-        super().__init__(address, log, env=env, capacity=capacity, wrap=wrap)
-        self.module = module
+class WorkerProcess(_Worker[str]):
+    """``dex worker MODULE`` pointed at a server (``runs`` is the MODULE)."""
 
     def start(self, env: Mapping[str, str] | None = None) -> WorkerProcess:
         self._spawn(
-            ["worker", self.module, "--address", self.address, "--capacity", str(self.capacity)],
+            ["worker", self.runs, "--address", self.address, "--capacity", str(self.capacity)],
             {**self.env, **(env or {})},
         )
         return self
 
 
-class SdkWorkerProcess(_Worker):
-    """A Worker written with another SDK, started as ``command`` (``node agents.js`` for
-    the TypeScript SDK, a built executable for the Go SDK) and given the server's address
-    and the capacity through ``DEX_ADDRESS`` and ``DEX_WORKER_CAPACITY``. It has the
-    methods of ``WorkerProcess``."""
-
-    def __init__(
-        self,
-        command: Sequence[str | Path],
-        address: str,
-        log: Path,
-        *,
-        env: Mapping[str, str] | None = None,
-        capacity: int = 16,
-        wrap: Sequence[str] = (),
-    ) -> None:
-        super().__init__(address, log, env=env, capacity=capacity, wrap=wrap)
-        self.command = [str(part) for part in command]
+class SdkWorkerProcess(_Worker[Sequence[str | Path]]):
+    """A Worker written with another SDK, started as the command ``runs`` (``node
+    agents.js`` for the TypeScript SDK, a built executable for the Go SDK) and given the
+    server's address and the capacity through ``DEX_ADDRESS`` and ``DEX_WORKER_CAPACITY``.
+    It has the methods of ``WorkerProcess``."""
 
     def start(self, env: Mapping[str, str] | None = None) -> SdkWorkerProcess:
         self._spawn_command(
-            self.command,
+            [str(part) for part in self.runs],
             {
                 "DEX_ADDRESS": self.address,
                 "DEX_WORKER_CAPACITY": str(self.capacity),

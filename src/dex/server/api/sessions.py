@@ -318,44 +318,34 @@ async def list_approvals(session_id: str, request: Request) -> ORJSONResponse:
     return ORJSONResponse({"approvals": await _sessions(request).reads.approvals(session_id)})
 
 
-@router.post(
-    "/sessions/{session_id}/tool_calls/{call_id}/approve",
-    tags=["waits"],
-    response_model=models.Approved,
-    responses=WAIT,
-)
-async def approve(session_id: str, call_id: str, body: Approve, request: Request) -> ORJSONResponse:
-    entry = {
-        "kind": "approve",
-        "call_id": call_id,
-        "by": body.by,
-        "arguments_hash": body.arguments_hash,
-    }
+CALL = "/sessions/{session_id}/tool_calls/{call_id}"
+"""The path of one tool call: its decisions (approve, deny, answer) and reconcile go under it."""
+
+
+async def _decide(
+    request: Request, session_id: str, call_id: str, kind: str, body: Approve | Deny | Answer
+) -> None:
+    """Record a person's decision (``kind``: approve, deny, answer) on tool call ``call_id``,
+    which waits for it: the record keeps who decided and the body's own field."""
+    entry = {"kind": kind, "call_id": call_id, "by": body.by, **body.model_dump(exclude={"by"})}
     await _sessions(request).resolve(session_id, entry)
+
+
+@router.post(f"{CALL}/approve", tags=["waits"], response_model=models.Approved, responses=WAIT)
+async def approve(session_id: str, call_id: str, body: Approve, request: Request) -> ORJSONResponse:
+    await _decide(request, session_id, call_id, "approve", body)
     return ORJSONResponse({"call_id": call_id, "approved": True})
 
 
-@router.post(
-    "/sessions/{session_id}/tool_calls/{call_id}/deny",
-    tags=["waits"],
-    response_model=models.Approved,
-    responses=WAIT,
-)
+@router.post(f"{CALL}/deny", tags=["waits"], response_model=models.Approved, responses=WAIT)
 async def deny(session_id: str, call_id: str, body: Deny, request: Request) -> ORJSONResponse:
-    entry = {"kind": "deny", "call_id": call_id, "by": body.by, "reason": body.reason}
-    await _sessions(request).resolve(session_id, entry)
+    await _decide(request, session_id, call_id, "deny", body)
     return ORJSONResponse({"call_id": call_id, "approved": False})
 
 
-@router.post(
-    "/sessions/{session_id}/tool_calls/{call_id}/answer",
-    tags=["waits"],
-    response_model=models.Answered,
-    responses=WAIT,
-)
+@router.post(f"{CALL}/answer", tags=["waits"], response_model=models.Answered, responses=WAIT)
 async def answer(session_id: str, call_id: str, body: Answer, request: Request) -> ORJSONResponse:
-    entry = {"kind": "answer", "call_id": call_id, "by": body.by, "answer": body.answer}
-    await _sessions(request).resolve(session_id, entry)
+    await _decide(request, session_id, call_id, "answer", body)
     return ORJSONResponse({"call_id": call_id, "answered": True})
 
 
@@ -371,12 +361,7 @@ async def cancel(session_id: str, body: Cancel, request: Request) -> ORJSONRespo
     return ORJSONResponse({"session_id": session_id, "turn": number, "status": "cancelled"})
 
 
-@router.post(
-    "/sessions/{session_id}/tool_calls/{call_id}/reconcile",
-    tags=["waits"],
-    response_model=models.ToolCall,
-    responses=WAIT,
-)
+@router.post(f"{CALL}/reconcile", tags=["waits"], response_model=models.ToolCall, responses=WAIT)
 async def reconcile(
     session_id: str, call_id: str, body: Reconcile, request: Request
 ) -> ORJSONResponse:

@@ -15,6 +15,7 @@ The session page follows the session live through the API's own event stream
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import parse_qs, quote
 
@@ -185,6 +186,13 @@ async def _form(request: Request) -> dict[str, str]:
     return {name: values[0] for name, values in fields.items()}
 
 
+async def _action(request: Request) -> dict[str, str]:
+    """An action's form, once this node serves sessions (asked first, as every action
+    asks)."""
+    _sessions(request)
+    return await _form(request)
+
+
 def _body(model: type[M], **fields: Any) -> M:
     """The JSON API's body model from a form's fields: its validation, its 422."""
     try:
@@ -204,41 +212,47 @@ def _back(session_id: str, at: str = "") -> RedirectResponse:
     return RedirectResponse(f"{PREFIX}/sessions/{quote(session_id, safe='')}{at}", 303)
 
 
+async def _decide(
+    request: Request,
+    session_id: str,
+    call_id: str,
+    route: Callable[[str, str, M, Request], Awaitable[object]],
+    model: type[M],
+    **fields: str | None,
+) -> Response:
+    """Approve, deny or answer the call through the API's ``route``: its body ``model``
+    from the form's ``fields``, with who acts."""
+    await route(session_id, call_id, _body(model, by=_by(request), **fields), request)
+    return _back(session_id)
+
+
 @router.post("/sessions/{session_id}/calls/{call_id}/approve", name="console_approve")
 async def approve(session_id: str, call_id: str, request: Request) -> Response:
     """Approve the call for the arguments the page showed (their hash): other arguments
     are a 409."""
-    _sessions(request)
-    form = await _form(request)
-    body = _body(api.Approve, by=_by(request), arguments_hash=form.get("arguments_hash") or None)
-    await api.approve(session_id, call_id, body, request)
-    return _back(session_id)
+    hash_ = (await _action(request)).get("arguments_hash") or None
+    return await _decide(
+        request, session_id, call_id, api.approve, api.Approve, arguments_hash=hash_
+    )
 
 
 @router.post("/sessions/{session_id}/calls/{call_id}/deny", name="console_deny")
 async def deny(session_id: str, call_id: str, request: Request) -> Response:
-    _sessions(request)
-    form = await _form(request)
-    body = _body(api.Deny, by=_by(request), reason=form.get("reason", "").strip())
-    await api.deny(session_id, call_id, body, request)
-    return _back(session_id)
+    reason = (await _action(request)).get("reason", "").strip()
+    return await _decide(request, session_id, call_id, api.deny, api.Deny, reason=reason)
 
 
 @router.post("/sessions/{session_id}/calls/{call_id}/answer", name="console_answer")
 async def answer(session_id: str, call_id: str, request: Request) -> Response:
-    _sessions(request)
-    form = await _form(request)
-    body = _body(api.Answer, by=_by(request), answer=form.get("answer", "").strip())
-    await api.answer(session_id, call_id, body, request)
-    return _back(session_id)
+    text = (await _action(request)).get("answer", "").strip()
+    return await _decide(request, session_id, call_id, api.answer, api.Answer, answer=text)
 
 
 @router.post("/sessions/{session_id}/calls/{call_id}/reconcile", name="console_reconcile")
 async def reconcile(session_id: str, call_id: str, request: Request) -> Response:
     """Record what really happened to an outcome_unknown call: succeeded (the note is its
     result) or failed (the note is its error)."""
-    _sessions(request)
-    form = await _form(request)
+    form = await _action(request)
     status, note = form.get("status"), form.get("note", "").strip() or None
     body = _body(
         api.Reconcile,
@@ -256,8 +270,7 @@ async def send(session_id: str, request: Request) -> Response:
     """Send a message, as ``POST /v1/sessions/{id}/messages`` does (without waiting for
     the turn): it starts a turn, or waits for the running one to end. Then the page,
     at the message box, follows the reply as it streams."""
-    _sessions(request)
-    form = await _form(request)
+    form = await _action(request)
     body = _body(api.SendMessage, text=form.get("text", "").strip())
     await api.send_message(session_id, body, request)
     return _back(session_id, "#send")
@@ -265,8 +278,7 @@ async def send(session_id: str, request: Request) -> Response:
 
 @router.post("/sessions/{session_id}/cancel", name="console_cancel")
 async def cancel(session_id: str, request: Request) -> Response:
-    _sessions(request)
-    form = await _form(request)
+    form = await _action(request)
     reason = form.get("reason", "").strip() or "cancelled from the console"
     await api.cancel(session_id, _body(api.Cancel, reason=reason), request)
     return _back(session_id)

@@ -207,38 +207,28 @@ class Turn(msgspec.Struct, kw_only=True):
 
     def step(self, step_id: str) -> Step | None:
         """A Step by id (``{turn}.{n}``: the n-th Step of the turn)."""
-        steps = self.steps
-        if steps and steps[-1].id == step_id:  # most often the latest
-            return steps[-1]
-        step = _nth(steps, step_id, self.number)
-        if step is not None and step.id == step_id:
-            return step
-        for step in reversed(steps):
-            if step.id == step_id:
-                return step
-        return None
+        return _by_id(self.steps, step_id, self.number)
 
     def tool_call(self, call_id: str) -> ToolCall | None:
         """A tool call by id (``{turn}.{n}``: the n-th call of the turn)."""
-        calls = self.tool_calls
-        if calls and calls[-1].id == call_id:  # most often the latest
-            return calls[-1]
-        call = _nth(calls, call_id, self.number)
-        if call is not None and call.id == call_id:
-            return call
-        for call in calls:
-            if call.id == call_id:
-                return call
-        return None
+        return _by_id(self.tool_calls, call_id, self.number)
 
 
-def _nth(items: Sequence[T], item_id: str, turn: int) -> T | None:
-    """The item that an id ``{turn}.{n}`` names by position, if the id has that shape."""
+Numbered = TypeVar("Numbered", Step, ToolCall)
+"""What a turn numbers ``{turn}.{n}``, in the order it makes them."""
+
+
+def _by_id(items: Sequence[Numbered], item_id: str, turn: int) -> Numbered | None:
+    """The item of ``turn`` with id ``item_id``: most often the latest; else the one the id
+    names by position, if the id has that shape; else any with that id."""
+    if items and items[-1].id == item_id:
+        return items[-1]
     head, _, tail = item_id.partition(".")
-    if head != str(turn) or not tail.isdigit():
-        return None
-    n = int(tail)
-    return items[n - 1] if 0 < n <= len(items) else None
+    if head == str(turn) and tail.isdigit() and 0 < int(tail) <= len(items):
+        item = items[int(tail) - 1]
+        if item.id == item_id:
+            return item
+    return next((item for item in reversed(items) if item.id == item_id), None)
 
 
 class QueuedMessage(msgspec.Struct, kw_only=True):

@@ -218,7 +218,24 @@ class Rings:
             self._rings.pop(session_id, None)
 
 
-class MemoryStreams:
+class Ringed:
+    """A stream backend whose subscribers read from ``rings``: their counts are its own."""
+
+    rings: Rings
+
+    @property
+    def subscribers(self) -> int:
+        return self.rings.subscribers
+
+    @property
+    def dropped(self) -> int:
+        return self.rings.dropped
+
+    def end_subscriptions(self) -> None:
+        self.rings.end()
+
+
+class MemoryStreams(Ringed):
     def __init__(
         self,
         keep: int = 1000,
@@ -232,22 +249,11 @@ class MemoryStreams:
         self._last = time.time_ns() // 1000
         """The latest id given, or the boot time in microseconds before the first."""
 
-    @property
-    def subscribers(self) -> int:
-        return self.rings.subscribers
-
-    @property
-    def dropped(self) -> int:
-        return self.rings.dropped
-
     async def start(self) -> None:
         pass
 
     async def close(self) -> None:
         pass
-
-    def end_subscriptions(self) -> None:
-        self.rings.end()
 
     def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:
         if type_ == "model.delta" and session_id not in self.rings:

@@ -34,7 +34,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, RedisError
 
-from dex.server.streams.memory import Event, Key, Rings, gap, parse_id
+from dex.server.streams.memory import Event, Key, Ringed, Rings, gap, parse_id
 
 log = logging.getLogger("dex.streams")
 
@@ -105,7 +105,7 @@ def _key(value: bytes) -> Key:
     return key
 
 
-class RedisStreams:
+class RedisStreams(Ringed):
     def __init__(
         self,
         url: str,
@@ -138,14 +138,6 @@ class RedisStreams:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def subscribers(self) -> int:
-        return self.rings.subscribers
-
-    @property
-    def dropped(self) -> int:
-        return self.rings.dropped
-
     def _keys(self, session_id: str) -> list[str]:
         # one hash slot per session ({...}), so the script's two keys live together
         return [f"{self.prefix}:{{{session_id}}}:events", f"{self.prefix}:{{{session_id}}}:history"]
@@ -170,9 +162,6 @@ class RedisStreams:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         await self._redis.aclose()
-
-    def end_subscriptions(self) -> None:
-        self.rings.end()
 
     # --- publishing ---------------------------------------------------------------------
 
