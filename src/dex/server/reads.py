@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from dex.errors import NotFound
@@ -40,6 +40,9 @@ class Reads:
         """The node stopped serving: a request that waits for a turn answers at once."""
         self.turn_waits = 0
         """Requests waiting for a turn to end now (long polls held)."""
+        self.serves: Callable[[str], bool] | None = None
+        """In a cluster, whether this node serves a session: one it does not is read
+        straight from storage and never cached here (its owner changes it). None: all."""
 
     def end_waits(self) -> None:
         """The node stops serving: every request that waits for a turn answers now, with
@@ -158,6 +161,12 @@ class Reads:
 
     async def person_waits(self, session_id: str) -> list[dict[str, Any]]:
         """What the session's turn waits for a person to do, as the inbox lists it."""
+        if self.serves is not None and not self.serves(session_id):
+            raw = await self.store.load_session(session_id)  # another node's: as stored
+            if raw is None:
+                return []
+            state, _, _ = records.session(raw, session_id)
+            return views.person_waits(state)
         async with self._as_stored(session_id) as actor:
             return views.person_waits(actor.state)
 

@@ -73,7 +73,8 @@ class Forward:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # one attribute on a node alone: ``cluster_of`` inlined, the state read by key
-        cluster: Cluster | None = getattr(self.state["node"], "cluster", None)
+        node = self.state["node"]
+        cluster: Cluster | None = None if node is None else node.cluster
         if cluster is None or scope["type"] != "http":
             await self.app(scope, receive, send)
             return

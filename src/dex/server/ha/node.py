@@ -151,6 +151,7 @@ class Node:
         self.cluster = cluster
         self.store.fence = cluster.epochs  # every write now checks its partition's epoch
         self.sessions.serves = cluster.serves
+        self.sessions.reads.serves = cluster.serves
         self.dispatcher.dispatches = cluster.dispatches
         self.role = "standby" if lease.standby else "starting"
         if lease.standby:
