@@ -564,6 +564,11 @@ async def test_a_role_that_may_not_end_the_batch_waits_for_it_and_says_so_once(
         wait = new_lease.settings.fence_wait
         with pytest.raises(TimeoutError):  # a few more rounds: still waiting, said once
             await asyncio.wait_for(asyncio.shield(contender), 2 * wait + 0.5)
+        # longer than valid_for with no ping: the waiting node keeps its lease all along
+        # (each round answered is as good as a ping)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(contender), new_lease.settings.valid_for)
+        assert new_lease.valid() and not new_lease.lost.is_set()
 
         terminate(url, batch)  # an operator ends the batch's session
         assert await asyncio.wait_for(contender, 5) == 2

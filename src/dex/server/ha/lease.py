@@ -549,12 +549,16 @@ class _LockThread:
         wait = f"{max(1, int(self.settings.fence_wait * 1000))}ms"
         warned = False
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 with conn.transaction():
                     conn.execute("SELECT set_config('lock_timeout', %s, true)", (wait,))
                     conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (FENCE_LOCKS, partition))
                     row = conn.execute(BUMP, (self.holder, partition)).fetchone()
             except psycopg.errors.LockNotAvailable:
+                # The session answered, as a ping would: no ping runs while this waits,
+                # and the node must not lose all its partitions over this one.
+                self.valid_until = sent + self.settings.valid_for
                 warned = self._end_fence_holders(conn, partition, warned)
                 continue
             if row is None:
