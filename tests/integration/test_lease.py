@@ -619,3 +619,18 @@ async def test_the_lease_corrects_the_nodes_clock_to_the_databases(url: str) -> 
         )
     finally:
         await lease.release()
+
+
+async def test_asking_a_lost_lease_for_a_partition_raises_instead_of_waiting_forever(
+    url: str, leases: list[Lease]
+) -> None:
+    """Its lock thread ended with the lost connection: nobody would ever answer."""
+    lease = Lease(url, "node")
+    leases.append(lease)
+    assert await lease.take_now([P]) == {P: 1}
+    terminate(url, lease.backend_pid)
+    await asyncio.wait_for(lease.lost.wait(), 5)
+
+    with pytest.raises(StorageError, match="lost"):
+        await asyncio.wait_for(lease.take_now([P + 1]), 5)
+    assert partition_row(url, P + 1) == (0, "")
