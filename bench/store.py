@@ -89,8 +89,9 @@ async def phase(name: str, make: Callable[[], Store], writers: list[int], second
         await store.open()
         try:
             if isinstance(store, PostgresStore):
-                lease = Lease(store.url, "bench")
-                store.fence_epoch = await lease.acquire()
+                lease = Lease(store.url, "bench")  # one node owning every partition
+                taken = await lease.take_now(list(range(store.partition_count)))
+                store.fence = {p: e for p, e in taken.items() if e is not None}
             ops, commits, cpu = await run(store, n, seconds)
             if isinstance(store, PostgresStore):
                 await lease.release()

@@ -220,6 +220,7 @@ TEXT_KEYS = {
     ("messages", "session_id"),
     ("messages", "message_id"),
     ("meta", "key"),
+    ("dex_nodes", "id"),
 }
 
 
@@ -255,9 +256,33 @@ async def test_postgres_migrations_give_the_sqlite_tables_with_byte_ordered_keys
     for table, expected in SCHEMA.items():
         assert set(columns[table]) == set(expected), table
     assert set(columns["dex_lease"]) == {"id", "epoch", "holder", "acquired_at"}
+    assert set(columns["dex_partitions"]) == {"id", "epoch", "owner", "acquired_at"}
+    assert set(columns["dex_nodes"]) == {"id", "key", "address", "standby", "joined_at"}
     assert {(t, c) for t, cols in columns.items() for c, coll in cols.items() if coll == "C"} == (
         TEXT_KEYS
     )
+    assert partitions(postgres_url) == [(p, 0) for p in range(64)]  # the default count
+
+
+def partitions(url: str) -> list[tuple[int, int]]:
+    """(id, epoch) of each partition."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT id, epoch FROM dex_partitions ORDER BY id").fetchall()
+    return [(int(p), int(e)) for p, e in rows]
+
+
+async def test_postgres_fence_function_passes_the_current_epochs_and_refuses_others(
+    postgres_url: str,
+) -> None:
+    await open_and_close_pg(postgres_url)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("UPDATE dex_partitions SET epoch = 3 WHERE id = 7")
+        conn.execute("SELECT dex_fence_partitions(%s, %s)", ([2, 7], [0, 3]))
+        conn.execute("SELECT dex_fence_partitions(%s, %s)", ([], []))  # a batch of agents
+        for parts, epochs in (([2, 7], [0, 2]), ([7], [4]), ([64], [0])):
+            with pytest.raises(psycopg.Error) as refused:
+                conn.execute("SELECT dex_fence_partitions(%s, %s)", (parts, epochs))
+            assert refused.value.sqlstate == postgres_module.FENCED_SQLSTATE, parts
 
 
 async def test_postgres_nodes_starting_at_once_run_each_migration_once(
@@ -268,6 +293,7 @@ async def test_postgres_nodes_starting_at_once_run_each_migration_once(
     assert versions == [PG_LATEST] * 4
     with psycopg.connect(postgres_url) as conn:
         assert conn.execute("SELECT epoch FROM dex_lease").fetchall() == [(0,)]
+    assert partitions(postgres_url) == [(p, 0) for p in range(64)]
 
 
 async def test_a_failing_postgres_migration_changes_nothing(
@@ -487,7 +513,12 @@ async def test_postgres_migration_fills_the_fleet_columns_of_stored_sessions(
 ) -> None:
     older = migrations("postgresql")[: FLEET_POSTGRES - 1]
     monkeypatch.setattr(postgres_module, "migrations", lambda dialect: older)
-    await open_and_close_pg(postgres_url)
+    # migrated as that release did (a store opens only a database with partitions)
+    migrating = await postgres_module.connect(postgres_url)
+    try:
+        await postgres_module._migrate(migrating)
+    finally:
+        await migrating.close()
     with psycopg.connect(postgres_url) as conn, conn.cursor() as cur:
         insert(cur.executemany, stored_before(), "%s")
     monkeypatch.undo()

@@ -213,10 +213,12 @@ class Lease:
         uses ``take`` and ``on_taken``)."""
         if self._lock is None:
             await self.join()
+        if self.lost.is_set():  # its lock thread may be gone: nobody would answer
+            raise StorageError("the lease was lost: it takes no partition")
         loop = asyncio.get_running_loop()
         asked = {p: self._asked.setdefault(p, loop.create_future()) for p in partitions}
         self.take(partitions)
-        return {p: await fut for p, fut in asked.items()}
+        return dict(zip(asked, await asyncio.gather(*asked.values()), strict=True))
 
     def give(self, partitions: list[int]) -> None:
         """Free these partitions' locks (the node drained them)."""
@@ -237,6 +239,7 @@ class Lease:
         if watchdog is not None:
             watchdog.cancel()
         lock, self._lock = self._lock, None  # valid() is False from here on
+        self._unasked("the lease was released")
         if lock is None:
             return  # never joined, or released already
         lock.stop(unlock=True)
@@ -301,6 +304,14 @@ class Lease:
                 reason,
                 extra={"action": "lease.lost", "holder": self.holder},
             )
+        self._unasked(f"the lease was lost: {reason}")
+
+    def _unasked(self, why: str) -> None:
+        """Fail ``take_now``'s waiters: the lock thread may never answer them."""
+        asked, self._asked = self._asked, {}
+        for fut in asked.values():
+            if not fut.done():
+                fut.set_exception(StorageError(why))
 
 
 _Reading = tuple[float, float, float]
@@ -555,12 +566,16 @@ class _LockThread:
         wait = f"{max(1, int(self.settings.fence_wait * 1000))}ms"
         warned = False
         while not self._stop.is_set():
+            sent = time.monotonic()
             try:
                 with conn.transaction():
                     conn.execute("SELECT set_config('lock_timeout', %s, true)", (wait,))
                     conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (FENCE_LOCKS, partition))
                     row = conn.execute(BUMP, (self.holder, partition)).fetchone()
             except psycopg.errors.LockNotAvailable:
+                # The session answered, as a ping would: no ping runs while this waits,
+                # and the node must not lose all its partitions over this one.
+                self.valid_until = sent + self.settings.valid_for
                 warned = self._end_fence_holders(conn, partition, warned)
                 continue
             if row is None:
