@@ -1,7 +1,8 @@
 """A stateless Worker: holds agent definitions in code and runs the Steps it is handed.
 
 It keeps one WebSocket to the active node (``dex.worker.connection``; the messages are
-``dex.wire.worker_frames`` and ``dex.wire.server_frames``), reconnects by itself,
+``dex.wire.worker_frames`` and ``dex.wire.server_frames``), or in a cluster one to each
+node, learnt from the node it reaches (``dex.worker.cluster``), reconnects by itself,
 heartbeats every attempt it holds, and keeps each result until the server acknowledges
 it, sending it again after a reconnect (``dex.worker.runner``). A result the server
 refuses (its attempt was failed meanwhile) is dropped.
@@ -26,8 +27,8 @@ from dex._address import addresses
 from dex.agent import Agent
 from dex.models.base import Model
 from dex.wire.worker_frames import Drain
+from dex.worker.cluster import Cluster
 from dex.worker.config import WorkerConfig
-from dex.worker.connection import Connection
 from dex.worker.runner import Runner
 
 if TYPE_CHECKING:
@@ -63,8 +64,8 @@ class Worker:
             from dex.worker.tracing import AttemptTracing  # only when tracing is on
 
             tracing = AttemptTracing(self.id, tracer_provider)
-        self._runner = Runner(self.id, self.agents, self._send, tracing)
-        self._connection = Connection(
+        self._runner = Runner(self.id, self.agents, self.config.capacity, tracing)
+        self._cluster = Cluster(
             self.id, list(agents), self.addresses, self.config, token, self._runner
         )
         self._stop_reason = "shutdown"
@@ -74,9 +75,6 @@ class Worker:
         self._draining = False
         self._stopped = asyncio.Event()
         self._running = False
-
-    def _send(self, message: Any) -> None:
-        self._connection.send(message)
 
     async def __aenter__(self) -> Worker:
         self._main = asyncio.create_task(self.run())
@@ -95,12 +93,12 @@ class Worker:
             for model in self._models():
                 model.warm_up()
             async with aiohttp.ClientSession() as http:
-                await self._connection.run(http)
+                await self._cluster.run(http)
         except Exception as e:
-            self._connection.log.stopped("error", e)
+            self._cluster.seed.log.stopped("error", e)
             raise
         else:
-            self._connection.log.stopped(self._stop_reason)
+            self._cluster.seed.log.stopped(self._stop_reason)
         finally:
             for model in self._models():
                 try:
@@ -134,7 +132,7 @@ class Worker:
         if not self._draining:
             self._draining = True
             await self._drain(self.config.drain_timeout if timeout is None else timeout)
-            self._connection.stopping.set()
+            self._cluster.stop()
         if self._running:
             await self._stopped.wait()
 
@@ -147,9 +145,9 @@ class Worker:
             timeout,
             extra={"action": "worker.draining", "running": running, "timeout": timeout},
         )
-        self._connection.send(Drain())
+        self._cluster.send_all(Drain())
         await runner.finish(timeout)
         # wait (briefly) for the server to acknowledge what we sent
-        if runner.attempts and self._connection.link is not None:
+        if runner.attempts and self._cluster.linked:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(runner.none_held.wait(), min(timeout, 5.0))
