@@ -109,7 +109,9 @@ async def test_a_worker_seeded_with_one_node_connects_to_every_member_and_runs_t
             assert turn["status"] == "completed", turn
             assert turn["tool_calls"][0]["result"] == sum(int(n) for n in text.split()[1:])
     connected = {
-        r.address for r in caplog.records if getattr(r, "action", "") == "worker.connected"
+        getattr(r, "address", None)
+        for r in caplog.records
+        if getattr(r, "action", "") == "worker.connected"
     }
     assert connected == {a, b}  # one line per node, naming it
 
@@ -186,7 +188,7 @@ async def test_a_node_no_member_lists_is_not_reconnected_to_once_its_connection_
         async def let_go() -> bool:
             return any(
                 getattr(r, "action", "") == "worker.connection_lost"
-                and r.address == b
+                and getattr(r, "address", None) == b
                 and "not reconnecting" in r.getMessage()
                 for r in caplog.records
             )
@@ -199,6 +201,46 @@ async def test_a_node_no_member_lists_is_not_reconnected_to_once_its_connection_
         await stack.enter_async_context(run_server(tmp_path / "b", port=port_b))
         members.announce([a, b])
         await wait_until_async(on_b, what="the Worker connected to node B again")
+
+
+async def test_a_seed_that_left_the_cluster_is_not_retried_while_a_member_is_connected(
+    tmp_path: Path, members: Members, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The seed's node leaves: its connection is not tried again while another node is
+    connected (as for a load balancer's address, which no node lists)."""
+    caplog.set_level(logging.DEBUG, logger="dex.worker")  # every try
+    a, b = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    members.listed[:] = [a, b]
+    async with AsyncExitStack() as stack:
+        node_a = AsyncExitStack()
+        await node_a.enter_async_context(run_server(tmp_path / "a", port=int(a.split(":")[-1])))
+        await stack.enter_async_context(run_server(tmp_path / "b", port=int(b.split(":")[-1])))
+        worker = await stack.enter_async_context(dex.Worker([HELPER], a, FAST_WORKER))
+
+        async def on_b() -> bool:
+            return await workers_on(b) == [worker.id]
+
+        await wait_until_async(on_b, what="the Worker connected to node B")
+        members.announce([b])
+        await node_a.aclose()
+
+        async def let_go() -> bool:
+            return any(
+                getattr(r, "action", "") == "worker.connection_lost"
+                and getattr(r, "address", None) == a
+                and "not reconnecting" in r.getMessage()
+                for r in caplog.records
+            )
+
+        await wait_until_async(let_go, what="the Worker stopped trying node A")
+        assert await workers_on(b) == [worker.id]
+        client = await stack.enter_async_context(dex.Client(b, timeout=15))
+        session = await client.create_session("helper")
+        for n in range(3):  # meanwhile a Worker that tried A again would log each try
+            turn = await client.send_message(session["id"], f"add {n} 2", wait=True)
+            assert turn["status"] == "completed"
+        tries = [r for r in caplog.records if getattr(r, "action", "") == "worker.connect_failed"]
+        assert tries == []
 
 
 async def test_while_no_node_is_connected_the_worker_keeps_every_member(

@@ -6,9 +6,10 @@ in turn, as on a single node. A node's ``welcome`` (and later ``members`` frames
 the base URLs of every node the Worker should be connected to; the Worker keeps one
 connection to each it is not connected to yet (the seed counts for the address it is
 on), each with its own reconnect loop. A member that no connected node lists any more
-and whose connection is down is let go: nothing reconnects to a node that left. While no
-node is connected, nothing is let go. All connections share one ``Runner``, so one
-capacity (``dex.worker.runner``).
+and whose connection is down is let go: nothing reconnects to a node that left. The seed
+stays, but while down it tries again only an address a connected node lists, or once no
+node is connected. While no node is connected, nothing is let go. All connections share
+one ``Runner``, so one capacity (``dex.worker.runner``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Cluster:
         self._failed: asyncio.Future[None] | None = None
         """Set when a member connection gives up for good (a refused token, say)."""
         self._stopping = False
+        self._change = asyncio.Event()
+        """Set (and replaced) at each ``changed()``."""
 
     @property
     def connections(self) -> list[Connection]:
@@ -76,16 +79,32 @@ class Cluster:
         return set().union(*lists)
 
     def wanted(self, connection: Connection) -> bool:
-        """Whether ``connection`` should (re)connect: the seed always does; a member while
-        it is up, or while a connected node lists it, or while none is connected."""
-        if connection is self.seed or connection.link is not None:
+        """Whether ``connection`` should (re)connect: while it is up, while a connected
+        node lists its address, or while no node is connected. (A seed address that is
+        not a member's, a node that left or a load balancer, is tried again only when
+        no node is connected.)"""
+        if connection.link is not None:
             return True
         listed = self.listed()
         return listed is None or connection.address in listed
 
+    async def change(self, stopping: asyncio.Event) -> None:
+        """Wait for the next ``changed()``, or ``stopping``."""
+        waits = [
+            asyncio.ensure_future(self._change.wait()),
+            asyncio.ensure_future(stopping.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
     def changed(self) -> None:
         """A node listed its members, or a connection came up or went down: connect to
         every listed node that no connection is on; let go of those no node lists."""
+        self._change.set()
+        self._change = asyncio.Event()
         if self._http is None or self._stopping:
             return
         listed = self.listed()

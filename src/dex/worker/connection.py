@@ -102,6 +102,8 @@ class Connection:
             self.link.outbox.put(message)
 
     def _wanted(self) -> bool:
+        """Whether to (re)connect now: not while stopping, nor (in a cluster) while down
+        and listed by no connected node."""
         return not self.stopping.is_set() and (self.cluster is None or self.cluster.wanted(self))
 
     def _next(self, targets: itertools.cycle[str]) -> str:
@@ -116,11 +118,19 @@ class Connection:
 
     async def run(self, http: aiohttp.ClientSession) -> None:
         """Connect to the addresses in turn, with exponential backoff and full jitter
-        between failed tries (tenacity), until ``stopping`` (or, for a member, until no
-        node lists it and its connection is down). A connection that closes starts again
-        from the shortest wait."""
+        between failed tries (tenacity), until ``stopping``. A connection that closes
+        starts again from the shortest wait. In a cluster, while no connected node lists
+        its address and it is down, it does not reconnect: a member stops for good (the
+        node left), the seed waits until it is listed again or no node is connected."""
         targets = itertools.cycle(self.addresses)
-        while self._wanted():
+        while not self.stopping.is_set():
+            if not self._wanted():
+                if not self._idle_seed():
+                    self.log.let_go(self.address)
+                    return
+                assert self.cluster is not None
+                await self.cluster.change(self.stopping)
+                continue
             base = ""
             retrying = AsyncRetrying(
                 wait=wait_random_exponential(
@@ -136,10 +146,11 @@ class Connection:
                     with attempt:
                         base = self.address = self._next(targets)
                         ws = await self._connect(http, base)
-            except _Unreachable:  # shutting down, or no node lists it any more
+            except _Unreachable:  # shutting down, or no connected node lists it any more
                 if self.let_go:
                     self.log.let_go(self.address)
-                return
+                    return
+                continue
             link = Link(ws, base, self.config.heartbeat_interval)
             try:
                 async with ws:
@@ -151,17 +162,20 @@ class Connection:
                 if self.cluster is not None:
                     self.cluster.changed()
             if self.stopping.is_set() and not self.let_go:
-                return
+                return  # shutting down
             if link.welcomed:
-                self.log.lost(base, link.ended, reconnecting=not self.let_go)
-            elif self.let_go:
-                self.log.let_go(base)
+                reconnecting = self._wanted()
+                self.log.lost(base, link.ended, reconnecting=reconnecting)
+                if not reconnecting and not self._idle_seed():
+                    return
             else:  # accepted, then closed before its welcome: a standby, say
                 self.log.failed(base, link.ended)
             # a node that accepts and closes at once (a standby) is not asked again at once
-            if self.stopping.is_set():
-                return
             await self._pause(self.config.reconnect_initial * random.uniform(0.5, 1.0))
+
+    def _idle_seed(self) -> bool:
+        """Whether it is the seed (which waits, unwanted, rather than stop)."""
+        return self.cluster is None or self is self.cluster.seed
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, unless ``stopping`` comes first (shutting down, or a member let go)."""

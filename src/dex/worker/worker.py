@@ -38,6 +38,23 @@ log = logging.getLogger("dex.worker")
 
 
 class Worker:
+    """Serves ``agents``: runs the Steps the server hands it, up to ``config.capacity`` at
+    once, reconnecting by itself, until ``shutdown()`` (or a signal, in ``run_forever``).
+
+    **Workers in a cluster.** Give it the address of any node (or several: the seed). The
+    node it reaches lists every node of the cluster in its welcome, and the Worker keeps
+    one connection to each (each node hands out only its own sessions' Steps), learns of
+    nodes that join or leave as it goes, and stops reconnecting to a node that left once
+    its connection is down. The connections share one capacity: each node is told the
+    whole of it, so a node's view is an upper bound, and a Step that comes while the
+    Worker runs as many attempts as its capacity is handed back at once to go to another
+    Worker. Each connection logs its own lines (``worker.connected``,
+    ``worker.connection_lost``, ``worker.reconnected``) with its node's address. Give a
+    Worker the nodes' own addresses rather than a load balancer's: the connection
+    through a load balancer counts for that address only, so the Worker's connection to
+    the same node by its own address is refused (the Worker id is in use) until it ends.
+    """
+
     def __init__(
         self,
         agents: Sequence[Agent],
