@@ -167,7 +167,7 @@ async def test_one_capacity_over_two_nodes_hands_back_what_does_not_fit(
 async def test_a_node_no_member_lists_is_not_reconnected_to_once_its_connection_is_down(
     tmp_path: Path, members: Members, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="dex.worker")
+    caplog.set_level(logging.DEBUG, logger="dex.worker")  # every try
     a, b = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
     port_b = int(b.split(":")[-1])
     members.listed[:] = [a, b]
@@ -181,26 +181,32 @@ async def test_a_node_no_member_lists_is_not_reconnected_to_once_its_connection_
             return await workers_on(b) == [worker.id]
 
         await wait_until_async(on_b, what="the Worker connected to node B")
-        members.announce([a])  # B leaves the cluster: its connection is up, so it stays
-        assert await workers_on(b) == [worker.id]
-        await node_b.aclose()
+        await node_b.aclose()  # B goes down: the Worker tries it again
 
-        async def let_go() -> bool:  # as the members frame or the close came first
-            return any(
-                getattr(r, "address", None) == b
-                and (
-                    getattr(r, "action", "") == "worker.node_left"
-                    or (
-                        getattr(r, "action", "") == "worker.connection_lost"
-                        and "not reconnecting" in r.getMessage()
-                    )
-                )
+        def lines(action: str) -> int:
+            return sum(
+                getattr(r, "action", "") == action and getattr(r, "address", None) == b
                 for r in caplog.records
             )
 
+        async def tried() -> bool:
+            return lines("worker.connect_failed") > 0
+
+        await wait_until_async(tried, what="the Worker tried node B again")
+        members.announce([a])  # then B leaves the cluster
+
+        async def let_go() -> bool:
+            return lines("worker.node_left") == 1
+
         await wait_until_async(let_go, what="the Worker let node B go")
-        assert b not in {c.address for c in worker._cluster.connections}
+        tries = lines("worker.connect_failed")
         assert await workers_on(a) == [worker.id]  # the seed's node is kept
+        client = await stack.enter_async_context(dex.Client(a, timeout=15))
+        session = await client.create_session("helper")
+        for n in range(3):  # meanwhile a Worker that tried B again would log each try
+            turn = await client.send_message(session["id"], f"add {n} 2", wait=True)
+            assert turn["status"] == "completed"
+        assert lines("worker.connect_failed") == tries
 
         # B comes back and joins again: the Worker connects to it again
         await stack.enter_async_context(run_server(tmp_path / "b", port=port_b))
