@@ -29,6 +29,7 @@ func (w *Worker) serveNode(ctx context.Context, n *node) error {
 	failures := 0
 	next := 0
 	for {
+		changed := w.changes() // before the check: a change right after it still wakes the wait
 		if !w.wanted(n) {
 			if !n.seed {
 				w.mu.Lock()
@@ -39,7 +40,7 @@ func (w *Worker) serveNode(ctx context.Context, n *node) error {
 			}
 			select {
 			case <-ctx.Done():
-			case <-w.changes():
+			case <-changed:
 			}
 			if w.stopping(ctx) {
 				return nil

@@ -26,12 +26,14 @@ import (
 // code win. Run returns an error naming any variable that does not parse.
 type WorkerOptions struct {
 	// Address is the server's URL, or several comma-separated, tried in turn
-	// (DEX_ADDRESS, default http://127.0.0.1:7450).
+	// (DEX_ADDRESS, default http://127.0.0.1:7450). In a cluster the node reached lists
+	// the others, and the Worker connects to each (docs/go-worker.md).
 	Address string
 	Agents  []Agent
 	// Capacity is how many attempts the server may hand this Worker at once, and how
-	// many it runs at once (DEX_WORKER_CAPACITY, default 16): an attempt beyond it, which
-	// a stopped attempt's code still running can cause, waits for a slot.
+	// many it runs at once over all its connections (DEX_WORKER_CAPACITY, default 16): a
+	// Step beyond it (in a cluster, other nodes' Steps took it) is handed back at once;
+	// one that comes while a stopped attempt's code still runs waits for its slot.
 	Capacity int
 	// Token is the worker token, sent as Authorization: Bearer (DEX_WORKER_TOKEN).
 	Token string
