@@ -1,6 +1,6 @@
-// The Worker's connection to the server: the addresses tried in turn with a pause that
+// The Worker's connection to one node: its addresses tried in turn with a pause that
 // grows, hello and welcome, the outbox written as frames, pings, and the log of each
-// connection's life.
+// connection's life. In a cluster the Worker holds one per node (cluster.go).
 
 package dex
 
@@ -19,46 +19,94 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-// connect tries the addresses in turn, and again after a pause that grows, until the
-// server refuses this Worker for good (ErrRefused) or the Worker stopped (ctx done, and
-// drained or out of time). It logs the life of each connection.
-func (w *Worker) connect(ctx context.Context) error {
-	addresses := addressList(w.opts.Address)
+// serveNode connects n to its addresses in turn, and again after a pause that grows,
+// until the server refuses this Worker for good (ErrRefused) or the Worker stopped (ctx
+// done, and drained or out of time). In a cluster, while no connected node lists its
+// address and it is down, it does not reconnect: a member stops for good (the node
+// left), the seed waits until it is listed again or no node is connected. It logs the
+// life of each connection.
+func (w *Worker) serveNode(ctx context.Context, n *node) error {
 	failures := 0
+	next := 0
 	for {
-		for _, address := range addresses {
-			welcomed, err := w.session(ctx, address)
-			if errors.Is(err, ErrRefused) {
-				w.conn.stopped("", err)
-				return err
-			}
-			if welcomed {
-				failures = 0
-			}
-			if w.stopping(ctx) {
-				w.conn.stopped(w.reason(), nil)
+		changed := w.changes() // before the check: a change right after it still wakes the wait
+		if !w.wanted(n) {
+			if !n.seed {
+				w.mu.Lock()
+				address := n.address
+				w.mu.Unlock()
+				n.log.letGo(address)
 				return nil
 			}
-			if err == nil {
-				err = errors.New("the connection closed")
+			select {
+			case <-ctx.Done():
+			case <-changed:
 			}
-			if welcomed {
-				w.conn.lost(address, err)
-			} else { // unreachable, or closed before its welcome: a standby, say
-				w.conn.failed(address, err)
+			if w.stopping(ctx) {
+				return nil
 			}
+			continue
+		}
+		address := w.nextAddress(n, &next)
+		welcomed, err := w.session(ctx, n, address)
+		w.mu.Lock()
+		n.linked, n.members = false, nil
+		w.changedLocked()
+		w.mu.Unlock()
+		if errors.Is(err, ErrRefused) {
+			if !errors.Is(err, errIDInUse) || !w.othersLinked(n) {
+				return err
+			}
+			// another connection of this Worker is on that node (a seed through a load balancer)
+		}
+		if welcomed {
+			failures = 0
+		}
+		if w.stopping(ctx) {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("the connection closed")
+		}
+		if welcomed {
+			reconnecting := w.wanted(n)
+			n.log.lost(address, err, reconnecting)
+			if !reconnecting && !n.seed {
+				return nil
+			}
+		} else { // unreachable, or closed before its welcome: a standby, say
+			n.log.failed(address, err)
+		}
+		if next%len(n.addresses) != 0 {
+			continue // the next address at once
 		}
 		failures++
-		// the pause ends early when the Worker is told to stop
+		// the pause ends early when the Worker is told to stop, or lets n go
 		select {
 		case <-ctx.Done():
+		case <-n.release:
 		case <-time.After(w.backoff(failures)):
 		}
 		if w.stopping(ctx) {
-			w.conn.stopped(w.reason(), nil)
 			return nil
 		}
 	}
+}
+
+// nextAddress is n's next address: in turn, but none another of the Worker's
+// connections is on (two connections of one Worker id to one node refuse each other).
+func (w *Worker) nextAddress(n *node, next *int) string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for range n.addresses {
+		address := n.addresses[*next%len(n.addresses)]
+		*next++
+		if !w.takenLocked(address, n) {
+			n.address = address
+			return address
+		}
+	}
+	return n.address
 }
 
 // backoff is the pause before the n-th round of connection attempts: ReconnectInitial
@@ -85,9 +133,9 @@ func wsURL(address string) string {
 	return address + "/v1/workers/connect"
 }
 
-// session runs one connection to one address until it drops; welcomed says whether the
-// server answered hello.
-func (w *Worker) session(ctx context.Context, address string) (welcomed bool, err error) {
+// session runs one connection of n to one address until it drops; welcomed says whether
+// the server answered hello.
+func (w *Worker) session(ctx context.Context, n *node, address string) (welcomed bool, err error) {
 	header := http.Header{}
 	if w.opts.Token != "" {
 		header.Set("Authorization", "Bearer "+w.opts.Token)
@@ -140,7 +188,7 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 		}
 	}()
 
-	if err := conn.WriteMessage(websocket.TextMessage, w.helloFrame()); err != nil {
+	if err := conn.WriteMessage(websocket.TextMessage, w.helloFrameOf(n)); err != nil {
 		return false, err
 	}
 	frame, err := read()
@@ -150,14 +198,17 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 	if len(frame) == 0 || frame[0].T != "welcome" {
 		return false, errors.New("the server did not answer hello with welcome")
 	}
-	w.welcome(frame[0])
-	w.conn.connected(address)
-	if err := w.handle(ctx, frame[1:]); err != nil {
+	w.welcomeOn(n, frame[0])
+	n.log.connected(address)
+	w.mu.Lock()
+	w.listLocked(n, frame[0].Members)
+	w.mu.Unlock()
+	if err := w.handleOn(ctx, n, frame[1:]); err != nil {
 		return true, err
 	}
 
-	go func() { errs <- w.writeLoop(conn, done) }()
-	go w.heartbeatLoop(done)
+	go func() { errs <- w.writeLoop(conn, n, done) }()
+	go w.heartbeatLoop(n, done)
 	go func() {
 		for {
 			frame, err := read()
@@ -165,7 +216,7 @@ func (w *Worker) session(ctx context.Context, address string) (welcomed bool, er
 				errs <- err
 				return
 			}
-			if err := w.handle(ctx, frame); err != nil {
+			if err := w.handleOn(ctx, n, frame); err != nil {
 				errs <- err
 				return
 			}
@@ -195,6 +246,10 @@ func readFrame(conn *websocket.Conn) ([]incoming, error) {
 	return decodeFrame(data)
 }
 
+// errIDInUse is the refusal of a worker_id in use: for good, unless another connection
+// of this Worker is the one that uses it (a seed through a load balancer, in a cluster).
+var errIDInUse = fmt.Errorf("%w: another live connection uses this worker_id", ErrRefused)
+
 // closeError turns the refusals that retrying cannot fix into ErrRefused.
 func closeError(err error) error {
 	var ce *websocket.CloseError
@@ -203,7 +258,7 @@ func closeError(err error) error {
 		case closeUnauthorized:
 			return fmt.Errorf("%w: the token was refused (%s)", ErrRefused, ce.Text)
 		case closeIDInUse:
-			return fmt.Errorf("%w: another live connection uses this worker_id (%s)", ErrRefused, ce.Text)
+			return fmt.Errorf("%w (%s)", errIDInUse, ce.Text)
 		case closeBadFrame:
 			return fmt.Errorf("%w: a frame did not fit the protocol: %s", ErrRefused, ce.Text)
 		case closeNotReady:
@@ -213,7 +268,11 @@ func closeError(err error) error {
 	return err
 }
 
-func (w *Worker) helloFrame() []byte {
+// helloFrame is the seed's hello (tests).
+func (w *Worker) helloFrame() []byte { return w.helloFrameOf(w.seed) }
+
+// helloFrameOf is n's hello: it names the attempts handed out on n that the Worker holds.
+func (w *Worker) helloFrameOf(n *node) []byte {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	agents := make([]agentSpec, 0, len(w.opts.Agents))
@@ -222,17 +281,19 @@ func (w *Worker) helloFrame() []byte {
 	}
 	held := []string{}
 	for id := range w.running {
-		held = append(held, id)
+		if w.originLocked(id) == n {
+			held = append(held, id)
+		}
 	}
 	for id := range w.results {
-		if _, ok := w.running[id]; !ok {
+		if _, ok := w.running[id]; !ok && w.originLocked(id) == n {
 			held = append(held, id)
 		}
 	}
 	data, err := json.Marshal([]hello{{
 		T: "hello", WorkerID: w.opts.WorkerID, Agents: agents, Capacity: w.opts.Capacity,
-		Attempts: held, Resume: w.resume, Protocol: ProtocolVersion,
-		HistoryCache: w.history.sessions,
+		Attempts: held, Resume: n.resume, Protocol: ProtocolVersion,
+		HistoryCache: n.history.sessions,
 	}})
 	if err != nil {
 		panic(err)
@@ -240,43 +301,65 @@ func (w *Worker) helloFrame() []byte {
 	return data
 }
 
-// welcome applies the server's answer: its heartbeat timeout, resume token and the
-// attempts it no longer runs; then everything unacked is sent again. The history views
-// of the last connection are dropped: the server sends each session's whole view first
-// on a new connection.
-func (w *Worker) welcome(m incoming) {
+// welcome applies the seed's welcome (tests).
+func (w *Worker) welcome(m incoming) { w.welcomeOn(w.seed, m) }
+
+// welcomeOn applies n's node's answer: its heartbeat timeout, resume token and the
+// attempts it no longer runs; then everything unacked of n is sent again. The history
+// views of n's last connection are dropped: the server sends each session's whole view
+// first on a new connection.
+func (w *Worker) welcomeOn(n *node, m incoming) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.history.clear()
+	n.history.clear()
 	resume := m.Resume
-	w.resume = &resume
+	n.resume = &resume
+	n.linked = true
 	if m.HeartbeatTimeout > 0 {
 		w.timeout = time.Duration(m.HeartbeatTimeout * float64(time.Second))
 	}
 	for _, id := range m.Stop {
-		w.abandonLocked(id, "the server no longer runs this attempt")
+		if w.originLocked(id) == n {
+			w.abandonLocked(id, "the server no longer runs this attempt")
+		}
 	}
-	w.box = outbox{}
+	n.box = outbox{}
 	if w.draining {
-		w.box.add(drain())
+		n.box.add(drain())
 	}
-	for _, r := range w.results {
-		w.box.add(r)
+	for id, r := range w.results {
+		if w.originLocked(id) == n {
+			n.box.add(r)
+		}
 	}
-	w.signal()
+	wakeWriter(n)
 }
 
-func (w *Worker) signal() {
+func wakeWriter(n *node) {
 	select {
-	case w.wake <- struct{}{}:
+	case n.wake <- struct{}{}:
 	default:
 	}
 }
 
-// sendLocked queues one message for the next frame (w.mu held).
+// originLocked is the connection attempt id was handed out on (w.mu held).
+func (w *Worker) originLocked(id string) *node {
+	if n, ok := w.origins[id]; ok {
+		return n
+	}
+	return w.seed
+}
+
+// sendLocked queues one message about an attempt for the next frame of the connection
+// that handed it out (w.mu held).
 func (w *Worker) sendLocked(m message) {
-	w.box.add(m)
-	w.signal()
+	w.sendOnLocked(w.originLocked(m.attempt()), m)
+}
+
+// sendOnLocked queues one message for n's next frame (w.mu held).
+func (w *Worker) sendOnLocked(n *node, m message) {
+	n.box.add(m)
+	wakeWriter(n)
 }
 
 func (w *Worker) send(m message) {
@@ -285,16 +368,16 @@ func (w *Worker) send(m message) {
 	w.sendLocked(m)
 }
 
-// writeLoop sends whatever is ready as one frame each time it wakes.
-func (w *Worker) writeLoop(conn *websocket.Conn, done <-chan struct{}) error {
+// writeLoop sends whatever is ready on n as one frame each time it wakes.
+func (w *Worker) writeLoop(conn *websocket.Conn, n *node, done <-chan struct{}) error {
 	for {
 		select {
 		case <-done:
 			return nil
-		case <-w.wake:
+		case <-n.wake:
 		}
 		w.mu.Lock()
-		data, results := w.box.take()
+		data, results := n.box.take()
 		w.mu.Unlock()
 		if data == nil {
 			continue

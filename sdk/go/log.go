@@ -219,15 +219,28 @@ func (c *connectionLog) failed(address string, err error) {
 	c.log.debug("worker.connect_failed", fmt.Sprintf("cannot reach %s: %v", address, err), fields...)
 }
 
-// lost: a connection that had been welcomed ended, and the Worker goes on.
-func (c *connectionLog) lost(address string, err error) {
+// lost: a connection that had been welcomed ended, and the Worker goes on (without
+// reconnecting to a node that no connected node lists any more).
+func (c *connectionLog) lost(address string, err error, reconnecting bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.lostAt = c.now()
 	c.failedTries = 0
+	then := "reconnecting"
+	if !reconnecting {
+		then = "no node lists it any more, not reconnecting"
+	}
 	c.log.warning("worker.connection_lost",
-		fmt.Sprintf("lost the connection to %s: %v; reconnecting", address, err),
+		fmt.Sprintf("lost the connection to %s: %v; %s", address, err, then),
 		field{"address", address}, field{"error", err.Error()})
+}
+
+// letGo: a cluster member whose connection is down and that no connected node lists any
+// more.
+func (c *connectionLog) letGo(address string) {
+	c.log.info("worker.node_left",
+		fmt.Sprintf("no connected node lists %s any more: not reconnecting to it", address),
+		field{"address", address})
 }
 
 // stopped: the Worker stops, drained after reason (a signal's name, or shutdown), or

@@ -65,7 +65,7 @@ func TestAnOutageIsOneLostLineAndOneReconnectedLine(t *testing.T) {
 	c.failed("http://a", refused) // started before its server: said once
 	c.failed("http://a", refused)
 	c.connected("http://a")
-	c.lost("http://a", errString("the connection closed (1006)"))
+	c.lost("http://a", errString("the connection closed (1006)"), true)
 	for i := 0; i < 5; i++ {
 		now = now.Add(500 * time.Millisecond)
 		c.failed("http://a", refused)

@@ -23,9 +23,9 @@ type attempt struct {
 	start    chan bool // the start acknowledgement (needs_start_ack), buffered
 }
 
-// heartbeatLoop names every running attempt each HeartbeatInterval, and at least five
-// times per heartbeat timeout.
-func (w *Worker) heartbeatLoop(done <-chan struct{}) {
+// heartbeatLoop names every running attempt handed out on n each HeartbeatInterval, and
+// at least five times per heartbeat timeout.
+func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 	for {
 		w.mu.Lock()
 		interval := w.timeout / 5
@@ -41,6 +41,9 @@ func (w *Worker) heartbeatLoop(done <-chan struct{}) {
 		w.mu.Lock()
 		ids := []string{}
 		for id, a := range w.running {
+			if w.originLocked(id) != n {
+				continue
+			}
 			if _, sent := w.results[id]; !sent {
 				ids = append(ids, id)
 			}
@@ -49,14 +52,20 @@ func (w *Worker) heartbeatLoop(done <-chan struct{}) {
 			}
 		}
 		if len(ids) > 0 {
-			w.sendLocked(heartbeat(ids, nil))
+			w.sendOnLocked(n, heartbeat(ids, nil))
 		}
 		w.mu.Unlock()
 	}
 }
 
-// handle applies one frame from the server, in order.
+// handle applies one frame from the seed's node (tests).
 func (w *Worker) handle(ctx context.Context, frame []incoming) error {
+	return w.handleOn(ctx, w.seed, frame)
+}
+
+// handleOn applies one frame from n's node, in order; a message about an attempt
+// another node handed out does nothing.
+func (w *Worker) handleOn(ctx context.Context, n *node, frame []incoming) error {
 	for _, m := range frame {
 		switch m.T {
 		case "step":
@@ -64,11 +73,19 @@ func (w *Worker) handle(ctx context.Context, frame []incoming) error {
 			if err := json.Unmarshal(m.raw, &s); err != nil {
 				return fmt.Errorf("a step does not decode: %w", err)
 			}
-			w.handOut(s)
+			w.handOutOn(n, s)
 		case "hb":
-			w.heartbeatReply(m)
+			w.heartbeatReply(n, m)
+		case "members":
+			w.mu.Lock()
+			w.listLocked(n, m.Members)
+			w.mu.Unlock()
 		case "ack":
 			w.mu.Lock()
+			if w.originLocked(m.AttemptID) != n {
+				w.mu.Unlock()
+				continue
+			}
 			if !m.OK {
 				w.log.info("worker.result_refused", "result refused: "+deref(m.Error),
 					field{"attempt_id", m.AttemptID})
@@ -78,7 +95,9 @@ func (w *Worker) handle(ctx context.Context, frame []incoming) error {
 			w.mu.Unlock()
 		case "cancel":
 			w.mu.Lock()
-			w.abandonLocked(m.AttemptID, "the server cancelled this attempt")
+			if w.originLocked(m.AttemptID) == n {
+				w.abandonLocked(m.AttemptID, "the server cancelled this attempt")
+			}
 			w.mu.Unlock()
 		case "welcome":
 			return errors.New("a second welcome on one connection")
@@ -94,12 +113,12 @@ func deref(s *string) string {
 	return *s
 }
 
-func (w *Worker) heartbeatReply(m incoming) {
+func (w *Worker) heartbeatReply(n *node, m incoming) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for id, status := range m.Status {
 		a, ok := w.running[id]
-		if !ok {
+		if !ok || w.originLocked(id) != n {
 			continue
 		}
 		if status == "stop" {
@@ -136,6 +155,9 @@ func (w *Worker) abandonLocked(id, why string) {
 
 func (w *Worker) forgetLocked(id string) {
 	delete(w.running, id)
+	if _, kept := w.results[id]; !kept {
+		delete(w.origins, id)
+	}
 }
 
 func (w *Worker) askStartLocked(a *attempt) {
@@ -143,20 +165,28 @@ func (w *Worker) askStartLocked(a *attempt) {
 	a.startSeq = w.seq
 	a.startAt = time.Now()
 	seq := a.startSeq
-	w.sendLocked(heartbeat([]string{a.step.AttemptID}, &seq))
+	w.sendOnLocked(w.originLocked(a.step.AttemptID), heartbeat([]string{a.step.AttemptID}, &seq))
 }
 
-func (w *Worker) handOut(s step) {
+// handOut hands s out on the seed (tests).
+func (w *Worker) handOut(s step) { w.handOutOn(w.seed, s) }
+
+// handOutOn takes on a hand-out of n's node: its messages go back on n.
+func (w *Worker) handOutOn(n *node, s step) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if _, dup := w.running[s.AttemptID]; dup {
 		return
 	}
+	if _, dup := w.results[s.AttemptID]; dup {
+		return
+	}
+	w.origins[s.AttemptID] = n
 	a := &attempt{step: s}
 	switch s.StepType {
 	case StepRunModel:
 		// even a hand-out that goes back: the server counts its view as sent
-		view, ok, err := w.history.view(s.SessionID, s.HistoryBase, s.History)
+		view, ok, err := n.history.view(s.SessionID, s.HistoryBase, s.History)
 		if err != nil {
 			w.settleLocked(failed(s, "the hand-out's history does not fit the protocol: "+err.Error(), false))
 			return
@@ -181,10 +211,31 @@ func (w *Worker) handOut(s step) {
 		w.settleLocked(handBack(s.AttemptID, ""))
 		return
 	}
+	if w.liveLocked() >= w.opts.Capacity {
+		// other nodes' Steps take the capacity (each node counts only its own): this one
+		// goes back at once, to another Worker (its history view is kept, as the node
+		// assumes)
+		w.log.debug("worker.handed_back", "capacity taken: handing back "+s.AttemptID,
+			field{"attempt_id", s.AttemptID}, field{"address", n.address})
+		w.settleLocked(handBack(s.AttemptID, ""))
+		return
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	w.running[s.AttemptID] = a
 	go w.run(ctx, a)
+}
+
+// liveLocked is how many attempts the Worker took on to run and still runs (a stopped
+// attempt's code may run on, holding its slot, but is not counted).
+func (w *Worker) liveLocked() int {
+	live := 0
+	for id := range w.running {
+		if _, sent := w.results[id]; !sent {
+			live++
+		}
+	}
+	return live
 }
 
 // settleLocked answers a hand-out at once, without running it, and keeps the answer

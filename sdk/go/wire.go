@@ -160,6 +160,8 @@ type incoming struct {
 	ReconnectGrace   float64  `json:"reconnect_grace"`
 	Resume           string   `json:"resume"`
 	Stop             []string `json:"stop"`
+	// welcome, members: the nodes of a cluster to be connected to
+	Members []string `json:"members"`
 	// hb reply
 	Seq    *int64            `json:"seq"`
 	Status map[string]string `json:"status"`

@@ -151,7 +151,7 @@ func TestHelloAfterReconnectNamesUnsettledAttemptsAndResumeToken(t *testing.T) {
 		t.Fatal("welcome.stop must stop the attempt")
 	}
 	var resent []map[string]any
-	data, _ := w.box.take()
+	data, _ := w.seed.box.take()
 	if err := json.Unmarshal(data, &resent); err != nil || len(resent) != 1 || resent[0]["attempt_id"] != "done" {
 		t.Fatalf("the unacked result must be sent again: %v %v", resent, err)
 	}
@@ -171,18 +171,18 @@ func TestStartAcknowledgementNeedsTheSameSeqInTime(t *testing.T) {
 	w.running["x"] = a
 	w.askStartLocked(a)
 	other := a.startSeq + 1
-	w.heartbeatReply(incoming{T: "hb", Seq: &other, Status: map[string]string{"x": "ok"}})
+	w.heartbeatReply(w.seed, incoming{T: "hb", Seq: &other, Status: map[string]string{"x": "ok"}})
 	if len(start) != 0 {
 		t.Fatal("an ok with another seq does not count")
 	}
 	a.startAt = time.Now().Add(-time.Second)
 	seq := a.startSeq
-	w.heartbeatReply(incoming{T: "hb", Seq: &seq, Status: map[string]string{"x": "ok"}})
+	w.heartbeatReply(w.seed, incoming{T: "hb", Seq: &seq, Status: map[string]string{"x": "ok"}})
 	if len(start) != 0 {
 		t.Fatal("an ok later than half the heartbeat timeout does not count")
 	}
 	a.startAt = time.Now()
-	w.heartbeatReply(incoming{T: "hb", Seq: &seq, Status: map[string]string{"x": "ok"}})
+	w.heartbeatReply(w.seed, incoming{T: "hb", Seq: &seq, Status: map[string]string{"x": "ok"}})
 	if !<-start {
 		t.Fatal("an ok in time with the same seq starts the tool")
 	}

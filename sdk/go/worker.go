@@ -26,12 +26,14 @@ import (
 // code win. Run returns an error naming any variable that does not parse.
 type WorkerOptions struct {
 	// Address is the server's URL, or several comma-separated, tried in turn
-	// (DEX_ADDRESS, default http://127.0.0.1:7450).
+	// (DEX_ADDRESS, default http://127.0.0.1:7450). In a cluster the node reached lists
+	// the others, and the Worker connects to each (docs/go-worker.md).
 	Address string
 	Agents  []Agent
 	// Capacity is how many attempts the server may hand this Worker at once, and how
-	// many it runs at once (DEX_WORKER_CAPACITY, default 16): an attempt beyond it, which
-	// a stopped attempt's code still running can cause, waits for a slot.
+	// many it runs at once over all its connections (DEX_WORKER_CAPACITY, default 16): a
+	// Step beyond it (in a cluster, other nodes' Steps took it) is handed back at once;
+	// one that comes while a stopped attempt's code still runs waits for its slot.
 	Capacity int
 	// Token is the worker token, sent as Authorization: Bearer (DEX_WORKER_TOKEN).
 	Token string
@@ -85,15 +87,25 @@ type Worker struct {
 	config error // what is wrong with the options (a variable that does not parse, no address): Run returns it
 	agents map[string]*Agent
 	log    *logger
-	conn   *connectionLog
+	// agentNames are the agents' names, for the connections' logs
+	agentNames []string
+	// seed is the connection to the configured addresses (cluster.go)
+	seed *node
+	// nodes counts the member connections' goroutines
+	nodes sync.WaitGroup
+	// fatal receives what made a member connection give up for good
+	fatal chan error
 
-	mu       sync.Mutex
-	running  map[string]*attempt // handed out, not settled
-	results  map[string]message  // sent, waiting for an ack
-	history  *historyCache       // each session's model view, as last handed out
-	box      outbox
-	wake     chan struct{}
-	resume   *string
+	mu      sync.Mutex
+	running map[string]*attempt // handed out, not settled
+	results map[string]message  // sent, waiting for an ack
+	origins map[string]*node    // the connection each held attempt was handed out on
+	// members are the connections to the nodes of a cluster the seed is not on
+	members map[string]*node
+	// change is closed (and replaced) at each change of the connections
+	change chan struct{}
+	// serving is the context the connections run in, once Run started
+	serving  context.Context
 	timeout  time.Duration // welcome.heartbeat_timeout
 	seq      int64
 	draining bool
@@ -121,8 +133,8 @@ func NewWorker(opts WorkerOptions) *Worker {
 		opts: opts, config: config, agents: map[string]*Agent{}, log: logger,
 		stopReason: "shutdown",
 		running:    map[string]*attempt{}, results: map[string]message{},
-		history: newHistoryCache(historySessions),
-		wake:    make(chan struct{}, 1), timeout: 10 * time.Second,
+		origins: map[string]*node{}, members: map[string]*node{},
+		change: make(chan struct{}), fatal: make(chan error, 1), timeout: 10 * time.Second,
 		slots: make(chan struct{}, opts.Capacity),
 	}
 	names := make([]string, 0, len(opts.Agents))
@@ -130,7 +142,8 @@ func NewWorker(opts WorkerOptions) *Worker {
 		w.agents[opts.Agents[i].Name] = &opts.Agents[i]
 		names = append(names, opts.Agents[i].Name)
 	}
-	w.conn = &connectionLog{log: logger, workerID: opts.WorkerID, agents: names, capacity: opts.Capacity}
+	w.agentNames = names
+	w.seed = w.newNode(addressList(opts.Address), true)
 	if opts.Tracing {
 		w.tracer = otel.Tracer(tracerName)
 	}
@@ -234,7 +247,9 @@ func (w *Worker) startDrain() {
 		fmt.Sprintf("draining: taking no new Steps, finishing %d running attempts within %ss",
 			len(w.running), fieldText(w.opts.DrainTimeout.Seconds())),
 		field{"running", len(w.running)}, field{"timeout", w.opts.DrainTimeout.Seconds()})
-	w.sendLocked(drain())
+	for _, n := range w.nodesLocked() {
+		w.sendOnLocked(n, drain())
+	}
 	for _, a := range w.running {
 		if a.start != nil && a.startSeq == 0 {
 			select {

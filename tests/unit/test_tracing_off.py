@@ -19,7 +19,7 @@ handout = Step(attempt_id="s/1.1/1", session_id="s", step_id="1.1",
                step_type=StepType.RUN_MODEL, attempt=1, agent="a")
 from dex.worker.runner import Attempt
 traceparent = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
-with worker._runner._span(Attempt(handout, traceparent=traceparent), agent):
+with worker._runner._span(Attempt(handout, None, traceparent=traceparent), agent):
     pass
 traced = ("opentelemetry", "dex.server.tracing", "dex.worker.tracing")
 print(sorted(m for m in sys.modules if m.startswith(traced)))

@@ -20,7 +20,7 @@ def test_every_message_type_is_on_the_page() -> None:
     text = PAGE.read_text()
     for tag in ("hello", "hb", "delta", "done", "fail", "back", "drain"):
         assert f"### `{tag}`" in text
-    for tag in ("welcome", "step", "ack", "cancel"):
+    for tag in ("welcome", "step", "ack", "cancel", "members"):
         assert f"### `{tag}`" in text
 
 

@@ -11,7 +11,21 @@ from dex.models import Scripted, say
 from dex.wire import StepType
 from dex.wire.server_frames import HeartbeatReply, Step
 from dex.wire.worker_frames import Heartbeat, WorkerMessage
+from dex.worker.history import HistoryCache
 from dex.worker.runner import Attempt
+
+
+class Origin:
+    """The connection the attempt came on: what the runner sends on it."""
+
+    address = "http://node"
+
+    def __init__(self) -> None:
+        self.histories = HistoryCache()
+        self.sent: list[WorkerMessage] = []
+
+    def send(self, message: WorkerMessage) -> None:
+        self.sent.append(message)
 
 
 @dex.tool
@@ -39,25 +53,26 @@ def handout() -> Step:
 
 async def test_only_a_timely_answer_with_the_asks_seq_starts_the_tool() -> None:
     runner = dex.Worker([AGENT], "http://127.0.0.1:1")._runner
-    sent: list[WorkerMessage] = []
-    runner.send = sent.append
+    origin = Origin()
+    sent = origin.sent
     runner.start_window = 0.2
-    attempt = Attempt(handout())
+    attempt = Attempt(handout(), origin)
     attempt.started = asyncio.get_running_loop().create_future()
     runner.attempts[attempt.handout.attempt_id] = attempt
     asking = asyncio.create_task(runner.start_acknowledged(attempt))
     await asyncio.sleep(0)
     first_seq = _asked(sent)
     aid = attempt.handout.attempt_id
-    runner.on_message(HeartbeatReply(status={aid: "ok"}))  # a periodic beat's reply
-    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=first_seq + 99))
+    runner.on_message(HeartbeatReply(status={aid: "ok"}), origin)  # a periodic beat's reply
+    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=first_seq + 99), origin)
+    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=first_seq), Origin())  # another node
     assert not attempt.started.done()
     attempt.start_sent = time.monotonic() - 1.0  # the answer comes back too late
-    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=first_seq))
+    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=first_seq), origin)
     assert not attempt.started.done()
     while _asked(sent) == first_seq:  # no timely answer: it asks again
         await asyncio.sleep(0.01)
-    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=_asked(sent)))
+    runner.on_message(HeartbeatReply(status={aid: "ok"}, seq=_asked(sent)), origin)
     assert await asking is True
 
 
@@ -70,11 +85,11 @@ def _asked(sent: list[WorkerMessage]) -> int:
 
 async def test_a_stop_refuses_the_start() -> None:
     runner = dex.Worker([AGENT], "http://127.0.0.1:1")._runner
-    runner.send = lambda message: None
-    attempt = Attempt(handout())
+    origin = Origin()
+    attempt = Attempt(handout(), origin)
     attempt.started = asyncio.get_running_loop().create_future()
     runner.attempts[attempt.handout.attempt_id] = attempt
     asking = asyncio.create_task(runner.start_acknowledged(attempt))
     await asyncio.sleep(0)
-    runner.on_message(HeartbeatReply(status={attempt.handout.attempt_id: "stop"}))
+    runner.on_message(HeartbeatReply(status={attempt.handout.attempt_id: "stop"}), origin)
     assert await asking is False

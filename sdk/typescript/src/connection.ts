@@ -1,15 +1,18 @@
 /**
- * The Worker's connection to the server: the addresses tried in turn with a pause that
+ * The Worker's connection to one node: its addresses tried in turn with a pause that
  * grows, hello and welcome, heartbeats and pings, the messages queued and sent as frames,
  * and the log of each connection's life (docs/worker-protocol.md, rules 6-7). What the
- * messages are about is the Runner's.
+ * messages are about is the Runner's. In a cluster the Worker holds one per node
+ * (cluster.ts, rule 13): the seed, on the configured addresses, and one per member.
  */
 import WebSocket from "ws";
 
+import type { Cluster } from "./cluster";
 import * as failpoints from "./failpoints";
+import { HistoryCache } from "./history";
 import type { ConnectionLog, Log } from "./log";
 import * as p from "./protocol";
-import type { Runner } from "./runner";
+import type { Origin, Runner } from "./runner";
 import type { Settings } from "./settings";
 
 /** The server refused this Worker for good (a token, or a worker_id in use): do not retry. */
@@ -38,30 +41,75 @@ export function backoff(
 }
 
 
-export class Connection {
+export class Connection implements Origin {
   private link: Link | null = null;
   private resume: string | null = null;
   /** Seconds between heartbeats: the longest gap, and four per heartbeat timeout. */
   private heartbeatInterval: number;
   private stopping = false;
   private wake: (() => void) | null = null;
+  /** The address it is on, or tries, or tried last. */
+  address: string;
+  /** The nodes its node listed last (welcome, then members), while connected. */
+  members: string[] | null = null;
+  /** A member that no connected node lists any more: it stops once its connection is down. */
+  letGo = false;
+  /** Each session's model view, as last handed out on this connection. */
+  readonly histories = new HistoryCache();
 
   constructor(
     private readonly settings: Settings,
+    private readonly addresses: string[],
     private readonly runner: Runner,
     private readonly log: Log,
-    private readonly life: ConnectionLog,
+    readonly life: ConnectionLog,
+    private readonly cluster: Cluster | null = null,
   ) {
     this.heartbeatInterval = settings.heartbeatInterval;
+    this.address = addresses[0];
+  }
+
+  /** Whether a welcomed link is up. */
+  get linked(): boolean {
+    return this.link !== null && this.link.welcomed;
+  }
+
+  /** Whether to (re)connect now: not while stopping, nor (in a cluster) while down and
+   * listed by no connected node. */
+  private wanted(): boolean {
+    return !this.stopping && (this.cluster === null || this.cluster.wanted(this));
+  }
+
+  /** The seed waits, unwanted, rather than stop. */
+  private get seed(): boolean {
+    return this.cluster === null || this.cluster.seed === this;
+  }
+
+  /** The next address: in turn, but none another of the Worker's connections is on (two
+   * connections of one Worker id to one node refuse each other). */
+  private nextAddress(counter: { next: number }): string {
+    for (let i = 0; i < this.addresses.length; i++) {
+      const address = this.addresses[counter.next++ % this.addresses.length];
+      if (this.cluster === null || !this.cluster.taken(address, this)) return address;
+    }
+    return this.address;
   }
 
   /** Connect, and again whenever the connection drops, until stop(). Rejects with
-   * WorkerRefusedError if the server refuses this Worker for good. */
+   * WorkerRefusedError if the server refuses this Worker for good. In a cluster, while no
+   * connected node lists its address and it is down, it does not reconnect: a member
+   * stops for good (the node left), the seed waits until it is listed again or no node is
+   * connected. */
   async serveUntilStopped(): Promise<void> {
-    let next = 0;
+    const counter = { next: 0 };
     let failures = 0;
     while (!this.stopping) {
-      const base = this.settings.addresses[next++ % this.settings.addresses.length];
+      if (!this.wanted()) {
+        if (!this.seed) break;
+        await this.cluster?.change();
+        continue;
+      }
+      const base = (this.address = this.nextAddress(counter));
       let ws: WebSocket;
       try {
         ws = await this.connect(base);
@@ -73,6 +121,14 @@ export class Connection {
       }
       failures = 0;
       const { code, reason, welcomed } = await this.serve(ws, base);
+      this.members = null;
+      this.cluster?.changed();
+      if (code === p.CLOSE_ID_IN_USE && this.cluster?.othersLinked(this)) {
+        // another connection of this Worker is on that node (a seed through a load balancer)
+        this.life.failed(base, `worker_id ${this.settings.workerId} is connected there already`);
+        await this.pause(backoff(failures++, this.settings.reconnectInitial, this.settings.reconnectMax));
+        continue;
+      }
       if (code === p.CLOSE_UNAUTHORIZED || code === p.CLOSE_ID_IN_USE) {
         const why =
           code === p.CLOSE_UNAUTHORIZED
@@ -83,13 +139,19 @@ export class Connection {
         });
         throw new WorkerRefusedError(`${base} refused this Worker (close ${code}): ${why}`);
       }
-      if (this.stopping) break;
+      if (this.stopping && !this.letGo) return;
       const ended = `the connection closed (${code}${reason === "" ? "" : `: ${reason}`})`;
-      if (welcomed) this.life.lost(base, ended);
-      else this.life.failed(base, ended); // accepted, then closed: a standby, say
+      if (welcomed) {
+        const reconnecting = this.wanted();
+        this.life.lost(base, ended, reconnecting);
+        if (!reconnecting && !this.seed) return;
+      } else {
+        this.life.failed(base, ended); // accepted, then closed: a standby, say
+      }
       // a node that accepts and closes at once (a standby) is not asked again at once
       await this.pause(this.settings.reconnectInitial * (0.5 + Math.random() / 2));
     }
+    if (this.letGo) this.life.letGo(this.address);
   }
 
   /** Stop: no new connection, and the live one closes. */
@@ -97,6 +159,13 @@ export class Connection {
     this.stopping = true;
     this.wake?.();
     this.link?.ws.close(1000, "worker stopping");
+  }
+
+  /** A member no connected node lists any more, whose connection is down: stop trying it. */
+  release(): void {
+    this.letGo = true;
+    this.stopping = true;
+    this.wake?.();
   }
 
   private pause(seconds: number): Promise<void> {
@@ -151,19 +220,19 @@ export class Connection {
       worker_id: this.settings.workerId,
       agents: [...this.runner.agents.values()].map((a) => a.spec()),
       capacity: this.runner.capacity,
-      // on a reconnect: re-claim what this process still holds
-      attempts: [...this.runner.attempts.keys()],
+      // on a reconnect: re-claim what this process still holds of this connection's
+      attempts: this.runner.heldBy(this),
       resume: this.resume,
-      history_cache: this.runner.histories.sessions,
+      history_cache: this.histories.sessions,
       protocol: p.PROTOCOL_VERSION,
     });
     if (this.runner.draining) this.put(link, { t: "drain" });
     // results the last node never acknowledged: send them again
-    for (const result of this.runner.unacknowledged()) this.put(link, result);
+    for (const result of this.runner.unacknowledged(this)) this.put(link, result);
     let beat: NodeJS.Timeout | null = null;
     const heartbeat = (): void => {
       beat = setTimeout(heartbeat, this.heartbeatInterval * 1000);
-      const held = [...this.runner.attempts.keys()];
+      const held = this.runner.heldBy(this);
       if (held.length > 0) this.put(link, { t: "hb", attempts: held });
     };
     heartbeat();
@@ -268,8 +337,12 @@ export class Connection {
   // --- receiving ----------------------------------------------------------------------
 
   private onMessage(link: Link, message: p.ServerMessage): void {
+    if (message.t === "members") {
+      this.listed(message.members);
+      return;
+    }
     if (message.t !== "welcome") {
-      this.runner.onMessage(message);
+      this.runner.onMessage(message, this);
       return;
     }
     // four beats per timeout: one lost or late beat does not fail an attempt
@@ -278,6 +351,14 @@ export class Connection {
     this.resume = message.resume;
     link.welcomed = true;
     this.life.connected(link.address);
-    this.runner.welcome(message);
+    this.histories.clear(); // the server sends each session's whole view first
+    this.runner.welcome(message, this);
+    this.listed(message.members ?? []);
+  }
+
+  /** The nodes this one says the Worker should be connected to. */
+  private listed(members: string[]): void {
+    this.members = members.map((m) => m.trim().replace(/\/+$/, "")).filter((m) => m !== "");
+    this.cluster?.changed();
   }
 }

@@ -148,13 +148,22 @@ export class ConnectionLog {
     else this.log.debug("worker.connect_failed", message, fields);
   }
 
-  /** A connection that had been welcomed ended, and the Worker goes on. */
-  lost(address: string, error: string): void {
+  /** A connection that had been welcomed ended, and the Worker goes on (without reconnecting
+   * to a node that no connected node lists any more). */
+  lost(address: string, error: string, reconnecting = true): void {
     this.lostAt = this.clock();
     this.failedTries = 0;
-    this.log.warning("worker.connection_lost", `lost the connection to ${address}: ${error}; reconnecting`, {
+    const then = reconnecting ? "reconnecting" : "no node lists it any more, not reconnecting";
+    this.log.warning("worker.connection_lost", `lost the connection to ${address}: ${error}; ${then}`, {
       address,
       error,
+    });
+  }
+
+  /** A cluster member whose connection is down and that no connected node lists any more. */
+  letGo(address: string): void {
+    this.log.info("worker.node_left", `no connected node lists ${address} any more: not reconnecting to it`, {
+      address,
     });
   }
 

@@ -165,6 +165,8 @@ export interface Welcome {
   reconnect_grace: number;
   resume: string;
   stop?: string[];
+  /** In a cluster: the base URLs of every node to be connected to, this one included. */
+  members?: string[];
 }
 export interface StepMessage {
   t: "step";
@@ -201,7 +203,12 @@ export interface Cancel {
   t: "cancel";
   attempt_id: string;
 }
-export type ServerMessage = Welcome | StepMessage | HeartbeatReply | Ack | Cancel;
+/** The cluster's nodes changed (docs/worker-protocol.md, rule 13). */
+export interface Members {
+  t: "members";
+  members: string[];
+}
+export type ServerMessage = Welcome | StepMessage | HeartbeatReply | Ack | Cancel | Members;
 
 export const PROTOCOL_VERSION = 1;
 export const CLOSE_BAD_FRAME = 4400;

@@ -1,7 +1,9 @@
 /**
  * The attempts a Worker runs: the hand-outs it is given, their start acknowledgements
  * and results, and running their models and tools (docs/worker-protocol.md, rules 1-5
- * and 8-11). The Connection carries the messages both ways.
+ * and 8-11). The Connections carry the messages both ways: in a cluster one per node
+ * (rule 13), all sharing this Runner and its capacity; every message about an attempt
+ * goes on the connection that handed it out (its origin).
  */
 import { Agent, Interrupt, ModelRequest, PENDING, ToolContext, ToolError } from "./agent";
 import * as failpoints from "./failpoints";
@@ -11,8 +13,18 @@ import * as p from "./protocol";
 import { checkArguments } from "./schema";
 import type { AttemptTracing } from "./tracing";
 
+/** The connection an attempt was handed out on: its messages go back on it, and only its
+ * node's messages about it count. */
+export interface Origin {
+  readonly address: string;
+  /** The history views its node sent (``history_base`` counts on them). */
+  readonly histories: HistoryCache;
+  send(message: p.WorkerMessage): void;
+}
+
 export interface Attempt {
   step: p.StepMessage;
+  origin: Origin;
   history: p.Item[];
   abort: AbortController;
   result: p.Result | null;
@@ -27,8 +39,11 @@ export class Runner {
   readonly agents = new Map<string, Agent>();
   /** The attempts handed out and not yet acknowledged, by id. */
   readonly attempts = new Map<string, Attempt>();
-  /** Each session's model view, as last handed out on this connection. */
-  readonly histories = new HistoryCache();
+  /** The attempts taken on to run and not stopped: a Step that comes while there are as
+   * many as the capacity is handed back at once (another node's Steps took it). */
+  private readonly running = new Set<Attempt>();
+  /** Steps handed back at once because the capacity was taken. */
+  handedBack = 0;
   /** Stopping: start nothing new, and hand back what has not started. */
   draining = false;
   /** Attempts whose code runs now (never more than capacity), and those waiting. */
@@ -45,24 +60,33 @@ export class Runner {
     private readonly log: Log,
     /** The attempts' spans, when tracing is on. */
     private readonly tracing: AttemptTracing | null,
-    /** Queues a message for the server on the live connection (dropped when none is). */
-    private readonly send: (message: p.WorkerMessage) => void,
   ) {
     for (const agent of agents) this.agents.set(agent.name, agent);
   }
 
-  /** The results sent and not yet acknowledged: sent again on a new connection. */
-  unacknowledged(): p.Result[] {
-    return [...this.attempts.values()].flatMap((a) => (a.result === null ? [] : [a.result]));
+  /** The attempts handed out on ``origin`` that this Worker holds. */
+  heldBy(origin: Origin): string[] {
+    return [...this.attempts.values()].filter((a) => a.origin === origin).map((a) => a.step.attempt_id);
+  }
+
+  /** The results sent on ``origin`` and not yet acknowledged: sent again on its next connection. */
+  unacknowledged(origin: Origin): p.Result[] {
+    return [...this.attempts.values()].flatMap((a) =>
+      a.result === null || a.origin !== origin ? [] : [a.result],
+    );
+  }
+
+  private mine(id: string, origin: Origin): Attempt | undefined {
+    const held = this.attempts.get(id);
+    return held?.origin === origin ? held : undefined;
   }
 
   /** A node welcomed this Worker: its heartbeat timeout, and the attempts it no longer runs. */
-  welcome(message: p.Welcome): void {
+  welcome(message: p.Welcome, origin: Origin): void {
     const timeout = message.heartbeat_timeout > 0 ? message.heartbeat_timeout : Infinity;
     this.startWindow = Math.min(5, timeout / 2);
-    this.histories.clear(); // the server sends each session's whole view first
     for (const id of message.stop ?? []) {
-      const stopped = this.attempts.get(id);
+      const stopped = this.mine(id, origin);
       if (stopped !== undefined) this.abandon(stopped, "the server no longer runs this attempt");
     }
   }
@@ -89,15 +113,16 @@ export class Runner {
     return attempt.result;
   }
 
-  /** A message from the server about the attempts (anything but its welcome). */
-  onMessage(message: p.HeartbeatReply | p.Ack | p.Cancel | p.StepMessage): void {
+  /** A message from ``origin``'s node about the attempts (anything but its welcome); about
+   * an attempt another node handed out, it does nothing. */
+  onMessage(message: p.HeartbeatReply | p.Ack | p.Cancel | p.StepMessage, origin: Origin): void {
     switch (message.t) {
       case "step":
-        this.onStep(message);
+        this.onStep(message, origin);
         break;
       case "hb":
         for (const [id, status] of Object.entries(message.status)) {
-          const held = this.attempts.get(id);
+          const held = this.mine(id, origin);
           if (held === undefined) continue;
           if (held.startDecided !== null) {
             if (status !== "ok") held.startDecided(false);
@@ -114,7 +139,7 @@ export class Runner {
         }
         break;
       case "ack": {
-        const acked = this.attempts.get(message.attempt_id);
+        const acked = this.mine(message.attempt_id, origin);
         if (acked !== undefined) this.attempts.delete(message.attempt_id);
         if (acked !== undefined && !message.ok) {
           this.log.info("worker.result_refused", `result refused: ${message.error ?? ""}`, {
@@ -124,7 +149,7 @@ export class Runner {
         break;
       }
       case "cancel": {
-        const cancelled = this.attempts.get(message.attempt_id);
+        const cancelled = this.mine(message.attempt_id, origin);
         if (cancelled !== undefined && cancelled.result === null) {
           this.abandon(cancelled, "cancelled by the server");
         }
@@ -133,10 +158,11 @@ export class Runner {
     }
   }
 
-  private onStep(step: p.StepMessage): void {
+  private onStep(step: p.StepMessage, origin: Origin): void {
     if (this.attempts.has(step.attempt_id)) return;
     const attempt: Attempt = {
       step,
+      origin,
       history: [],
       abort: new AbortController(),
       result: null,
@@ -149,7 +175,7 @@ export class Runner {
     try {
       if (step.step_type === "RunModel") {
         const base = step.history_base ?? 0;
-        const view = this.histories.view(step.session_id, base, step.history ?? []);
+        const view = origin.histories.view(step.session_id, base, step.history ?? []);
         if (view === null) {
           // we lack what it builds on: the server sends it whole next time
           this.log.info("worker.history_missing", "the hand-out builds on a view this Worker lacks", {
@@ -157,7 +183,7 @@ export class Runner {
             session_id: step.session_id,
           });
           attempt.result = { t: "back", attempt_id: step.attempt_id, reason: "history" };
-          this.send(attempt.result);
+          origin.send(attempt.result);
           return;
         }
         attempt.history = view;
@@ -168,11 +194,24 @@ export class Runner {
       if (!(e instanceof HistoryError)) throw e;
       const why = `the hand-out's history does not fit the protocol: ${e.message}`;
       attempt.result = fail(step, why, false);
-      this.send(attempt.result);
+      origin.send(attempt.result);
       return;
     }
     step.history = undefined; // kept once, in attempt.history
-    void this.withSlot(attempt, () => this.runAttempt(attempt));
+    if (this.running.size >= this.capacity) {
+      // other nodes' Steps take the capacity (each node counts only its own): this one
+      // goes back at once, to another Worker (its history view is kept, as the node assumes)
+      this.handedBack++;
+      this.log.debug("worker.handed_back", `capacity taken: handing back ${step.attempt_id}`, {
+        attempt_id: step.attempt_id,
+        address: origin.address,
+      });
+      attempt.result = { t: "back", attempt_id: step.attempt_id };
+      origin.send(attempt.result);
+      return;
+    }
+    this.running.add(attempt);
+    void this.withSlot(attempt, () => this.runAttempt(attempt)).finally(() => this.running.delete(attempt));
   }
 
   /**
@@ -202,6 +241,7 @@ export class Runner {
   private abandon(attempt: Attempt, why: string): void {
     this.log.info("worker.attempt_abandoned", why, { attempt_id: attempt.step.attempt_id });
     this.attempts.delete(attempt.step.attempt_id);
+    this.running.delete(attempt); // its code may run on, holding its slot (withSlot)
     attempt.abandoned = true;
     attempt.startDecided?.(false);
     attempt.abort.abort(new Error(why));
@@ -261,7 +301,7 @@ export class Runner {
     }
     if (attempt.abandoned) return; // stopped or cancelled meanwhile: no result is wanted
     attempt.result = result;
-    this.send(result);
+    attempt.origin.send(result);
   }
 
   private async runModel(agent: Agent, attempt: Attempt): Promise<p.ModelResponse> {
@@ -272,7 +312,7 @@ export class Runner {
     for await (const event of agent.model.stream(request)) {
       if (attempt.abandoned) throw attempt.abort.signal.reason;
       if (typeof event === "string") {
-        this.send({ t: "delta", attempt_id: step.attempt_id, text: event });
+        attempt.origin.send({ t: "delta", attempt_id: step.attempt_id, text: event });
       } else {
         response = event;
       }
@@ -318,7 +358,7 @@ export class Runner {
         if (attempt.abandoned) return null;
         if (this.draining) {
           attempt.result = { t: "back", attempt_id: step.attempt_id };
-          this.send(attempt.result);
+          attempt.origin.send(attempt.result);
         } else {
           this.log.info("worker.start_refused", "the server no longer runs this attempt: not starting it", {
             attempt_id: step.attempt_id,
@@ -351,7 +391,7 @@ export class Runner {
         if (slept++ < sleepsDone) return;
         throw new Interrupt({ status: "sleep", sleep_seconds: seconds });
       },
-      heartbeat: () => this.send({ t: "hb", attempts: [step.attempt_id] }),
+      heartbeat: () => attempt.origin.send({ t: "hb", attempts: [step.attempt_id] }),
     };
     if (step.step_type === "PollToolTask") {
       if (tool.options.poll === undefined) throw new ToolError(`tool ${tool.options.name} has no poll`);
@@ -391,7 +431,7 @@ export class Runner {
     while (decided === null) {
       attempt.startSeq = this.seq++;
       attempt.startSentAt = Date.now();
-      this.send({ t: "hb", attempts: [attempt.step.attempt_id], seq: attempt.startSeq });
+      attempt.origin.send({ t: "hb", attempts: [attempt.step.attempt_id], seq: attempt.startSeq });
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([
         verdict,

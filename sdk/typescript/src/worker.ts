@@ -1,10 +1,10 @@
 /**
  * The Worker: serves its agents to Dex until shutdown (docs/worker-protocol.md). Its
- * Connection carries the messages to and from the server; its Runner runs the attempts
- * it is handed.
+ * Connection carries the messages to and from the server (in a cluster one per node, the
+ * Cluster's); its Runner runs the attempts it is handed.
  */
-import { Connection } from "./connection";
-import { ConnectionLog, Log } from "./log";
+import { Cluster } from "./cluster";
+import { Log } from "./log";
 import { Runner } from "./runner";
 import { Settings, WorkerOptions, resolveSettings } from "./settings";
 
@@ -29,9 +29,8 @@ export class Worker {
   readonly id: string;
   private readonly settings: Settings;
   private readonly log: Log;
-  private readonly life: ConnectionLog;
   private readonly runner: Runner;
-  private readonly connection: Connection;
+  private readonly cluster: Cluster;
   /** Why the Worker drains: shutdown (called in code), or a signal's name. */
   private stopReason = "shutdown";
   private running: Promise<void> | null = null;
@@ -42,11 +41,8 @@ export class Worker {
     this.id = this.settings.workerId;
     const tracing = this.settings.tracing ? new (loadTracing().AttemptTracing)(this.id) : null;
     this.log = new Log(this.settings.logFormat, this.settings.logLevel);
-    this.runner = new Runner(options.agents, this.settings.capacity, this.id, this.log, tracing, (m) =>
-      this.connection.send(m),
-    );
-    this.life = new ConnectionLog(this.log, this.id, [...this.runner.agents.keys()], this.settings.capacity);
-    this.connection = new Connection(this.settings, this.runner, this.log, this.life);
+    this.runner = new Runner(options.agents, this.settings.capacity, this.id, this.log, tracing);
+    this.cluster = new Cluster(this.settings, this.runner, this.log);
   }
 
   /** Serve until shutdown(). Rejects with WorkerRefusedError if the server refuses us. */
@@ -71,10 +67,10 @@ export class Worker {
       process.on("SIGINT", onSignal);
     }
     try {
-      await this.connection.serveUntilStopped();
-      this.life.stopped(this.stopReason);
+      await this.cluster.serveUntilStopped();
+      this.cluster.seed.life.stopped(this.stopReason);
     } catch (e) {
-      this.life.stopped("error", e instanceof Error ? e.message : String(e));
+      this.cluster.seed.life.stopped("error", e instanceof Error ? e.message : String(e));
       throw e;
     } finally {
       process.off("SIGTERM", onSignal);
@@ -90,11 +86,11 @@ export class Worker {
       `draining: taking no new Steps, finishing ${running} running attempts within ${timeout}s`,
       { running, timeout },
     );
-    this.connection.send({ t: "drain" });
+    this.cluster.sendAll({ t: "drain" });
     this.runner.drain();
     const deadline = Date.now() + timeout * 1000;
     while (this.runner.attempts.size > 0 && Date.now() < deadline) await sleep(0.02);
-    this.connection.stop();
+    this.cluster.stop();
     await this.running;
   }
 }

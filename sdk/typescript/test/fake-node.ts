@@ -19,6 +19,8 @@ process.stderr.write = ((chunk: string | Uint8Array, ...rest: never[]): boolean 
 export class FakeNode {
   readonly server = new WebSocketServer({ port: 0, host: "127.0.0.1" });
   readonly frames: p.WorkerMessage[][] = [];
+  /** Sent in the welcome when set (a cluster's nodes). */
+  members: string[] | null = null;
   private socket: WebSocket | null = null;
   private waiters: (() => void)[] = [];
 
@@ -32,7 +34,13 @@ export class FakeNode {
           .filter((m): m is p.Result => m.t === "done" || m.t === "fail" || m.t === "back")
           .map((m) => ({ t: "ack", attempt_id: m.attempt_id, ok: true }));
         if (frame[0]?.t === "hello") {
-          const welcome = { t: "welcome", worker_id: "w", resume: "r1", stop: [] };
+          const welcome = {
+            t: "welcome",
+            worker_id: "w",
+            resume: "r1",
+            stop: [],
+            ...(this.members === null ? {} : { members: this.members }),
+          };
           this.send([{ ...welcome, heartbeat_timeout: 10, reconnect_grace: 5 }]);
         }
         if (acks.length > 0) this.send(acks);
@@ -49,6 +57,17 @@ export class FakeNode {
 
   get address(): string {
     return `http://127.0.0.1:${(this.server.address() as AddressInfo).port}`;
+  }
+
+  /** Whether a Worker is connected now. */
+  get connected(): boolean {
+    return this.socket !== null && this.socket.readyState === WebSocket.OPEN;
+  }
+
+  /** The node goes away: its connection drops and nothing listens on its port. */
+  stop(): void {
+    this.socket?.terminate();
+    this.server.close();
   }
 
   send(messages: unknown[]): void {

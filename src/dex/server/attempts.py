@@ -56,7 +56,7 @@ from dex.wire import (
     worker_frames,
 )
 from dex.wire.outbox import Outbox
-from dex.wire.server_frames import Ack, HeartbeatReply, ServerMessage, Welcome
+from dex.wire.server_frames import Ack, HeartbeatReply, Members, ServerMessage, Welcome
 from dex.wire.worker_frames import Back, Delta, Done, Drain, Fail, Heartbeat, Hello, WorkerMessage
 
 log = logging.getLogger("dex.workers")
@@ -186,6 +186,9 @@ class Attempts:
         self.metrics = metrics
         self.spec = spec
         """The agent's registered spec (``Sessions.spec``: ``NotFound`` if none is)."""
+        self.members: Callable[[], list[str]] = lambda: []
+        """In a cluster: the base URLs of the nodes a Worker should be connected to, this
+        one included (``welcome.members``); empty on a single node."""
 
     # --- connections -----------------------------------------------------------------
 
@@ -237,10 +240,18 @@ class Attempts:
                 reconnect_grace=self.dispatcher.reconnect_grace,
                 resume=worker.resume,
                 stop=stop,
+                members=self.members(),
             )
         )
         writer = asyncio.create_task(outbox.run())
         return Link(self, worker, outbox, lease_valid, writer, len(stop), len(unreceived))
+
+    def announce_members(self, members: list[str]) -> None:
+        """The cluster's nodes changed: tell every connected Worker (a ``members`` frame),
+        so it connects to the nodes that joined and lets go of those that left."""
+        message = Members(members=list(members))
+        for worker in list(self.dispatcher.workers.values()):
+            worker.send(message)
 
     def heartbeat(
         self, worker: WorkerConn, attempts: list[str]

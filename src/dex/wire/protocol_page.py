@@ -37,7 +37,8 @@ Open a WebSocket to `GET /v1/workers/connect` on the active node (with
 `Authorization: Bearer <worker token>` when the server has auth on: no token is an
 HTTP 401 before the upgrade, a token of another role a 403; exit with a clear message
 then, do not retry). Given several addresses, try them in turn; a node that is not
-ready (starting, stopping, a standby) closes with code 4503: try the next one.
+ready (starting, stopping, a standby) closes with code 4503: try the next one. In a
+cluster the node you reach names the others in its `welcome`: connect to each (rule 13).
 
 Every WebSocket message, both ways, is a **frame**: a JSON array of messages, each an
 object whose `t` names its type. Batch whatever is ready into one frame. The first
@@ -116,6 +117,20 @@ RULES = """\
    polls every `poll_interval_seconds`); `has_check` says it has a check probe;
    `approval: "predicate"` means the Worker decides per call: it lists the ids of the
    calls that need approval in `ModelResponse.approval_required`.
+13. **Clusters.** In a cluster each node hands out only the Steps of its own sessions,
+   so a Worker connects to every node. `welcome.members` (and each later `members`
+   frame) lists the base URLs of the nodes to be connected to, this one included (empty:
+   a single node). Keep one connection to each listed node you are not connected to yet
+   (the connection you reached it on counts for its address), each with its own
+   `hello`, `resume` token, history cache and reconnect loop, under the same
+   `worker_id`. Let go of a node that no connected node lists any more once its
+   connection is down; while no node is connected, keep trying them all. Every message
+   about an attempt goes on the connection that handed it out, and a `hello` names in
+   `attempts` only that connection's. Each `hello` announces the Worker's whole
+   `capacity`, so a node's view of it is an upper bound: run at most `capacity`
+   attempts over all connections, and answer a `step` that comes while they are all
+   taken with `back` at once (the Step queues again, for another Worker, and uses no
+   attempt).
 
 ## Close codes
 

@@ -43,6 +43,10 @@ class Welcome(_Message, tag="welcome"):
     stop: list[AttemptId] = []
     """Attempts the ``hello`` named that this node does not run any more: stop them and
     drop their results."""
+    members: list[str] = []
+    """In a cluster: the base URLs (``http://10.0.0.2:7450``) of every node this Worker
+    should be connected to, this one included; each node hands out only the Steps of its
+    own sessions. Empty: a single node."""
 
 
 class Step(_Message, tag="step"):
@@ -104,8 +108,17 @@ class Cancel(_Message, tag="cancel"):
     attempt_id: str
 
 
-ServerMessage = Welcome | Step | HeartbeatReply | Ack | Cancel
-MESSAGES: tuple[type[msgspec.Struct], ...] = (Welcome, Step, HeartbeatReply, Ack, Cancel)
+class Members(_Message, tag="members"):
+    """The cluster's nodes changed: connect to each of ``members`` you are not connected
+    to yet (a node that joined); stop reconnecting to a node no connected node lists any
+    more once its connection is down (a node that left). Sent to every connected Worker."""
+
+    members: list[str]
+    """As ``welcome.members``."""
+
+
+ServerMessage = Welcome | Step | HeartbeatReply | Ack | Cancel | Members
+MESSAGES: tuple[type[msgspec.Struct], ...] = (Welcome, Step, HeartbeatReply, Ack, Cancel, Members)
 """Every message the server sends, in the page's order."""
 
 _DECODER = msgspec.json.Decoder(list[ServerMessage])

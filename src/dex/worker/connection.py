@@ -1,10 +1,12 @@
-"""A Worker's connection to the active node: connect, say hello, reconnect.
+"""A Worker's connection to one node: connect, say hello, reconnect.
 
-It keeps one WebSocket to the active node, tries the addresses in turn with backoff
-until one serves, says ``hello`` (re-claiming, after a reconnect, every attempt the
-Worker still holds), sends again the results the last node never acknowledged,
-heartbeats the attempts, and passes what the node sends to the ``Runner``. Messages go
-out through the link's outbox (``dex.wire.outbox``): what is ready leaves as one frame.
+It keeps one WebSocket to a node, tries its addresses in turn with backoff until one
+serves, says ``hello`` (re-claiming, after a reconnect, every attempt it was handed and
+the Worker still holds), sends again the results its node never acknowledged,
+heartbeats those attempts, and passes what the node sends to the ``Runner``. Messages
+go out through the link's outbox (``dex.wire.outbox``): what is ready leaves as one
+frame. In a cluster the Worker holds one per node (``dex.worker.cluster``): the seed,
+on the configured addresses, and one per member the nodes list.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
@@ -29,7 +32,11 @@ from dex.wire.protocol import CLOSE_FORBIDDEN
 from dex.wire.worker_frames import Done, Drain, Heartbeat, Hello, WorkerMessage
 from dex.worker.config import WorkerConfig
 from dex.worker.connection_log import ConnectionLog
+from dex.worker.history import HistoryCache
 from dex.worker.runner import Runner
+
+if TYPE_CHECKING:
+    from dex.worker.cluster import Cluster
 
 log = logging.getLogger("dex.worker")
 
@@ -65,14 +72,24 @@ class Connection:
         config: WorkerConfig,
         token: str | None,
         runner: Runner,
+        cluster: Cluster | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.agents = agents
         self.addresses = addresses
+        self.address = addresses[0]
+        """The address it is on, or tries, or tried last."""
         self.config = config
         self.runner = runner
+        self.cluster = cluster
         self.link: Link | None = None
+        self.members: list[str] | None = None
+        """The nodes its node listed last (``welcome``, then ``members``), while connected."""
         self.stopping = asyncio.Event()
+        self.let_go = False
+        """A member no connected node lists any more: it stops once its connection is down."""
+        self.histories = HistoryCache()
+        """The history views this connection's node sent (``history_base`` counts on them)."""
         self.log = ConnectionLog(worker_id, [a.name for a in agents], config.capacity)
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self._resume: str | None = None
@@ -84,46 +101,84 @@ class Connection:
         if self.link is not None:
             self.link.outbox.put(message)
 
+    def _wanted(self) -> bool:
+        """Whether to (re)connect now: not while stopping, nor (in a cluster) while down
+        and listed by no connected node."""
+        return not self.stopping.is_set() and (self.cluster is None or self.cluster.wanted(self))
+
+    def _next(self, targets: itertools.cycle[str]) -> str:
+        """The next address to try: in turn, but none that another of the Worker's
+        connections is on (two connections of one Worker id to one node refuse each
+        other); the current one if all are."""
+        for _ in self.addresses:
+            address = next(targets)
+            if self.cluster is None or not self.cluster.taken(address, self):
+                return address
+        return self.address
+
     async def run(self, http: aiohttp.ClientSession) -> None:
         """Connect to the addresses in turn, with exponential backoff and full jitter
         between failed tries (tenacity), until ``stopping``. A connection that closes
-        starts again from the shortest wait."""
+        starts again from the shortest wait. In a cluster, while no connected node lists
+        its address and it is down, it does not reconnect: a member stops for good (the
+        node left), the seed waits until it is listed again or no node is connected."""
         targets = itertools.cycle(self.addresses)
         while not self.stopping.is_set():
+            if not self._wanted():
+                if not self._idle_seed():
+                    self.log.let_go(self.address)
+                    return
+                assert self.cluster is not None
+                await self.cluster.change(self.stopping)
+                continue
             base = ""
             retrying = AsyncRetrying(
                 wait=wait_random_exponential(
                     multiplier=self.config.reconnect_initial, max=self.config.reconnect_max
                 ),
                 sleep=self._pause,
-                stop=lambda _: self.stopping.is_set(),
+                stop=lambda _: not self._wanted(),
                 retry=retry_if_exception_type(_Unreachable),
                 reraise=True,
             )
             try:
                 async for attempt in retrying:
                     with attempt:
-                        base = next(targets)
+                        base = self.address = self._next(targets)
                         ws = await self._connect(http, base)
-            except _Unreachable:
-                return  # shutting down
+            except _Unreachable:  # shutting down, or no connected node lists it any more
+                if self.let_go:
+                    self.log.let_go(self.address)
+                    return
+                continue
             link = Link(ws, base, self.config.heartbeat_interval)
             try:
                 async with ws:
                     await self._serve(link)
             except (aiohttp.ClientError, OSError, TimeoutError) as e:
                 link.ended = str(e) or type(e).__name__
-            if self.stopping.is_set():
-                return
+            finally:
+                self.members = None
+                if self.cluster is not None:
+                    self.cluster.changed()
+            if self.stopping.is_set() and not self.let_go:
+                return  # shutting down
             if link.welcomed:
-                self.log.lost(base, link.ended)
+                reconnecting = self._wanted()
+                self.log.lost(base, link.ended, reconnecting=reconnecting)
+                if not reconnecting and not self._idle_seed():
+                    return
             else:  # accepted, then closed before its welcome: a standby, say
                 self.log.failed(base, link.ended)
             # a node that accepts and closes at once (a standby) is not asked again at once
             await self._pause(self.config.reconnect_initial * random.uniform(0.5, 1.0))
 
+    def _idle_seed(self) -> bool:
+        """Whether it is the seed (which waits, unwanted, rather than stop)."""
+        return self.cluster is None or self is self.cluster.seed
+
     async def _pause(self, seconds: float) -> None:
-        """Sleep, unless ``stopping`` comes first."""
+        """Sleep, unless ``stopping`` comes first (shutting down, or a member let go)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
 
@@ -167,16 +222,16 @@ class Connection:
                 agents=[a.spec() for a in self.agents],
                 capacity=self.config.capacity,
                 # on a reconnect: re-claim what this process still holds
-                attempts=list(runner.attempts),
+                attempts=runner.held_by(self),
                 resume=self._resume,
-                history_cache=runner.histories.sessions,
+                history_cache=self.histories.sessions,
             )
         )
         if runner.draining:
             link.outbox.put(Drain())
         # results the last node never acknowledged: send them again
         for attempt in runner.attempts.values():
-            if attempt.result is not None:
+            if attempt.origin is self and attempt.result is not None:
                 link.outbox.put(attempt.result)
         self.link = link
         sides = [
@@ -200,8 +255,9 @@ class Connection:
     async def _heartbeat(self, link: Link) -> None:
         while True:
             await asyncio.sleep(link.heartbeat_interval)
-            if self.runner.attempts:
-                link.outbox.put(Heartbeat(list(self.runner.attempts)))
+            held = self.runner.held_by(self)
+            if held:
+                link.outbox.put(Heartbeat(held))
 
     async def _read(self, link: Link) -> None:
         while True:
@@ -217,8 +273,10 @@ class Connection:
             for message in frames.decode(frame.data):
                 if isinstance(message, frames.Welcome):
                     self._welcomed(link, message)
+                elif isinstance(message, frames.Members):
+                    self._listed(message.members)
                 else:
-                    self.runner.on_message(message)
+                    self.runner.on_message(message, self)
 
     def _welcomed(self, link: Link, welcome: frames.Welcome) -> None:
         # four beats per timeout: one lost or late beat does not fail an attempt
@@ -227,7 +285,14 @@ class Connection:
         self._resume = welcome.resume
         link.welcomed = True
         self.log.connected(link.address)
-        self.runner.welcomed(welcome)
+        self.runner.welcomed(welcome, self)
+        self._listed(welcome.members)
+
+    def _listed(self, members: list[str]) -> None:
+        """The nodes this one says the Worker should be connected to."""
+        self.members = [m.strip().rstrip("/") for m in members if m.strip()]
+        if self.cluster is not None:
+            self.cluster.changed()
 
 
 def _ending(frame: aiohttp.WSMessage, ws: aiohttp.ClientWebSocketResponse) -> str:

@@ -1,4 +1,5 @@
-"""The lines a Worker logs about its life: connected, lost, reconnected, stopped.
+"""The lines a Worker logs about its life: connected, lost, reconnected, stopped. In a
+cluster each connection (one per node) logs its own, with its node's address.
 
 The TypeScript and Go Workers log the same lines, with the same actions, messages and
 fields (``sdk/typescript/src/log.ts``, ``sdk/go/log.go``; the table in docs/operations.md):
@@ -8,7 +9,11 @@ fields (``sdk/typescript/src/log.ts``, ``sdk/go/log.go``; the table in docs/oper
 - ``worker.connect_failed``: a try that reached no node that serves. Only the first, before
   the Worker ever connected, at warning ("is the server up?"); the others at debug, so a
   server that restarts gives one line, not one per retry;
-- ``worker.connection_lost`` (warning), once per outage: ``address``, ``error``;
+- ``worker.connection_lost`` (warning), once per outage: ``address``, ``error``; in a
+  cluster, a node that no connected node lists any more is not reconnected to (the line
+  says so);
+- ``worker.node_left`` (info): ``address``, a cluster member whose connection was down and
+  that no connected node lists any more: the Worker stops trying it;
 - ``worker.reconnected`` (info): ``address``, ``tries`` (the tries it took, this one
   included), ``seconds`` (since the connection was lost), ``worker_id``;
 - ``worker.stopped``: ``reason`` ``SIGTERM``, ``SIGINT`` or ``shutdown`` (info: drained),
@@ -96,15 +101,25 @@ class ConnectionLog:
             extra={"action": "worker.connect_failed", "address": address, "error": str(error)},
         )
 
-    def lost(self, address: str, error: object) -> None:
-        """A connection that had been welcomed ended, and the Worker goes on."""
+    def lost(self, address: str, error: object, *, reconnecting: bool = True) -> None:
+        """A connection that had been welcomed ended, and the Worker goes on (without
+        reconnecting to a node no connected node lists any more)."""
         self._lost_at = self._clock()
         self._failed = 0
         log.warning(
-            "lost the connection to %s: %s; reconnecting",
+            "lost the connection to %s: %s; %s",
             address,
             error,
+            "reconnecting" if reconnecting else "no node lists it any more, not reconnecting",
             extra={"action": "worker.connection_lost", "address": address, "error": str(error)},
+        )
+
+    def let_go(self, address: str) -> None:
+        """A cluster member whose connection is down and that no node lists any more."""
+        log.info(
+            "no connected node lists %s any more: not reconnecting to it",
+            address,
+            extra={"action": "worker.node_left", "address": address},
         )
 
     def stopped(self, reason: str, error: object = None) -> None:

@@ -4,6 +4,12 @@ An attempt is held from its hand-out (``step``) until the server settles it (an 
 of its result, a ``stop`` or a ``cancel``). Its result is kept, encoded, until then, and
 sent again after a reconnect (``dex.worker.connection``). A single-attempt tool starts
 only on a timely ``ok`` to a heartbeat that asked for it.
+
+In a cluster a Worker holds a connection to each node (``dex.worker.cluster``), and
+every message about an attempt goes on the connection that handed it out (its
+``origin``). The connections share one capacity: a Step that comes while the Worker
+runs as many attempts as its capacity is handed back at once (``back``), and the node
+gives it to another Worker.
 """
 
 from __future__ import annotations
@@ -13,10 +19,10 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import orjson
@@ -49,9 +55,22 @@ _NO_SPAN = contextlib.nullcontext()
 Result = Done | Fail | Back
 
 
+class Origin(Protocol):
+    """The connection an attempt was handed out on: its heartbeats, text and result go
+    back on it, and only its node's messages about the attempt count."""
+
+    address: str
+    histories: HistoryCache
+    """The history views of the hand-outs on this connection (a node's ``history_base``
+    counts on what it sent itself)."""
+
+    def send(self, message: WorkerMessage) -> None: ...
+
+
 @dataclass(eq=False)
 class Attempt:
     handout: frames.Step
+    origin: Origin
     traceparent: str | None = None
     """The attempt's span on the server, when the server traces."""
     history: list[Item] = field(default_factory=list)
@@ -66,25 +85,28 @@ class Attempt:
 
 
 class Runner:
-    """Runs the attempts handed to one Worker and answers the server's messages about
-    them; ``send`` puts a message on the live connection (if any)."""
+    """Runs the attempts handed to one Worker, at most ``capacity`` at once over all its
+    connections, and answers the servers' messages about them."""
 
     def __init__(
         self,
         worker_id: str,
         agents: Mapping[str, Agent],
-        send: Callable[[WorkerMessage], None],
+        capacity: int,
         tracing: AttemptTracing | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.agents = agents
-        self.send = send
+        self.capacity = capacity
         self.tracing = tracing
         self.attempts: dict[str, Attempt] = {}
+        self.running: set[str] = set()
+        """The attempts whose code runs (or waits for its start acknowledgement)."""
+        self.handed_back = 0
+        """Steps handed back at once because the capacity was taken (by other nodes')."""
         self.none_held = asyncio.Event()
         """Set while this Worker holds no attempt: a drain waits on it for the last acks."""
         self.none_held.set()
-        self.histories = HistoryCache()
         self.start_window = 5.0
         """How soon a start acknowledgement must answer (half the heartbeat timeout)."""
         self.draining = False
@@ -92,9 +114,21 @@ class Runner:
 
     # --- the server's messages -------------------------------------------------------------
 
-    def on_message(self, message: frames.ServerMessage) -> None:
-        """A message about attempts (a ``welcome`` is the connection's: ``welcomed``)."""
+    def held_by(self, origin: Origin) -> list[str]:
+        """The attempts handed out on ``origin`` that this Worker holds."""
+        return [a for a, held in self.attempts.items() if held.origin is origin]
+
+    def _mine(self, attempt_id: str, origin: Origin) -> Attempt | None:
+        held = self.attempts.get(attempt_id)
+        return held if held is not None and held.origin is origin else None
+
+    def on_message(self, message: frames.ServerMessage, origin: Origin) -> None:
+        """A message about attempts from ``origin``'s node (a ``welcome`` is the
+        connection's: ``welcomed``); about an attempt another node handed out, it does
+        nothing."""
         if isinstance(message, frames.Ack):
+            if self._mine(message.attempt_id, origin) is None:
+                return
             acked = self.forget(message.attempt_id)
             if acked is not None and not message.ok:
                 log.info(
@@ -103,25 +137,25 @@ class Runner:
                     extra={"action": "worker.result_refused", "attempt_id": message.attempt_id},
                 )
         elif isinstance(message, frames.Step):
-            self._on_step(message)
+            self._on_step(message, origin)
         elif isinstance(message, frames.HeartbeatReply):
-            self._on_reply(message)
+            self._on_reply(message, origin)
         elif isinstance(message, frames.Cancel):
-            cancelled = self.attempts.get(message.attempt_id)
+            cancelled = self._mine(message.attempt_id, origin)
             if cancelled is not None and cancelled.result is None:
                 self._abandon(cancelled, "cancelled by the server")
 
-    def welcomed(self, welcome: frames.Welcome) -> None:
+    def welcomed(self, welcome: frames.Welcome, origin: Origin) -> None:
         self.start_window = min(5.0, (welcome.heartbeat_timeout or float("inf")) / 2)
         for attempt_id in welcome.stop:
-            stopped = self.attempts.get(attempt_id)
+            stopped = self._mine(attempt_id, origin)
             if stopped is not None:
                 self._abandon(stopped, "the server no longer runs this attempt")
 
-    def _on_reply(self, reply: frames.HeartbeatReply) -> None:
+    def _on_reply(self, reply: frames.HeartbeatReply, origin: Origin) -> None:
         seq = reply.seq
         for attempt_id, status in reply.status.items():
-            held = self.attempts.get(attempt_id)
+            held = self._mine(attempt_id, origin)
             if held is None:
                 continue
             if held.started is not None and not held.started.done():
@@ -136,26 +170,46 @@ class Runner:
             elif status != "ok" and held.result is None:
                 self._abandon(held, "the server no longer runs this attempt")
 
-    def _on_step(self, handout: frames.Step) -> None:
+    def _on_step(self, handout: frames.Step, origin: Origin) -> None:
         if handout.attempt_id in self.attempts:
             return
         raw = handout.history
         handout.history = msgspec.UNSET  # the frame's buffer is not kept with the attempt
-        attempt = Attempt(handout, handout.traceparent)
+        attempt = Attempt(handout, origin, handout.traceparent)
         self.attempts[handout.attempt_id] = attempt
         self.none_held.clear()
         if raw is msgspec.UNSET:
             pass
         elif handout.step_type == StepType.RUN_MODEL:
-            view = self.histories.view(handout.session_id, handout.history_base, raw)
+            view = origin.histories.view(handout.session_id, handout.history_base, raw)
             if view is None:  # we lack what it builds on: the server sends it whole
                 attempt.result = Back(handout.attempt_id, reason="history")
-                self.send(attempt.result)
+                origin.send(attempt.result)
                 return
             attempt.history = view
         else:  # CompactContext: the whole view, every time
             attempt.history = ITEMS.validate_json(bytes(raw))
+        if len(self.running) >= self.capacity:
+            # other nodes' Steps take the capacity (each node counts only its own): this
+            # one goes back at once, to another Worker (its history view is kept, as the
+            # node assumes)
+            self.handed_back += 1
+            log.debug(
+                "capacity taken: handing back %s to %s",
+                handout.attempt_id,
+                origin.address,
+                extra={
+                    "action": "worker.handed_back",
+                    "attempt_id": handout.attempt_id,
+                    "address": origin.address,
+                },
+            )
+            attempt.result = Back(handout.attempt_id)
+            origin.send(attempt.result)
+            return
+        self.running.add(handout.attempt_id)
         attempt.task = asyncio.create_task(self._run(attempt))
+        attempt.task.add_done_callback(lambda _: self.running.discard(handout.attempt_id))
 
     def forget(self, attempt_id: str) -> Attempt | None:
         attempt = self.attempts.pop(attempt_id, None)
@@ -195,7 +249,7 @@ class Runner:
                 raise ToolError(f"this Worker does not serve agent {h.agent!r}")
             with self._span(attempt, agent):
                 if h.step_type == StepType.RUN_MODEL:
-                    result = await self._run_model(agent, h, attempt.history)
+                    result = await self._run_model(agent, attempt)
                 elif h.step_type == StepType.COMPACT_CONTEXT:
                     result = await self._compact(agent, h, attempt.history)
                 else:
@@ -242,16 +296,15 @@ class Runner:
                 h, f"{type(e).__name__}: {e}", retryable=getattr(e, "retryable", True)
             )
         if attempt.result is not None:
-            self.send(attempt.result)
+            attempt.origin.send(attempt.result)
 
     def _span(self, attempt: Attempt, agent: Agent) -> AbstractContextManager[None]:
         if self.tracing is None:
             return _NO_SPAN
         return self.tracing.span(attempt.handout, attempt.traceparent, agent.model.spec())
 
-    async def _run_model(
-        self, agent: Agent, h: frames.Step, history: list[Item]
-    ) -> dict[str, Any] | None:
+    async def _run_model(self, agent: Agent, attempt: Attempt) -> dict[str, Any] | None:
+        h, history, send = attempt.handout, attempt.history, attempt.origin.send
         request = ModelRequest(
             session_id=h.session_id,
             agent=agent.name,
@@ -266,7 +319,7 @@ class Runner:
             if isinstance(event, ModelResponse):
                 response = event
             else:
-                self.send(Delta(h.attempt_id, event))
+                send(Delta(h.attempt_id, event))
         if response is None:
             raise RuntimeError(f"model {agent.model.spec()} returned no response")
         for call in response.tool_calls:
@@ -305,7 +358,7 @@ class Runner:
             if not await self.start_acknowledged(attempt):
                 if self.draining:
                     attempt.result = Back(h.attempt_id)
-                    self.send(attempt.result)
+                    attempt.origin.send(attempt.result)
                 else:
                     log.info(
                         "the server no longer runs this attempt: not starting it",
@@ -319,7 +372,7 @@ class Runner:
             tool=tool.name,
             idempotency_key=h.idempotency_key,
             attempt=h.attempt,
-            _heartbeat=lambda: self._beat(h.attempt_id),
+            _heartbeat=lambda: self._beat(attempt),
             answers=list(h.answers),
             sleeps_done=h.sleeps_done,
         )
@@ -348,13 +401,13 @@ class Runner:
         while not started.done():
             attempt.start_seq = next(self._seq)
             attempt.start_sent = time.monotonic()
-            self.send(Heartbeat([attempt.handout.attempt_id], seq=attempt.start_seq))
+            attempt.origin.send(Heartbeat([attempt.handout.attempt_id], seq=attempt.start_seq))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(started), self.start_window)
         return started.result()
 
-    async def _beat(self, attempt_id: str) -> None:
-        self.send(Heartbeat([attempt_id]))
+    async def _beat(self, attempt: Attempt) -> None:
+        attempt.origin.send(Heartbeat([attempt.handout.attempt_id]))
 
 
 _SUCCEEDED = ToolOutcome(status="succeeded").model_dump(mode="json")

@@ -1,7 +1,8 @@
 """A stateless Worker: holds agent definitions in code and runs the Steps it is handed.
 
 It keeps one WebSocket to the active node (``dex.worker.connection``; the messages are
-``dex.wire.worker_frames`` and ``dex.wire.server_frames``), reconnects by itself,
+``dex.wire.worker_frames`` and ``dex.wire.server_frames``), or in a cluster one to each
+node, learnt from the node it reaches (``dex.worker.cluster``), reconnects by itself,
 heartbeats every attempt it holds, and keeps each result until the server acknowledges
 it, sending it again after a reconnect (``dex.worker.runner``). A result the server
 refuses (its attempt was failed meanwhile) is dropped.
@@ -26,8 +27,8 @@ from dex._address import addresses
 from dex.agent import Agent
 from dex.models.base import Model
 from dex.wire.worker_frames import Drain
+from dex.worker.cluster import Cluster
 from dex.worker.config import WorkerConfig
-from dex.worker.connection import Connection
 from dex.worker.runner import Runner
 
 if TYPE_CHECKING:
@@ -37,6 +38,23 @@ log = logging.getLogger("dex.worker")
 
 
 class Worker:
+    """Serves ``agents``: runs the Steps the server hands it, up to ``config.capacity`` at
+    once, reconnecting by itself, until ``shutdown()`` (or a signal, in ``run_forever``).
+
+    **Workers in a cluster.** Give it the address of any node (or several: the seed). The
+    node it reaches lists every node of the cluster in its welcome, and the Worker keeps
+    one connection to each (each node hands out only its own sessions' Steps), learns of
+    nodes that join or leave as it goes, and stops reconnecting to a node that left once
+    its connection is down. The connections share one capacity: each node is told the
+    whole of it, so a node's view is an upper bound, and a Step that comes while the
+    Worker runs as many attempts as its capacity is handed back at once to go to another
+    Worker. Each connection logs its own lines (``worker.connected``,
+    ``worker.connection_lost``, ``worker.reconnected``) with its node's address. Give a
+    Worker the nodes' own addresses rather than a load balancer's: the connection
+    through a load balancer counts for that address only, so the Worker's connection to
+    the same node by its own address is refused (the Worker id is in use) until it ends.
+    """
+
     def __init__(
         self,
         agents: Sequence[Agent],
@@ -63,8 +81,8 @@ class Worker:
             from dex.worker.tracing import AttemptTracing  # only when tracing is on
 
             tracing = AttemptTracing(self.id, tracer_provider)
-        self._runner = Runner(self.id, self.agents, self._send, tracing)
-        self._connection = Connection(
+        self._runner = Runner(self.id, self.agents, self.config.capacity, tracing)
+        self._cluster = Cluster(
             self.id, list(agents), self.addresses, self.config, token, self._runner
         )
         self._stop_reason = "shutdown"
@@ -74,9 +92,6 @@ class Worker:
         self._draining = False
         self._stopped = asyncio.Event()
         self._running = False
-
-    def _send(self, message: Any) -> None:
-        self._connection.send(message)
 
     async def __aenter__(self) -> Worker:
         self._main = asyncio.create_task(self.run())
@@ -95,12 +110,12 @@ class Worker:
             for model in self._models():
                 model.warm_up()
             async with aiohttp.ClientSession() as http:
-                await self._connection.run(http)
+                await self._cluster.run(http)
         except Exception as e:
-            self._connection.log.stopped("error", e)
+            self._cluster.seed.log.stopped("error", e)
             raise
         else:
-            self._connection.log.stopped(self._stop_reason)
+            self._cluster.seed.log.stopped(self._stop_reason)
         finally:
             for model in self._models():
                 try:
@@ -134,7 +149,7 @@ class Worker:
         if not self._draining:
             self._draining = True
             await self._drain(self.config.drain_timeout if timeout is None else timeout)
-            self._connection.stopping.set()
+            self._cluster.stop()
         if self._running:
             await self._stopped.wait()
 
@@ -147,9 +162,9 @@ class Worker:
             timeout,
             extra={"action": "worker.draining", "running": running, "timeout": timeout},
         )
-        self._connection.send(Drain())
+        self._cluster.send_all(Drain())
         await runner.finish(timeout)
         # wait (briefly) for the server to acknowledge what we sent
-        if runner.attempts and self._connection.link is not None:
+        if runner.attempts and self._cluster.linked:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(runner.none_held.wait(), min(timeout, 5.0))

@@ -1,0 +1,200 @@
+package dex
+
+import (
+	"context"
+	"encoding/json"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// clusterNode is a fake node of a cluster: it welcomes a Worker listing members, acks
+// every result and keeps every message it gets.
+type clusterNode struct {
+	*httptest.Server
+	mu      sync.Mutex
+	members []string
+	conn    *websocket.Conn
+	got     []map[string]any
+}
+
+func newClusterNode(t *testing.T) *clusterNode {
+	t.Helper()
+	n := &clusterNode{}
+	upgrader := websocket.Upgrader{}
+	n.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		conn, err := upgrader.Upgrade(rw, r, nil)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		n.mu.Lock()
+		n.conn = conn
+		n.mu.Unlock()
+		for first := true; ; first = false {
+			_, data, err := conn.ReadMessage()
+			if err != nil {
+				return
+			}
+			var frame []map[string]any
+			if err := json.Unmarshal(data, &frame); err != nil {
+				return
+			}
+			n.mu.Lock()
+			n.got = append(n.got, frame...)
+			members := n.members
+			n.mu.Unlock()
+			if first {
+				n.send(map[string]any{
+					"t": "welcome", "worker_id": "w", "resume": "r", "stop": []string{},
+					"heartbeat_timeout": 10, "reconnect_grace": 5, "members": members,
+				})
+			}
+			for _, m := range frame {
+				if t := m["t"]; t == "done" || t == "fail" || t == "back" {
+					n.send(map[string]any{"t": "ack", "attempt_id": m["attempt_id"], "ok": true})
+				}
+			}
+		}
+	}))
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *clusterNode) send(messages ...map[string]any) {
+	data, _ := json.Marshal(messages)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn != nil {
+		_ = n.conn.WriteMessage(websocket.TextMessage, data)
+	}
+}
+
+// stop: the node goes away, its connection dropped and nothing listening on its port.
+func (n *clusterNode) stop() {
+	n.mu.Lock()
+	if n.conn != nil {
+		n.conn.Close()
+	}
+	n.mu.Unlock()
+	n.Server.Close()
+}
+
+// messages are those it got whose t is kind.
+func (n *clusterNode) messages(kind string) []map[string]any {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := []map[string]any{}
+	for _, m := range n.got {
+		if m["t"] == kind {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// names: some message of kind names attempt id (attempt_id, or among hb attempts).
+func (n *clusterNode) names(kind, id string) bool {
+	for _, m := range n.messages(kind) {
+		if m["attempt_id"] == id {
+			return true
+		}
+		if ids, ok := m["attempts"].([]any); ok {
+			for _, a := range ids {
+				if a == id {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func callMessage(id string) map[string]any {
+	return map[string]any{
+		"t": "step", "attempt_id": id, "session_id": id, "step_id": id, "step_type": StepCallTool,
+		"attempt": 1, "agent": "a", "tool": "wait", "call_id": id, "arguments": map[string]any{},
+	}
+}
+
+func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
+	setEnv(t, nil)
+	a, b := newClusterNode(t), newClusterNode(t)
+	a.members = []string{a.URL, b.URL}
+	b.members = []string{a.URL, b.URL}
+	release := make(chan struct{})
+	var mu sync.Mutex
+	runningNow := 0
+	wait := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+		mu.Lock()
+		runningNow++
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		runningNow--
+		mu.Unlock()
+		return "waited", nil
+	}
+	logs := &lockedBuffer{}
+	w := NewWorker(WorkerOptions{
+		Address: a.URL, Capacity: 1, Logger: log.New(logs, "", 0), LogLevel: "debug",
+		HeartbeatInterval: 20 * time.Millisecond,
+		ReconnectInitial:  10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
+		Agents: []Agent{{Name: "a", Model: viewModel{}, Tools: []Tool{{Name: "wait", Kind: Read, Func: wait}}}},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		select {
+		case err := <-stopped:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("the Worker did not stop")
+		}
+	}()
+
+	eventually(t, "a hello on B, learnt from A's welcome", func() bool { return len(b.messages("hello")) == 1 })
+	a.send(callMessage("a1"))
+	eventually(t, "A's call running", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return runningNow == 1
+	})
+	b.send(callMessage("b1"))
+	eventually(t, "B's call handed back at once, on B", func() bool { return b.names("back", "b1") })
+	eventually(t, "A's call beating on A", func() bool { return a.names("hb", "a1") })
+	close(release)
+	eventually(t, "A's call done on A", func() bool { return a.names("done", "a1") })
+	if b.names("hb", "a1") || b.names("done", "a1") || a.names("back", "b1") {
+		t.Fatal("an attempt's messages go on the connection that handed it out")
+	}
+	for _, node := range []*clusterNode{a, b} {
+		if logs.count("action=worker.connected address="+node.URL) != 1 {
+			t.Fatalf("one connected line per node, naming it:\n%s", logs)
+		}
+	}
+
+	// B goes down, and the Worker tries it again; then A says B left: no more tries
+	gone := b.URL
+	b.stop()
+	eventually(t, "B tried again", func() bool { return logs.count("action=worker.connect_failed address="+gone) > 0 })
+	a.send(map[string]any{"t": "members", "members": []string{a.URL}})
+	eventually(t, "B let go", func() bool { return logs.count("action=worker.node_left address="+gone) == 1 })
+	tries := logs.count("action=worker.connect_failed address=" + gone)
+	for _, id := range []string{"a2", "a3", "a4"} { // meanwhile A serves on
+		a.send(callMessage(id))
+		eventually(t, id+" done on A", func() bool { return a.names("done", id) })
+	}
+	if logs.count("action=worker.connect_failed address="+gone) != tries {
+		t.Fatalf("B is tried again after it left:\n%s", logs)
+	}
+}

@@ -1,0 +1,98 @@
+/** A Worker in a cluster, against two fake nodes: seeded with one, it connects to every
+ * member the welcome lists, runs at most its capacity over both (a Step beyond it goes
+ * back at once), keeps each attempt's messages on the connection that handed it out, and
+ * lets a node go that no connected node lists any more once its connection is down. */
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+
+import { defineAgent, defineTool, say, Scripted, Worker } from "../src";
+import type * as p from "../src/protocol";
+import { FakeNode, logged, until } from "./fake-node";
+
+const gate = { running: 0, open: (): void => undefined, opened: Promise.resolve() };
+gate.opened = new Promise<void>((resolve) => (gate.open = resolve));
+const wait = defineTool({
+  name: "wait",
+  kind: "read",
+  parameters: { type: "object", properties: {} },
+  async run() {
+    gate.running++;
+    await gate.opened;
+    gate.running--;
+    return "waited";
+  },
+});
+
+const a = new FakeNode();
+const b = new FakeNode();
+let worker: Worker;
+let running: Promise<void>;
+
+before(async () => {
+  await Promise.all([a.listening(), b.listening()]);
+  a.members = b.members = [a.address, b.address];
+  worker = new Worker({
+    address: a.address,
+    agents: [defineAgent({ name: "c", model: new Scripted(() => say("hi")), tools: [wait] })],
+    handleSignals: false,
+    capacity: 1,
+    reconnectInitial: 0.01,
+    reconnectMax: 0.05,
+    logLevel: "debug", // every try
+  });
+  running = worker.run();
+});
+
+after(async () => {
+  await worker.shutdown(5);
+  await running;
+  a.server.close();
+});
+
+function call(id: string): p.StepMessage {
+  const step = { t: "step", attempt_id: id, session_id: id, step_id: id, attempt: 1, agent: "c" };
+  return { ...step, step_type: "CallTool", tool: "wait", call_id: id, arguments: {} } as p.StepMessage;
+}
+
+test("seeded with one node, the Worker connects to every member; one capacity over both", async () => {
+  await b.frameWith((m) => m.t === "hello"); // B was learnt from A's welcome
+  await until("both connected", () => a.connected && b.connected);
+  a.send([call("a1")]);
+  await until("A's call running", () => gate.running === 1);
+  b.send([call("b1")]);
+  assert.deepEqual(await b.result("b1"), { t: "back", attempt_id: "b1" }); // at once, on B
+  const beat = await a.frameWith((m) => m.t === "hb");
+  assert.deepEqual(beat.find((m) => m.t === "hb"), { t: "hb", attempts: ["a1"] });
+  gate.open();
+  assert.deepEqual(await a.result("a1"), {
+    t: "done",
+    attempt_id: "a1",
+    result: { status: "succeeded", result: "waited" },
+  });
+  for (const frame of b.frames) {
+    for (const m of frame) assert.ok(!("attempt_id" in m && m.attempt_id === "a1"), "A's attempt on B");
+    for (const m of frame) if (m.t === "hb") assert.ok(!m.attempts.includes("a1"), "A's attempt beat on B");
+  }
+  const connected = logged.filter((l) => l.includes("action=worker.connected"));
+  assert.ok(connected.some((l) => l.includes(`address=${a.address}`)));
+  assert.ok(connected.some((l) => l.includes(`address=${b.address}`)));
+});
+
+test("a node no connected node lists is let go once its connection is down", async () => {
+  // B goes down, and the Worker tries it again; then A says B left: no more tries
+  const gone = b.address;
+  b.stop();
+  const failed = (l: string): boolean => l.includes("action=worker.connect_failed") && l.includes(gone);
+  await until("B tried again", () => logged.some(failed));
+  a.send([{ t: "members", members: [a.address] }]);
+  await until("B let go", () => logged.some((l) => l.includes("action=worker.node_left") && l.includes(gone)));
+  const tries = (): number =>
+    logged.filter((l) => l.includes("action=worker.connect_failed") && l.includes(gone)).length;
+  const before = tries();
+  // meanwhile A keeps serving: a Step on it runs (a Worker still trying B would log each try)
+  for (const id of ["a2", "a3", "a4"]) {
+    a.send([call(id)]);
+    assert.equal(((await a.result(id)) as p.Done).t, "done");
+  }
+  assert.equal(tries(), before);
+});
