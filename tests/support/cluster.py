@@ -12,7 +12,7 @@ import psycopg
 
 from dex.server.engine.state import SessionState
 from dex.server.ha.lease import Lease
-from dex.server.ha.partitions import DEFAULT_PARTITIONS, partition_of
+from dex.server.store.partitions import DEFAULT_PARTITIONS, partition_of
 from dex.server.store.postgres import PostgresStore
 from dex.testing.wait import wait_until_async
 

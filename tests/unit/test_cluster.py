@@ -9,7 +9,7 @@ import pytest
 
 from dex.errors import Unavailable
 from dex.server.ha.cluster import Cluster, Member, Plan, View, plan, share
-from dex.server.ha.partitions import partition_of
+from dex.server.store.partitions import partition_of
 
 COUNT = 64
 

@@ -70,6 +70,9 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "DEX_RATE_LIMIT": "20/second",
         "DEX_TLS_CERT": "/etc/dex/cert.pem",
         "DEX_TLS_KEY": "/etc/dex/key.pem",
+        "DEX_STANDBY": "true",
+        "DEX_PARTITIONS": "128",
+        "DEX_ADVERTISE": "http://10.1.2.3:7000",
     }.items():
         monkeypatch.setenv(name, value)
     server = ServerConfig.load()
@@ -91,6 +94,9 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "rate_limit": "20/second",
         "tls_cert": Path("/etc/dex/cert.pem"),
         "tls_key": Path("/etc/dex/key.pem"),
+        "standby": True,
+        "partitions": 128,
+        "advertise": "http://10.1.2.3:7000",
     }
     worker = WorkerConfig.load()
     assert (worker.capacity, worker.drain_timeout, worker.token) == (3, 5, "w-secret")

@@ -28,9 +28,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -40,6 +39,9 @@ from dex.errors import Unavailable
 from dex.server.api.peers import FORWARDED_BY, Cluster, Peers
 from dex.server.pages import PREFIX as CONSOLE
 from dex.wire import error_body
+
+if TYPE_CHECKING:
+    import aiohttp  # loaded only on a node of a cluster (``Peers.http``)
 
 log = logging.getLogger("dex.server.api")
 
@@ -244,6 +246,8 @@ class _Call:
     async def _pump(
         self, http: aiohttp.ClientSession, owner: str, url: URL, headers: list[tuple[str, str]]
     ) -> None:
+        import aiohttp
+
         data = await self._data()
         try:
             response = await http.request(

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 import orjson
+
+if TYPE_CHECKING:
+    import aiohttp  # loaded on the first call to another node: a node alone never does
 
 log = logging.getLogger("dex.server.api")
 
@@ -74,6 +76,8 @@ class Peers:
 
     @property
     def http(self) -> aiohttp.ClientSession:
+        import aiohttp
+
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(
                 # no total or read timeout: an event stream or a long poll lasts
@@ -104,6 +108,8 @@ class Peers:
     async def _view(
         self, member: Member, path: str, headers: dict[str, str]
     ) -> dict[str, Any] | None:
+        import aiohttp
+
         try:
             async with asyncio.timeout(VIEW_TIMEOUT):
                 async with self.http.get(member.address + path, headers=headers) as response:
