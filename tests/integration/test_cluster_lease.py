@@ -309,7 +309,7 @@ async def test_each_view_lists_the_live_members_and_drops_one_that_goes_within_a
             assert members_of(view) == THREE, name
             assert view.owners == {0: "a", 1: "a", 2: "b", 3: "c"}, name
             assert view.leader == "c"
-            assert view.members[name] == Member(name, *THREE[name])
+            assert view.members[name] == Member(name, *THREE[name], here=True)
 
     gone = nodes.pop("c")
     began = time.monotonic()

@@ -18,6 +18,7 @@ import pytest
 
 import dex
 from dex.server.attempts import Attempts
+from dex.server.dispatch.dispatcher import BACK_OFF
 from dex.testing import free_port, wait_until_async
 from tests.integration.conftest import (
     AGENT,
@@ -155,6 +156,11 @@ async def test_one_capacity_over_two_nodes_hands_back_what_does_not_fit(
             return runner.handed_back >= 1
 
         await wait_until_async(handed_back, what="node B's Step handed back")
+        # node B backs off a full Worker (Dispatcher.back_off): over a second it hands the
+        # Step out a few times, not at the pace of its commits (about 160 a second without)
+        before = runner.handed_back
+        await asyncio.sleep(1.0)  # a window to count in, not a wait for anything
+        assert runner.handed_back - before <= 1.0 / BACK_OFF + 2
         assert not sending.done()
         HOLD["open"].set()
         first, second = await asyncio.wait_for(asyncio.gather(holding, sending), 15)

@@ -150,12 +150,16 @@ class Link:
         try:
             if isinstance(message, Done):
                 done = self.attempts.complete(attempt, bytes(message.result))
+                dispatcher.lift(worker)
             elif isinstance(message, Fail):
                 done = self.attempts.fail(attempt, message.error)
+                dispatcher.lift(worker)
             else:
                 if message.reason == "history":  # it lacks the prefix: send the whole view next
                     held = dispatcher.held[attempt]
                     worker.history_sent.pop(held.session_id, None)
+                elif not worker.draining:  # full: its capacity is taken on other nodes
+                    dispatcher.back_off(worker)
                 done = self.attempts.hand_back(attempt)
         except Exception as e:
             _answer(attempt, outbox, worker.id, e)

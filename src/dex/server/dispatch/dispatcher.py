@@ -47,6 +47,10 @@ DEADLINES_SLACK = 64
 """Deadlines of ended attempts the heap may keep beyond twice the running ones."""
 
 
+BACK_OFF = 0.25
+"""Seconds a Worker that handed a Step back, full, gets nothing more (``back_off``)."""
+
+
 class WorkerIdInUse(Exception):
     """A live connection already uses this Worker id, and the hello did not prove it is
     the same Worker process (no valid ``resume`` token)."""
@@ -78,11 +82,18 @@ class WorkerConn:
     context's shape (context_start, summary_at), how many history items it covered, and
     how long the model's view was. The next hand-out sends only what came after."""
 
+    limit: int | None = None
+    """What the Worker may take now at most, when less than ``capacity``: it handed a Step
+    back because it was full (its capacity is shared by its connections to every node of
+    a cluster), so this node sends it nothing more until one of its attempts here ends or
+    ``BACK_OFF`` passes (``Dispatcher.back_off``)."""
+
     @property
     def free(self) -> int:
         if self.draining or self.closed:
             return 0
-        return self.capacity - len(self.attempts) - self.reserved
+        capacity = self.capacity if self.limit is None else self.limit
+        return capacity - len(self.attempts) - self.reserved
 
 
 @dataclass(eq=False)
@@ -368,6 +379,19 @@ class Dispatcher:
                 if not held.expiring
             ]
             heapq.heapify(self._deadlines)
+
+    def back_off(self, worker: WorkerConn) -> None:
+        """The Worker handed a Step back unstarted, being full: send it nothing beyond what
+        it runs here now until one of those ends (``lift``) or ``BACK_OFF`` passes, so a
+        full Worker is not handed the same Step over and over (two commits each)."""
+        worker.limit = max(0, len(worker.attempts) - 1)  # the one handed back goes
+        asyncio.get_running_loop().call_later(BACK_OFF, self.lift, worker)
+
+    def lift(self, worker: WorkerConn) -> None:
+        """Take the Worker at its full capacity again."""
+        if worker.limit is not None:
+            worker.limit = None
+            self._wake()
 
     def heartbeat(self, conn: WorkerConn, attempt_id: str) -> bool:
         """Extend an attempt's deadline. False if this connection does not hold it."""

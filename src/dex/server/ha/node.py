@@ -62,9 +62,8 @@ class Node:
         self.handover_timeout = 20.0
         """How long a partition handed over waits for its running attempts to finish
         before they fail (``dex server --drain-timeout``)."""
-        self.on_members: Callable[[list[str]], None] | None = None
-        """Told the addresses Workers should connect to whenever they change."""
         self._members: list[str] = []
+        """The addresses Workers should be connected to (every node that serves)."""
         self._to_recover: set[int] = set()
         self._active = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -153,6 +152,7 @@ class Node:
         self.sessions.serves = cluster.serves
         self.sessions.reads.serves = cluster.serves
         self.dispatcher.dispatches = cluster.dispatches
+        self.sessions.attempts.members = lambda: list(self._members)
         self.role = "standby" if lease.standby else "starting"
         if lease.standby:
             log.info("standby: waiting for nodes to stand in for", extra={"action": "node.standby"})
@@ -186,8 +186,7 @@ class Node:
         members = cluster.worker_addresses()
         if members != self._members:
             self._members = members
-            if self.on_members is not None:
-                self.on_members(members)
+            self.sessions.attempts.announce_members(members)
         plan = cluster.next_plan()
         if plan.lead:
             self._lease.lead()
