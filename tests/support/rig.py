@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 import dex
+from dex.server.store.partitions import partition_of
 from dex.testing import Ledger, SdkWorkerProcess, ServerProcess, WorkerProcess, wait_until
 
 AGENTS = str(Path(__file__).with_name("agents.py"))
@@ -35,6 +37,10 @@ def sdk_command(language: str) -> list[str | Path]:
 
 
 HEARTBEAT_TIMEOUT = 1.0
+CLUSTER_HEARTBEAT_TIMEOUT = 3.0
+"""In a cluster the Worker stays connected to the survivors while a test holds it paused
+through a takeover (a failpoint's ``pause`` blocks its whole process): a Step the new
+owner hands it meanwhile must not expire before the test lets the Worker run on."""
 CLOCK_READING_ERROR = 0.02
 """How far a node on PostgreSQL may set its clock from this host's: it corrects its clock
 to the database's from the middle of a query's round trip (``dex.server.clock``), so on
@@ -73,7 +79,7 @@ class Rig:
         self.nodes = [
             ServerProcess(
                 tmp / name,
-                heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                heartbeat_timeout=CLUSTER_HEARTBEAT_TIMEOUT if cluster else HEARTBEAT_TIMEOUT,
                 database=database,
                 standby=bool(database and standby and not cluster),
             )
@@ -90,6 +96,8 @@ class Rig:
         starts unless told otherwise."""
         self.worker_env: dict[str, str] = {}
         self.client = dex.SyncClient(self.address, timeout=30)
+        self.sessions: list[str] = []
+        """The sessions ``session`` made, in order."""
 
     @property
     def ha(self) -> bool:
@@ -159,10 +167,13 @@ class Rig:
             dead.start()
             return
         if self.cluster:
-            # the survivors take the dead node's partitions; it stays down, so that no
-            # hand-over back to it moves the sessions again while the test runs
-            self.server = next(node for node in self.nodes if node.alive)
-            wait_until(self._balanced, 30, 0.02, what="the survivors took every partition")
+            # the survivors take the dead node's partitions; it comes back a standby, so
+            # that no hand-over back to it moves the sessions while the test runs (and it
+            # stands in once no other node is left)
+            wait_until(self._served, 30, 0.02, what="the survivors took every partition")
+            self.server = self._owner()
+            dead.standby = True
+            dead.start(env=self._env(""), ready=False)
             return
         (standby,) = [node for node in self.nodes if node is not dead]
         wait_until(standby.ready, 30, 0.02, what="the standby took over")
@@ -177,17 +188,37 @@ class Rig:
             if node is not self.server:
                 node.start(env=self._env(""), ready=not self.cluster)
         if self.cluster:
-            wait_until(self._balanced, 30, 0.02, what="the nodes shared the partitions out")
+            wait_until(
+                lambda: self._served(balanced=True),
+                30,
+                0.02,
+                what="the nodes shared the partitions out",
+            )
 
-    def _balanced(self) -> bool:
-        """Every live node serves its share of the partitions, and no partition is being
-        taken over, recovered or handed over."""
-        live = [node for node in self.nodes if node.alive]
-        counts = [partitions_served(node) for node in live]
-        if any(count is None for count in counts):
-            return False
+    def _served(self, balanced: bool = False) -> bool:
+        """Every partition is served by a live node, and none is being taken over,
+        recovered or handed over (``balanced``: each node serves its share)."""
+        counts = [partitions_served(node) for node in self.nodes if node.alive]
         served = [count for count in counts if count is not None]
-        return sum(served) == PARTITIONS and max(served) - min(served) <= 1
+        if len(served) < len(counts) or sum(served) != PARTITIONS:
+            return False
+        return not balanced or max(served) - min(served) <= 1
+
+    def _owner(self) -> ServerProcess:
+        """The node that serves the partition of the last session ``session`` made (any
+        live node before the first): the one a takeover must kill."""
+        if not self.sessions:
+            return next(node for node in self.nodes if node.alive)
+        database = self.nodes[0].database
+        assert database is not None
+        with psycopg.connect(database) as conn:
+            row = conn.execute(
+                "SELECT owner FROM dex_partitions WHERE id = %s",
+                (partition_of(self.sessions[-1], PARTITIONS),),
+            ).fetchone()
+        assert row is not None
+        pid = int(str(row[0]).rsplit(":", 1)[1])  # a node's id is host:pid
+        return next(node for node in self.nodes if node.alive and node.pid == pid)
 
     def _env(self, failpoints: str) -> dict[str, str]:
         return {"DEX_FAILPOINTS": failpoints, "DEX_FAILPOINT_DIR": str(self.failpoints)}
@@ -221,6 +252,7 @@ class Rig:
             what=f"agent {agent} registered",
         )
         session_id: str = self.client.create_session(agent)["id"]
+        self.sessions.append(session_id)
         return session_id
 
     def call(self, session_id: str, *calls: tuple[str, dict[str, Any]]) -> int:
