@@ -94,6 +94,11 @@ CPU_BAR = 1.10
 """The cluster's server CPU per turn over one node's, at most."""
 SCALE_BAR = 1.25
 """Two nodes' turns/s over one node's, at least."""
+RELOADED = b"the session was reloaded; try again"
+"""A 409 a node answers when the session's state in memory was replaced while the call
+waited for it (its partition was just taken and recovered, say): nothing was recorded,
+so the call is sent again (a send keeps its ``message_id``). ``dex.Client`` raises it
+as ``Conflict``; the report counts them."""
 BENCH_APP = "dex-bench-cluster"
 """The application_name of the bench's own PostgreSQL connections (not counted)."""
 
@@ -196,9 +201,9 @@ class Owners:
 class Router:
     """The bench's client: ``create_session`` and ``send_message`` as ``dex.Client`` has
     them (``bench.turns.Lane`` drives it), each call sent to ``route(session_id)``. A call
-    is tried again, with the same body, until its deadline, whenever it gets a 503 or no
-    answer, or the session's partition moves to another node while it waits. It counts
-    the messages sent and answered per session."""
+    is tried again, with the same body, until its deadline, whenever it gets a 503, a 409
+    ``RELOADED`` or no answer, or the session's partition moves to another node while it
+    waits. It counts the messages sent and answered per session."""
 
     def __init__(self, owners: Owners) -> None:
         self.owners = owners
@@ -207,6 +212,8 @@ class Router:
         can be "any node"."""
         self.sent: Counter[str] = Counter()
         self.answered: Counter[str] = Counter()
+        self.reloaded = 0
+        """Calls refused with ``RELOADED`` (and sent again)."""
         self._ids = itertools.count(1)
         self._http: aiohttp.ClientSession | None = None
 
@@ -306,6 +313,10 @@ class Router:
             if status in (0, 503):  # gone, or does not serve it (now): look again
                 last = f"{address}: {status or ''} {payload[:200]!r}"
                 await self.owners.change(0.02)
+                continue
+            if status == 409 and RELOADED in payload:  # a retryable refusal: the same again
+                self.reloaded += 1
+                await asyncio.sleep(0.01)
                 continue
             decoded = orjson.loads(payload) if payload else None
             if status >= 400 or not isinstance(decoded, dict):
@@ -608,9 +619,11 @@ async def correctness(router: Router, addresses: list[str]) -> tuple[str, list[s
     line = (
         f"Correctness: {sent} messages sent to {len(router.sent)} sessions, {answered} "
         f"answered, {received} received by the sessions (each session's messages_received); "
-        f"{len(running)} sessions running at the end: {'OK' if not problems else 'FAILED'}"
+        f"{len(running)} sessions running at the end: {'OK' if not problems else 'FAILED'}",
+        f"  calls answered 409 'the session was reloaded; try again' (and sent again): "
+        f"{router.reloaded}",
     )
-    return line, problems
+    return "\n".join(line), problems
 
 
 # --- the report ------------------------------------------------------------------------
