@@ -35,5 +35,6 @@ def test_bench_cluster_short_prints_the_figures_and_loses_no_message(
     assert [r[:2] for r in cpu] == [["1", "64"], ["2", "64"]], out
     assert "64 sessions, 2 nodes:" in out and "server CPU per turn" in out
     for kind, times in (("kill", 3), ("stop", 1), ("term", 1)):
-        assert f"{cluster.NAMES[kind]}, {times} times: gap p50" in out, out
+        assert f"{cluster.NAMES[kind]}, 3 nodes, {times} times: gap p50" in out, out
+    assert f"{cluster.NAMES['kill']}, 2 nodes, 1 times: gap p50" in out, out
     assert "messages sent to" in out and "sessions running at the end: OK" in out, out
