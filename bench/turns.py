@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -335,11 +336,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+class TurnClient(Protocol):
+    """What a ``Lane`` needs of a client: ``dex.Client``, or ``bench.cluster``'s router."""
+
+    async def create_session(self, agent: str, session_id: str | None = None) -> dict[str, Any]: ...
+
+    async def send_message(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        message_id: str | None = None,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, Any]: ...
+
+
 class Lane:
     """One concurrent conversation: a session that sends its next message when its turn ends,
     and moves to a fresh session every ``turns_per_session`` turns (keeps history bounded)."""
 
-    def __init__(self, client: dex.Client, turns_per_session: int) -> None:
+    def __init__(self, client: TurnClient, turns_per_session: int) -> None:
         self.client = client
         self.turns_per_session = turns_per_session
         self.session: str | None = None
