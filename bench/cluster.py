@@ -61,7 +61,7 @@ import psycopg
 
 import dex
 from dex.server.ha.lease import LIVE_NODES
-from dex.server.ha.partitions import DEFAULT_PARTITIONS, partition_of
+from dex.server.store.partitions import DEFAULT_PARTITIONS, partition_of
 from dex.testing import ServerProcess, WorkerProcess
 
 from . import agents

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dex.errors import Conflict
+from dex.errors import Unavailable
 from dex.server import handouts, records
 from dex.server.actors import Actor, Actors
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
@@ -338,4 +338,7 @@ def unknown_why(step: Step) -> str:
 
 
 def _reloaded() -> Exception:
-    return Conflict("the session was reloaded; try again", retryable=True)
+    """Nothing was committed: the session's memory was dropped (a commit of it failed, or
+    its partition was handed over) while this input waited. A 503 (``Unavailable``): the
+    caller tries again, on this node or the one that serves the session now."""
+    return Unavailable("the session was reloaded; try again", retryable=True)

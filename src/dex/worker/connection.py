@@ -125,6 +125,7 @@ class Connection:
         targets = itertools.cycle(self.addresses)
         while not self.stopping.is_set():
             if not self._wanted():
+                self._node_left()
                 if not self._idle_seed():
                     self.log.let_go(self.address)
                     return
@@ -166,12 +167,21 @@ class Connection:
             if link.welcomed:
                 reconnecting = self._wanted()
                 self.log.lost(base, link.ended, reconnecting=reconnecting)
-                if not reconnecting and not self._idle_seed():
-                    return
+                if not reconnecting:
+                    self._node_left()
+                    if not self._idle_seed():
+                        return
             else:  # accepted, then closed before its welcome: a standby, say
                 self.log.failed(base, link.ended)
             # a node that accepts and closes at once (a standby) is not asked again at once
             await self._pause(self.config.reconnect_initial * random.uniform(0.5, 1.0))
+
+    def _node_left(self) -> None:
+        """Its node left the cluster (no connected node lists it): the attempts it handed
+        out on this connection run nowhere any more (the node that took their sessions
+        failed them), so none of them starts or goes on here."""
+        for attempt_id in self.runner.held_by(self):
+            self.runner.abandon(attempt_id, self, "the server no longer runs this attempt")
 
     def _idle_seed(self) -> bool:
         """Whether it is the seed (which waits, unwanted, rather than stop)."""

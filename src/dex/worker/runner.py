@@ -217,6 +217,12 @@ class Runner:
             self.none_held.set()
         return attempt
 
+    def abandon(self, attempt_id: str, origin: Origin, why: str) -> None:
+        """Stop an attempt handed out on ``origin`` (its node left the cluster)."""
+        attempt = self._mine(attempt_id, origin)
+        if attempt is not None and attempt.result is None:
+            self._abandon(attempt, why)
+
     def _abandon(self, attempt: Attempt, why: str) -> None:
         log.info(
             why,
