@@ -170,7 +170,7 @@ class Rig:
             # the survivors take the dead node's partitions; it comes back a standby, so
             # that no hand-over back to it moves the sessions while the test runs (and it
             # stands in once no other node is left)
-            wait_until(self._served, 30, 0.02, what="the survivors took every partition")
+            wait_until(self.settled, 30, 0.02, what="the survivors took every partition")
             self.server = self._owner()
             dead.standby = True
             dead.start(env=self._env(""), ready=False)
@@ -189,13 +189,13 @@ class Rig:
                 node.start(env=self._env(""), ready=not self.cluster)
         if self.cluster:
             wait_until(
-                lambda: self._served(balanced=True),
+                lambda: self.settled(balanced=True),
                 30,
                 0.02,
                 what="the nodes shared the partitions out",
             )
 
-    def _served(self, balanced: bool = False) -> bool:
+    def settled(self, balanced: bool = False) -> bool:
         """Every partition is served by a live node, and none is being taken over,
         recovered or handed over (``balanced``: each node serves its share)."""
         counts = [partitions_served(node) for node in self.nodes if node.alive]

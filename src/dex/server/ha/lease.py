@@ -71,6 +71,11 @@ HELD = (
     f"AND l.objid::bigint = {LEADER_KEY & 0xFFFFFFFF}))"
 )
 """Partition locks (objsubid 2: the partition in ``objid``) and the standby's lock."""
+CHANNEL = "dex_cluster"
+NOTIFY = f"NOTIFY {CHANNEL}"
+"""Said by a node that joins, gives partitions up or leaves: every node looks now."""
+NOTICE_POLL = 0.05
+"""Seconds between two looks for a command from the loop while waiting for a notice."""
 END_FENCE_HOLDERS = (
     "SELECT l.pid, a.application_name, host(a.client_addr), pg_terminate_backend(l.pid) "
     "FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
@@ -85,8 +90,9 @@ another database on the server has its own lock under the same key)."""
 
 @dataclass(frozen=True)
 class LeaseSettings:
-    ping_interval: float = 0.5
-    """Seconds between two pings of the lock connection (each reads the cluster)."""
+    ping_interval: float = 0.25
+    """Seconds between two pings of the lock connection (each reads the cluster: a dead
+    node's partitions are free at once, and taken at the next ping)."""
     ping_timeout: float = 1.0
     """A ping that comes back later loses the lease (one that never comes back loses it
     when ``valid_until`` passes); also how long ``release()`` waits for the lock
@@ -404,6 +410,8 @@ class _LockThread:
                 ).fetchone()
                 assert row is not None
                 conn.execute("SELECT pg_advisory_lock(%s, %s)", (NODE_LOCKS, int(row[0])))
+                conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute(NOTIFY)  # the others make room for it now
                 reading = _read_clock(conn)
                 view = self._view(conn)
                 self.valid_until = sent + self.settings.valid_for
@@ -429,15 +437,17 @@ class _LockThread:
 
     def _ping(self, conn: Conn) -> None:
         """Run commands and ping until stopped; a ping that fails or comes back after
-        ``ping_timeout`` ends the lease (and this thread)."""
+        ``ping_timeout`` ends the lease (and this thread). A node that joins, gives
+        partitions up or leaves says so (``NOTIFY``): every node pings at once then, so
+        the partitions it frees are taken without waiting for the next ping."""
         s = self.settings
         next_ping = time.monotonic() + s.ping_interval
         while not self._stop.is_set():
-            self._wake.wait(max(0.0, next_ping - time.monotonic()))
-            self._wake.clear()
-            if self._stop.is_set():
-                return
             try:
+                if self._wait(conn, next_ping):
+                    next_ping = time.monotonic()  # the cluster changed: look now
+                if self._stop.is_set():
+                    return
                 while not self._commands.empty():
                     self._run_command(conn, self._commands.get_nowait())
                 if time.monotonic() < next_ping:
@@ -456,6 +466,18 @@ class _LockThread:
             next_ping = sent + s.ping_interval
             self._to_loop(self.lease._pinged, self, view, reading)
 
+    def _wait(self, conn: Conn, until: float) -> bool:
+        """Wait until ``until`` (monotonic), a command, or a notice that the cluster
+        changed (True)."""
+        while not self._wake.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            for _ in conn.notifies(timeout=min(NOTICE_POLL, left), stop_after=1):
+                return True
+        self._wake.clear()
+        return False
+
     def _run_command(self, conn: Conn, command: Command) -> None:
         what, partitions = command
         if what == "lead":
@@ -466,6 +488,8 @@ class _LockThread:
                 return
             if what == "give":
                 conn.execute("SELECT pg_advisory_unlock(%s, %s)", (PARTITION_LOCKS, p))
+                if p == partitions[-1]:
+                    conn.execute(NOTIFY)
                 continue
             row = conn.execute(
                 "SELECT pg_try_advisory_lock(%s, %s)", (PARTITION_LOCKS, p)
@@ -516,6 +540,7 @@ class _LockThread:
         if self._unlock:
             with contextlib.suppress(psycopg.Error):
                 conn.execute("SELECT pg_advisory_unlock_all()")
+                conn.execute(NOTIFY)
         conn.close()  # ending the session frees the locks in any case
 
     def _connect(self) -> Conn:
