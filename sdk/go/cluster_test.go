@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,12 +141,19 @@ func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
 		mu.Unlock()
 		return "waited", nil
 	}
+	var writes atomic.Int32
+	write := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+		writes.Add(1)
+		return "written", nil
+	}
 	logs := &lockedBuffer{}
 	w := NewWorker(WorkerOptions{
 		Address: a.URL, Capacity: 1, Logger: log.New(logs, "", 0), LogLevel: "debug",
 		HeartbeatInterval: 20 * time.Millisecond,
 		ReconnectInitial:  10 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
-		Agents: []Agent{{Name: "a", Model: viewModel{}, Tools: []Tool{{Name: "wait", Kind: Read, Func: wait}}}},
+		Agents: []Agent{{Name: "a", Model: viewModel{}, Tools: []Tool{
+			{Name: "wait", Kind: Read, Func: wait}, {Name: "write", Kind: Write, Func: write},
+		}}},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
@@ -183,12 +191,28 @@ func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
 		}
 	}
 
+	// B hands out a single-attempt write, which waits for its start acknowledgement
+	single := callMessage("b2")
+	single["step_type"], single["tool"], single["needs_start_ack"] = StepCallSingleAttemptTool, "write", true
+	b.send(single)
+	eventually(t, "B's write asking to start", func() bool {
+		for _, m := range b.messages("hb") {
+			if ids, _ := m["attempts"].([]any); m["seq"] != nil && len(ids) == 1 && ids[0] == "b2" {
+				return true
+			}
+		}
+		return false
+	})
+
 	// B goes down, and the Worker tries it again; then A says B left: no more tries
 	gone := b.URL
 	b.stop()
 	eventually(t, "B tried again", func() bool { return logs.count("action=worker.connect_failed address="+gone) > 0 })
 	a.send(map[string]any{"t": "members", "members": []string{a.URL}})
 	eventually(t, "B let go", func() bool { return logs.count("action=worker.node_left address="+gone) == 1 })
+	// the node that took B's sessions failed the write: it never starts here
+	abandoned := "the server no longer runs this attempt action=worker.attempt_abandoned attempt_id=b2"
+	eventually(t, "B's write abandoned", func() bool { return logs.count(abandoned) == 1 })
 	tries := logs.count("action=worker.connect_failed address=" + gone)
 	for _, id := range []string{"a2", "a3", "a4"} { // meanwhile A serves on
 		a.send(callMessage(id))
@@ -196,5 +220,8 @@ func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
 	}
 	if logs.count("action=worker.connect_failed address="+gone) != tries {
 		t.Fatalf("B is tried again after it left:\n%s", logs)
+	}
+	if writes.Load() != 0 {
+		t.Fatal("the abandoned write ran")
 	}
 }

@@ -23,7 +23,8 @@ import (
 // until the server refuses this Worker for good (ErrRefused) or the Worker stopped (ctx
 // done, and drained or out of time). In a cluster, while no connected node lists its
 // address and it is down, it does not reconnect: a member stops for good (the node
-// left), the seed waits until it is listed again or no node is connected. It logs the
+// left), the seed waits until it is listed again or no node is connected; either way the
+// attempts handed out on n that have no result are abandoned (nodeLeft). It logs the
 // life of each connection.
 func (w *Worker) serveNode(ctx context.Context, n *node) error {
 	failures := 0
@@ -31,6 +32,7 @@ func (w *Worker) serveNode(ctx context.Context, n *node) error {
 	for {
 		changed := w.changes() // before the check: a change right after it still wakes the wait
 		if !w.wanted(n) {
+			w.nodeLeft(n)
 			if !n.seed {
 				w.mu.Lock()
 				address := n.address
@@ -71,8 +73,11 @@ func (w *Worker) serveNode(ctx context.Context, n *node) error {
 		if welcomed {
 			reconnecting := w.wanted(n)
 			n.log.lost(address, err, reconnecting)
-			if !reconnecting && !n.seed {
-				return nil
+			if !reconnecting {
+				w.nodeLeft(n)
+				if !n.seed {
+					return nil
+				}
 			}
 		} else { // unreachable, or closed before its welcome: a standby, say
 			n.log.failed(address, err)

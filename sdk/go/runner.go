@@ -153,6 +153,19 @@ func (w *Worker) abandonLocked(id, why string) {
 	w.forgetLocked(id)
 }
 
+// nodeLeft: n's node left the cluster (no connected node lists it, and n is down). The
+// attempts handed out on n run nowhere any more (the node that took their sessions failed
+// them), so none of those without a result starts or goes on here.
+func (w *Worker) nodeLeft(n *node) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id := range w.running {
+		if _, sent := w.results[id]; !sent && w.originLocked(id) == n {
+			w.abandonLocked(id, "the server no longer runs this attempt")
+		}
+	}
+}
+
 func (w *Worker) forgetLocked(id string) {
 	delete(w.running, id)
 	if _, kept := w.results[id]; !kept {

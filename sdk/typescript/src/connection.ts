@@ -99,12 +99,14 @@ export class Connection implements Origin {
    * WorkerRefusedError if the server refuses this Worker for good. In a cluster, while no
    * connected node lists its address and it is down, it does not reconnect: a member
    * stops for good (the node left), the seed waits until it is listed again or no node is
-   * connected. */
+   * connected; either way the attempts handed out on it that have no result are abandoned
+   * (Runner.nodeLeft). */
   async serveUntilStopped(): Promise<void> {
     const counter = { next: 0 };
     let failures = 0;
     while (!this.stopping) {
       if (!this.wanted()) {
+        this.runner.nodeLeft(this);
         if (!this.seed) break;
         await this.cluster?.change();
         continue;
@@ -144,14 +146,20 @@ export class Connection implements Origin {
       if (welcomed) {
         const reconnecting = this.wanted();
         this.life.lost(base, ended, reconnecting);
-        if (!reconnecting && !this.seed) return;
+        if (!reconnecting) {
+          this.runner.nodeLeft(this);
+          if (!this.seed) return;
+        }
       } else {
         this.life.failed(base, ended); // accepted, then closed: a standby, say
       }
       // a node that accepts and closes at once (a standby) is not asked again at once
       await this.pause(this.settings.reconnectInitial * (0.5 + Math.random() / 2));
     }
-    if (this.letGo) this.life.letGo(this.address);
+    if (this.letGo) {
+      this.runner.nodeLeft(this); // let go while it waited to try again
+      this.life.letGo(this.address);
+    }
   }
 
   /** Stop: no new connection, and the live one closes. */

@@ -238,6 +238,17 @@ export class Runner {
     }
   }
 
+  /** ``origin``'s node left the cluster (no connected node lists it, and ``origin`` is
+   * down): the attempts handed out on it run nowhere any more (the node that took their
+   * sessions failed them), so none of those without a result starts or goes on here. */
+  nodeLeft(origin: Origin): void {
+    for (const attempt of [...this.attempts.values()]) {
+      if (attempt.origin === origin && attempt.result === null) {
+        this.abandon(attempt, "the server no longer runs this attempt");
+      }
+    }
+  }
+
   private abandon(attempt: Attempt, why: string): void {
     this.log.info("worker.attempt_abandoned", why, { attempt_id: attempt.step.attempt_id });
     this.attempts.delete(attempt.step.attempt_id);

@@ -1,7 +1,8 @@
 /** A Worker in a cluster, against two fake nodes: seeded with one, it connects to every
  * member the welcome lists, runs at most its capacity over both (a Step beyond it goes
  * back at once), keeps each attempt's messages on the connection that handed it out, and
- * lets a node go that no connected node lists any more once its connection is down. */
+ * lets a node go that no connected node lists any more once its connection is down, and
+ * with it the attempts that node handed out. */
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 
@@ -23,6 +24,17 @@ const wait = defineTool({
   },
 });
 
+let writes = 0;
+const write = defineTool({
+  name: "write",
+  kind: "write",
+  parameters: { type: "object", properties: {} },
+  run() {
+    writes++;
+    return "written";
+  },
+});
+
 const a = new FakeNode();
 const b = new FakeNode();
 let worker: Worker;
@@ -33,7 +45,7 @@ before(async () => {
   a.members = b.members = [a.address, b.address];
   worker = new Worker({
     address: a.address,
-    agents: [defineAgent({ name: "c", model: new Scripted(() => say("hi")), tools: [wait] })],
+    agents: [defineAgent({ name: "c", model: new Scripted(() => say("hi")), tools: [wait, write] })],
     handleSignals: false,
     capacity: 1,
     reconnectInitial: 0.01,
@@ -78,7 +90,13 @@ test("seeded with one node, the Worker connects to every member; one capacity ov
   assert.ok(connected.some((l) => l.includes(`address=${b.address}`)));
 });
 
-test("a node no connected node lists is let go once its connection is down", async () => {
+test("a node no connected node lists is let go once its connection is down, and its attempts", async () => {
+  // B hands out a single-attempt write, which waits for its start acknowledgement
+  const single = { ...call("b2"), step_type: "CallSingleAttemptTool", tool: "write", needs_start_ack: true };
+  const frames = b.frames.length;
+  b.send([single]);
+  const asks = (m: p.WorkerMessage): boolean => m.t === "hb" && m.seq != null && m.attempts.includes("b2");
+  await b.frameWith(asks, frames);
   // B goes down, and the Worker tries it again; then A says B left: no more tries
   const gone = b.address;
   b.stop();
@@ -86,6 +104,12 @@ test("a node no connected node lists is let go once its connection is down", asy
   await until("B tried again", () => logged.some(failed));
   a.send([{ t: "members", members: [a.address] }]);
   await until("B let go", () => logged.some((l) => l.includes("action=worker.node_left") && l.includes(gone)));
+  // the node that took B's sessions failed the write: it never starts here
+  const abandoned = (l: string): boolean =>
+    l.includes("the server no longer runs this attempt") &&
+    l.includes("action=worker.attempt_abandoned") &&
+    l.includes("attempt_id=b2");
+  await until("B's write abandoned", () => logged.some(abandoned));
   const tries = (): number =>
     logged.filter((l) => l.includes("action=worker.connect_failed") && l.includes(gone)).length;
   const before = tries();
@@ -95,4 +119,5 @@ test("a node no connected node lists is let go once its connection is down", asy
     assert.equal(((await a.result(id)) as p.Done).t, "done");
   }
   assert.equal(tries(), before);
+  assert.equal(writes, 0, "the abandoned write ran");
 });
