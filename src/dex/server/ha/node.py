@@ -256,6 +256,7 @@ class Node:
         for p in partitions:
             cluster.epochs.pop(p, None)  # the store refuses writes to them from here on
         self.sessions.forget(in_them)
+        self.sessions.streams.end_sessions(in_them)
         cluster.draining -= partitions
         self._lease.give(sorted(partitions))
         log.info(

@@ -8,7 +8,7 @@ commit; the Worker endpoint publishes ``model.delta`` text as it arrives.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from dex.server.streams.memory import Event, MemoryStreams
@@ -30,6 +30,11 @@ class Streams(Protocol):
     def end_subscriptions(self) -> None:
         """The node stops serving: every subscription ends now, and each later one at
         once, so that its client resumes on the node that serves next."""
+        ...
+
+    def end_sessions(self, which: Callable[[str], bool]) -> None:
+        """End the subscriptions of the sessions ``which`` takes (a cluster node handed
+        them over), so that their clients resume on the node that serves them now."""
         ...
 
     def publish(self, session_id: str, type_: str, data: dict[str, Any]) -> None:

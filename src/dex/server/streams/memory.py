@@ -72,6 +72,9 @@ class _Ring:
     """The latest key dropped by the length or age bound."""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     subscribers: int = 0
+    ended: bool = False
+    """The node handed the session over: its subscribers end (and resume on the node
+    that serves it now); a later use of the session here starts a new ring."""
 
 
 class Rings:
@@ -113,6 +116,9 @@ class Rings:
 
     def ring(self, session_id: str, complete_after: Key) -> _Ring:
         ring = self._rings.get(session_id)
+        if ring is not None and ring.ended:
+            self.events -= len(ring.events)
+            ring = None
         if ring is None:
             ring = self._rings[session_id] = _Ring(deque(), complete_after)
             self._evict(session_id)
@@ -175,7 +181,7 @@ class Rings:
             yield gap("events after this id are no longer buffered on this node")
         elif after is not None:
             last = after
-        while not self.ended:
+        while not self.ended and not ring.ended:
             if last < ring.evicted:
                 self.dropped += 1
                 yield dropped(f"this subscriber fell more than {self.keep} events behind")
@@ -203,6 +209,14 @@ class Rings:
         for ring in self._rings.values():
             ring.changed.set()
 
+    def end_sessions(self, which: Callable[[str], bool]) -> None:
+        """End the subscriptions of the sessions ``which`` takes (a cluster node handed
+        them over): their clients resume through the node that serves them now."""
+        for session_id, ring in self._rings.items():
+            if which(session_id):
+                ring.ended = True
+                ring.changed.set()
+
     def watch(self, session_id: str, complete_after: Key) -> _Ring:
         """Count a subscriber in: the ring keeps what is appended from now on."""
         ring = self.ring(session_id, complete_after)
@@ -213,6 +227,8 @@ class Rings:
     def unwatch(self, session_id: str, ring: _Ring) -> None:
         ring.subscribers -= 1
         self.subscribers -= 1
+        if self._rings.get(session_id) is not ring:
+            return  # ended and replaced: its events were counted out then
         if not ring.subscribers and not self.keep_unwatched:
             self.events -= len(ring.events)
             self._rings.pop(session_id, None)
@@ -233,6 +249,9 @@ class Ringed:
 
     def end_subscriptions(self) -> None:
         self.rings.end()
+
+    def end_sessions(self, which: Callable[[str], bool]) -> None:
+        self.rings.end_sessions(which)
 
 
 class MemoryStreams(Ringed):
