@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ import psycopg
 
 import dex
 from dex.testing import wait_until
+from tests.e2e.test_step_down import step_down
 from tests.support.rig import PARTITIONS, Rig, partitions_served
 
 
@@ -72,15 +71,6 @@ def served(rig: Rig) -> list[int]:
     """How many partitions each live node serves, fewest first (-1: one in hand)."""
     counts = [partitions_served(n) for n in rig.nodes if n.alive]
     return sorted(-1 if count is None else count for count in counts)
-
-
-def step_down(address: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dex", "step-down", "--address", address],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_nodes_join_and_step_down_under_load_and_every_turn_completes_once(

@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from yarl import URL
 
 from dex.errors import Unavailable
+from dex.server.api.hot import read_request
 from dex.server.api.peers import FORWARDED_BY, Cluster, Peers
 from dex.server.pages import PREFIX as CONSOLE
 from dex.wire import error_body
@@ -328,16 +329,7 @@ async def _read(
     body of no declared length or over the limit: the node's own layers refuse those."""
     if declared is None or declared > limit:
         return [], None
-    messages: list[Message] = []
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        messages.append(message)
-        if message["type"] != "http.request":
-            return messages, None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return messages, b"".join(chunks)
+    return await read_request(receive)
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -75,7 +75,7 @@ class HotRoutes:
         call: Callable[[M], Awaitable[tuple[dict[str, Any], int]]],
     ) -> None:
         node = self.app.state["node"]  # by key: by attribute, State raises and catches first
-        messages, body = await _read(receive)
+        messages, body = await read_request(receive)
         if body is None or node is None or not node.serving:
             await self._fallback(scope, messages, receive, send_)
             return
@@ -127,7 +127,7 @@ def _plain_json(scope: Scope) -> bool:
     return json and sized
 
 
-async def _read(receive: Receive) -> tuple[list[Message], bytes | None]:
+async def read_request(receive: Receive) -> tuple[list[Message], bytes | None]:
     """The request's messages as received, and its body (None if it did not all come)."""
     messages: list[Message] = []
     chunks: list[bytes] = []
