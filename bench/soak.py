@@ -557,8 +557,9 @@ def print_report(r: dict[str, Any], say: Any = print) -> None:
     )
     if "partition_moves" in r:
         say(
-            f"  cluster: nodes started again {r['node_restarts']} (stepped down by "
-            f"themselves: {r['nodes_stepped_down']}); partitions changed owner "
+            f"  cluster: node starts after the first {r['node_restarts']} (after kills, "
+            f"leaves, step-downs, and joins); nodes that stepped down by themselves "
+            f"{r['nodes_stepped_down']}; partitions changed owner "
             f"{r['partition_moves']} times; a partition without a live owner "
             f"{r['partitions_unserved']} times, for {_spread(r['unserved_seconds'])}"
         )

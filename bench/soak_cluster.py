@@ -66,7 +66,8 @@ class NodeCluster(WorkerPool):
     workers: list[WorkerProcess] = field(default_factory=list)
     started_workers: int = 0
     restarts: int = 0
-    """Nodes started again by the supervisor (SIGKILLed, or stepped down by themselves)."""
+    """Nodes the supervisor started after the first start: after a SIGKILL, a step-down
+    or a leave, and the spare's joins."""
     stepped_down: int = 0
     """Nodes that exited by themselves (no SIGKILL, no SIGTERM): a paused node's lease."""
     moves: int = 0
@@ -126,7 +127,9 @@ class NodeCluster(WorkerPool):
     # --- the faults --------------------------------------------------------------------
 
     async def kill_node(self, rng: random.Random) -> str:
-        """SIGKILL a node (while at least one other runs); the supervisor restarts it."""
+        """SIGKILL a node (while at least one other runs); the supervisor restarts it. A
+        node leaving on purpose (draining after its SIGTERM) may be the victim too:
+        ``kill_node_leaving``, and it comes back when its leave ends."""
         alive = self.alive()
         if len(alive) < 2:
             return "kill_node_skipped"
@@ -135,7 +138,7 @@ class NodeCluster(WorkerPool):
         assert proc is not None
         self._signalled.add(victim)
         proc.send_signal(signal.SIGKILL)
-        return "kill_node"
+        return "kill_node" if self.wanted[victim] else "kill_node_leaving"
 
     async def pause_node(self, rng: random.Random) -> str:
         """SIGSTOP a node for 0.5 to 5 s (past ~2 s it loses its lease and exits)."""
@@ -205,7 +208,6 @@ class NodeCluster(WorkerPool):
                     if i not in self._due:
                         if i not in self._signalled:
                             self.stepped_down += 1
-                        self.restarts += 1
                         self._due[i] = time.monotonic() + rng.uniform(*RESTART_DELAY)
                     self._signalled.discard(i)
                 due = self._due.get(i)
@@ -215,7 +217,8 @@ class NodeCluster(WorkerPool):
                         await asyncio.to_thread(node.kill)  # reap it
                     try:
                         await asyncio.to_thread(node.start, ready=False, timeout=60)
-                    except (RuntimeError, TimeoutError):
+                        self.restarts += 1
+                    except (RuntimeError, TimeoutError):  # it died starting (a SIGKILL)
                         self._due[i] = time.monotonic() + 1.0  # try again
 
     async def _watch(self) -> None:
