@@ -20,6 +20,14 @@ tools' ledger, the clients' record and the node's snapshots and turn records, an
 soak prints kills by kind, turns, tool calls by tool and status, and violations by kind.
 Exit status 1 on any violation. ``--report FILE`` also writes the figures as JSON, and
 ``--keep DIR`` keeps the data directory, ledger and logs for a post-mortem.
+
+``--postgres`` runs a leader and a hot standby on a private PostgreSQL
+(``bench.soak_postgres``). ``--cluster 3`` runs three nodes without ``--standby`` there
+(``bench.soak_cluster``): each session's client tries the nodes in another order, so calls
+arrive at nodes that forward them; the chaos SIGKILLs, pauses and SIGTERMs nodes and a
+spare node joins for a while; at the end every partition must be owned by exactly one
+live node (``partition_owner``), and the report adds how often partitions moved, how long
+they went without a live owner, and the turns' times.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Any
 import dex
 from bench.soak_chaos import KILLS, Chaos, Cluster, SoakCluster, faults
 from bench.soak_check import Evidence, Findings, Send, check, unheld
+from bench.soak_cluster import NodeCluster, cluster_faults, settle_ownership
 from bench.soak_postgres import HaCluster, PrivatePostgres
 from dex.errors import Conflict, DexError
 from dex.testing import Ledger, wait_until_async
@@ -58,6 +67,9 @@ MENU: list[tuple[str, int, tuple[int, int]]] = [
     ("render", 2, (100, 1500)),
     ("nap", 2, (100, 2000)),
 ]
+OWNERSHIP_SETTLE = 30.0
+"""With --cluster: seconds after the sessions settled for every partition to be owned by
+exactly one live node (a node restarted late may still be taking its share)."""
 DENY_ONE_IN = 4
 """The approving client denies one approval in this many (chosen by the call's tag)."""
 
@@ -81,6 +93,14 @@ HELP = {
     "a temporary directory, a free port), which the chaos also restarts",
     "postgres_restart_every": "with --postgres: seconds between two PostgreSQL restarts "
     "(a fast shutdown and a start), on average (0: never)",
+    "cluster": "run this many nodes without --standby (a cluster sharing 64 partitions) on "
+    "a private PostgreSQL; the node faults SIGKILL, SIGSTOP (0.5 to 5 s) and SIGTERM a "
+    "node, and a spare node joins for a while (bench/soak_cluster.py); no cuts, no "
+    "PostgreSQL restarts",
+    "leave_every": "with --cluster: seconds between two nodes leaving on purpose (SIGTERM, "
+    "started again a few seconds later), on average (0: never)",
+    "join_every": "with --cluster: seconds between two joins of the spare node (it leaves "
+    "again 5 to 15 s later), on average (0: never)",
 }
 
 
@@ -101,6 +121,9 @@ class SoakConfig:
     database: str = ""
     postgres: bool = False
     postgres_restart_every: float = 30.0
+    cluster: int = 0
+    leave_every: float = 20.0
+    join_every: float = 25.0
 
 
 @dataclass
@@ -116,15 +139,23 @@ class Traffic:
     errors: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     """Client calls that failed with something other than a ``DexError``."""
+    clients: list[dex.Client] = field(default_factory=list)
+    """With several, session ``i`` sends through ``clients[i % len]`` (on a cluster, each
+    tries the nodes in another order: calls arrive at every node and are forwarded)."""
+    turn_seconds: list[float] = field(default_factory=list)
+    """From each send's acknowledgement to the end of its turn."""
 
     async def session(self, index: int, session_id: str, stop: asyncio.Event) -> None:
+        client = self.clients[index % len(self.clients)] if self.clients else self.client
         number = 0
         while not stop.is_set():
             number += 1
             send = self._plan(index, number, session_id)
             self.sends.append(send)
-            send.turn = await self._send(send)
-            await self._wait_turn(session_id, send.turn)
+            send.turn = await self._send(client, send)
+            acknowledged = time.monotonic()
+            await self._wait_turn(client, session_id, send.turn)
+            self.turn_seconds.append(time.monotonic() - acknowledged)
 
     def _plan(self, index: int, number: int, session_id: str) -> Send:
         tools = [name for name, weight, _ in MENU for _ in range(weight)]
@@ -143,11 +174,11 @@ class Traffic:
                 self.awaiting_approval[tag] = session_id
         return Send(session_id, message_id, text, tags)
 
-    async def _send(self, send: Send) -> int:
+    async def _send(self, client: dex.Client, send: Send) -> int:
         """Send until acknowledged: the message id makes sending again safe."""
         while True:
             try:
-                result = await self.client.send_message(
+                result = await client.send_message(
                     send.session, send.text, message_id=send.message_id
                 )
                 turn: int = result["turn"]
@@ -156,10 +187,10 @@ class Traffic:
                 self.note(f"send {send.message_id}", e)
                 await asyncio.sleep(0.2)
 
-    async def _wait_turn(self, session_id: str, turn: int) -> None:
+    async def _wait_turn(self, client: dex.Client, session_id: str, turn: int) -> None:
         while True:
             try:
-                result = await self.client.wait_turn(session_id, turn, timeout=30)
+                result = await client.wait_turn(session_id, turn, timeout=30)
                 if result["status"] not in ("running", "waiting"):  # the approver approves
                     return
             except Exception as e:
@@ -167,17 +198,29 @@ class Traffic:
                 await asyncio.sleep(0.2)
 
     async def approver(self) -> None:
-        """Approve or deny every waiting ``transfer`` call, forever (cancel it)."""
-        while True:
-            for session_id in sorted(set(self.awaiting_approval.values())):
-                try:
-                    waiting = await self.client.list_approvals(session_id)
-                except Exception as e:
-                    self.note(f"approvals of {session_id}", e)
-                    continue
-                for approval in waiting:
-                    await self._decide(session_id, approval)
-            await asyncio.sleep(0.2)
+        """Approve or deny every waiting ``transfer`` call, forever (cancel it). Each
+        session is looked at apart, so a call held up by one session's node (paused, say)
+        holds up no other session's approvals."""
+        looking: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                for session_id in sorted(set(self.awaiting_approval.values())):
+                    if session_id not in looking or looking[session_id].done():
+                        looking[session_id] = asyncio.create_task(self._approve(session_id))
+                await asyncio.sleep(0.2)
+        finally:
+            for task in looking.values():
+                task.cancel()
+            await asyncio.gather(*looking.values(), return_exceptions=True)
+
+    async def _approve(self, session_id: str) -> None:
+        try:
+            waiting = await self.client.list_approvals(session_id)
+        except Exception as e:
+            self.note(f"approvals of {session_id}", e)
+            return
+        for approval in waiting:
+            await self._decide(session_id, approval)
 
     async def _decide(self, session_id: str, approval: dict[str, Any]) -> None:
         tag = approval["arguments"]["tag"]
@@ -250,12 +293,24 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
     )
     rng = random.Random(config.seed)
     ledger = Ledger(directory / "ledger.jsonl")
-    postgres = PrivatePostgres() if config.postgres else None
-    cluster: SoakCluster
+    postgres = PrivatePostgres() if config.postgres or config.cluster else None
+    cluster: SoakCluster | NodeCluster
+    nodes: NodeCluster | None = None
     restart_postgres = None
-    if postgres is not None or config.database:
-        if postgres is not None:
-            await asyncio.to_thread(postgres.start)
+    if postgres is not None:
+        await asyncio.to_thread(postgres.start)
+    if config.cluster:
+        assert postgres is not None
+        cluster = nodes = NodeCluster(
+            directory,
+            ledger.path,
+            config.workers,
+            config.heartbeat_timeout,
+            config.reconnect_grace,
+            database=postgres.url,
+            size=config.cluster,
+        )
+    elif postgres is not None or config.database:
         ha = HaCluster(
             directory,
             ledger.path,
@@ -273,9 +328,11 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
             directory, ledger.path, config.workers, config.heartbeat_timeout, config.reconnect_grace
         )
     started = time.time()
+    ownership: list[str] = []
     try:
         await cluster.start()
-        async with dex.Client(cluster.address, timeout=30) as client:
+        async with contextlib.AsyncExitStack() as clients:
+            client = await clients.enter_async_context(dex.Client(cluster.address, timeout=30))
             await wait_until_async(
                 lambda: _registered(client), 60, 0.1, "the soak agent registered"
             )
@@ -283,9 +340,29 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
                 (await client.create_session("soak"))["id"] for _ in range(config.sessions)
             ]
             traffic = Traffic(client, random.Random(config.seed + 1))
+            if nodes is not None:
+                # Each session's calls go first to one node, in turn: every node gets
+                # calls about sessions other nodes serve, and forwards them.
+                a = nodes.addresses
+                traffic.clients = [
+                    await clients.enter_async_context(
+                        dex.Client(",".join(a[i:] + a[:i]), timeout=30)
+                    )
+                    for i in range(len(a))
+                ]
             chaos = Chaos(
-                faults(
-                    cluster,
+                cluster_faults(
+                    nodes,
+                    rng,
+                    worker_kill_every=config.worker_kill_every,
+                    node_kill_every=config.server_kill_every,
+                    pause_every=config.pause_every,
+                    leave_every=config.leave_every,
+                    join_every=config.join_every,
+                )
+                if nodes is not None
+                else faults(
+                    cluster,  # type: ignore[arg-type]
                     rng,
                     worker_kill_every=config.worker_kill_every,
                     server_kill_every=config.server_kill_every,
@@ -330,6 +407,8 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
             for ended in await asyncio.gather(*sessions, return_exceptions=True):
                 if isinstance(ended, Exception):
                     raise ended  # a bug of the soak's own: never hide it
+            if nodes is not None:
+                nodes.restore()
             settle_left = config.settle_seconds - (time.monotonic() - chaos_ended)
             with contextlib.suppress(TimeoutError):
                 await wait_until_async(
@@ -339,6 +418,8 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
                     "every session idle",
                 )
             settled_in = time.monotonic() - chaos_ended
+            if nodes is not None:
+                ownership = await settle_ownership(nodes, OWNERSHIP_SETTLE)
             approver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await approver
@@ -350,7 +431,11 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
         if postgres is not None:
             await asyncio.to_thread(postgres.stop)
     findings = check(evidence)
+    for problem in ownership:
+        findings.add("partition_owner", "-", problem)
     r = report(config, chaos, findings, traffic, watch, started, settled_in)
+    if nodes is not None:
+        r.update(_cluster_figures(nodes, traffic))
     if isinstance(cluster, HaCluster):
         takeovers = sorted(cluster.takeovers)
         r["nodes_stepped_down"] = cluster.restarts - r["faults"].get("kill_leader", 0)
@@ -362,6 +447,27 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
         if cluster.cold_takeovers:
             r["cold_takeover_seconds_max"] = round(max(cluster.cold_takeovers), 2)
     return r
+
+
+def _cluster_figures(nodes: NodeCluster, traffic: Traffic) -> dict[str, Any]:
+    def spread(values: list[float]) -> dict[str, float]:
+        ordered = sorted(values)
+        if not ordered:
+            return {}
+        return {
+            "p50": round(ordered[len(ordered) // 2], 2),
+            "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+            "max": round(ordered[-1], 2),
+        }
+
+    return {
+        "node_restarts": nodes.restarts,
+        "nodes_stepped_down": nodes.stepped_down,
+        "partition_moves": nodes.moves,
+        "partitions_unserved": len(nodes.unserved),
+        "unserved_seconds": spread(nodes.unserved),
+        "turn_seconds": spread(traffic.turn_seconds),
+    }
 
 
 async def _registered(client: dex.Client) -> bool:
@@ -449,7 +555,16 @@ def print_report(r: dict[str, Any], say: Any = print) -> None:
         f"client calls retried: {r['client_retries']}; "
         f"snapshots checked during the chaos: {r['snapshots_during_chaos']}"
     )
-    if "nodes_stepped_down" in r:
+    if "partition_moves" in r:
+        say(
+            f"  cluster: node starts after the first {r['node_restarts']} (after kills, "
+            f"leaves, step-downs, and joins); nodes that stepped down by themselves "
+            f"{r['nodes_stepped_down']}; partitions changed owner "
+            f"{r['partition_moves']} times; a partition without a live owner "
+            f"{r['partitions_unserved']} times, for {_spread(r['unserved_seconds'])}"
+        )
+        say(f"  turn time (acknowledged to ended): {_spread(r['turn_seconds'])}")
+    elif "nodes_stepped_down" in r:
         say(
             f"  takeovers after a leader's SIGKILL, the standby up: "
             f"p50 {r.get('takeover_seconds_p50')} s, max {r.get('takeover_seconds_max')} s; "
@@ -462,6 +577,10 @@ def print_report(r: dict[str, Any], say: Any = print) -> None:
         say(f"    {kind}: {n}")
     for v in r["violation_examples"]:
         say(f"    - {v['kind']} {v['session']}: {v['what'][:400]}")
+
+
+def _spread(figures: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v} s" for k, v in figures.items()) or "-"
 
 
 def main(argv: list[str] | None = None) -> int:

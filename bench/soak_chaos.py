@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from dex.testing import ServerProcess, WorkerProcess, free_port
 
 AGENTS = str(Path(__file__).with_name("soak_agents.py"))
-KILLS = ("kill_worker", "kill_server", "kill_leader")
+KILLS = ("kill_worker", "kill_server", "kill_leader", "kill_node", "kill_node_leaving")
 """The fault kinds that are a SIGKILL: the soak's bound on kills counts these."""
 
 
