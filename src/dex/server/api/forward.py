@@ -78,7 +78,9 @@ class Forward:
         # one attribute on a node alone: ``cluster_of`` inlined, the state read by key
         node = self.state["node"]
         cluster: Cluster | None = None if node is None else node.cluster
-        if cluster is None or scope["type"] != "http":
+        if cluster is None or scope["type"] != "http" or not node.serving:
+            # a standby (or a node starting or stopping) forwards nothing: the gate
+            # refuses the call with its role, and the client moves on
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
