@@ -121,6 +121,11 @@ export class Connection implements Origin {
         await this.pause(backoff(failures++, this.settings.reconnectInitial, this.settings.reconnectMax));
         continue;
       }
+      if (this.stopping) {
+        // stopped (or let go) while it connected: stop() had no link to close
+        ws.close(1000, "worker stopping");
+        break;
+      }
       failures = 0;
       const { code, reason, welcomed } = await this.serve(ws, base);
       this.members = null;

@@ -66,6 +66,15 @@ export class Worker {
       process.on("SIGTERM", onSignal);
       process.on("SIGINT", onSignal);
     }
+    // Node ends a process whose event loop ran empty, with 0 and no word, though run()
+    // never settled: a Worker that serves always waits on a connection or a timer, so
+    // that end is a bug, and a supervisor must see it
+    const onEmpty = (): void => {
+      process.off("beforeExit", onEmpty);
+      this.cluster.seed.life.stopped("error", "the Worker waited on nothing: nothing is left to wake it");
+      process.exitCode = 1;
+    };
+    process.on("beforeExit", onEmpty);
     try {
       await this.cluster.serveUntilStopped();
       this.cluster.seed.life.stopped(this.stopReason);
@@ -73,6 +82,7 @@ export class Worker {
       this.cluster.seed.life.stopped("error", e instanceof Error ? e.message : String(e));
       throw e;
     } finally {
+      process.off("beforeExit", onEmpty);
       process.off("SIGTERM", onSignal);
       process.off("SIGINT", onSignal);
       this.runner.abortAll();
