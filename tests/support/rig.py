@@ -186,7 +186,7 @@ class Rig:
         self.server.start(env=self._env(failpoints))
         for node in self.nodes:
             if node is not self.server:
-                node.start(env=self._env(""), ready=not self.cluster)
+                node.start(env=self._env(""), ready=False)
         if self.cluster:
             wait_until(
                 lambda: self.settled(balanced=True),
