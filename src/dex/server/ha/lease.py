@@ -30,6 +30,7 @@ import contextlib
 import logging
 import os
 import queue
+import select
 import socket
 import threading
 import time
@@ -74,8 +75,6 @@ HELD = (
 CHANNEL = "dex_cluster"
 NOTIFY = f"NOTIFY {CHANNEL}"
 """Said by a node that joins, gives partitions up or leaves: every node looks now."""
-NOTICE_POLL = 0.05
-"""Seconds between two looks for a command from the loop while waiting for a notice."""
 END_FENCE_HOLDERS = (
     "SELECT l.pid, a.application_name, host(a.client_addr), pg_terminate_backend(l.pid) "
     "FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
@@ -354,6 +353,12 @@ class _LockThread:
         """Loop side: the lease let go of this thread (``stop``)."""
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        """What wakes the thread's ``select`` (a command, a stop)."""
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._pipe_lock = threading.Lock()
+        self._pipe_closed = False
         self._stop = threading.Event()
         self._unlock = False
         self._thread = threading.Thread(
@@ -366,7 +371,14 @@ class _LockThread:
     def command(self, command: Command) -> None:
         """From the loop: run this before the next ping, at once."""
         self._commands.put(command)
+        self._wake_up()
+
+    def _wake_up(self) -> None:
         self._wake.set()
+        with self._pipe_lock:
+            if not self._pipe_closed:
+                with contextlib.suppress(BlockingIOError):  # full: it wakes anyway
+                    os.write(self._wake_w, b".")
 
     def stop(self, unlock: bool) -> None:
         """From the loop: stop pinging and close the connection (after unlocking
@@ -374,7 +386,7 @@ class _LockThread:
         self.dropped = True
         self._unlock = unlock
         self._stop.set()
-        self._wake.set()
+        self._wake_up()
 
     def _run(self) -> None:
         conn: Conn | None = None
@@ -394,6 +406,10 @@ class _LockThread:
         finally:
             if conn is not None:
                 self._close(conn)
+            with self._pipe_lock:
+                self._pipe_closed = True
+                os.close(self._wake_r)
+                os.close(self._wake_w)
             self._to_loop(_resolve, self.ended, None)
 
     def _join(self) -> Conn | None:
@@ -468,13 +484,18 @@ class _LockThread:
 
     def _wait(self, conn: Conn, until: float) -> bool:
         """Wait until ``until`` (monotonic), a command, or a notice that the cluster
-        changed (True)."""
+        changed (True): one ``select`` on the connection's socket and the wake pipe, so
+        an idle node's thread wakes only to ping."""
         while not self._wake.is_set():
             left = until - time.monotonic()
             if left <= 0:
                 return False
-            for _ in conn.notifies(timeout=min(NOTICE_POLL, left), stop_after=1):
-                return True
+            readable, _, _ = select.select([conn.pgconn.socket, self._wake_r], [], [], left)
+            if self._wake_r in readable:
+                os.read(self._wake_r, 4096)
+            if conn.pgconn.socket in readable:
+                for _ in conn.notifies(timeout=0.0, stop_after=1):
+                    return True
         self._wake.clear()
         return False
 
