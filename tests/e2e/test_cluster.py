@@ -36,7 +36,7 @@ class Load:
         return self
 
     def _run(self, session_id: str) -> None:
-        with dex.SyncClient(self.address, timeout=30) as client:
+        with dex.SyncClient(self.address, timeout=60) as client:
             n = 0
             while not self._stop.is_set():
                 n += 1

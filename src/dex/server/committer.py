@@ -174,7 +174,9 @@ class Committer:
         self, state: SessionState, t: Transition, now: float
     ) -> list[tuple[Step, WorkerConn]]:
         """Record, in this commit, the hand-out of each new Step to a Worker free right now."""
-        handed = []
+        handed: list[tuple[Step, WorkerConn]] = []
+        if not self.dispatcher.dispatches(state.id):
+            return handed  # its partition is being handed over: the next owner hands it out
         for step in t.ready:
             if step.not_before is not None or step.status != StepStatus.QUEUED:
                 continue

@@ -218,6 +218,8 @@ class Node:
         cluster = self.cluster
         assert cluster is not None
         started = time.monotonic()
+        # nothing this node may have read of them while another node owned them counts
+        self.sessions.forget(lambda session_id: cluster.partition(session_id) in partitions)
         failed = await self._recover("its partition was taken over by another node", partitions)
         cluster.recovering -= partitions
         cluster.serving |= partitions
