@@ -641,6 +641,72 @@ async def test_postgres_a_failing_write_inside_one_group_commit_fails_alone(
     assert taken is not None and taken[0].agent == "helper"
 
 
+async def in_one_pg_batch(store: PostgresStore, url: str, writes: list[Write]) -> None:
+    """Commit ``writes`` in one group commit: queued while the writer waits on a locked
+    row (of the session ``blocker``, created here)."""
+    if await store.load_session("blocker") is None:
+        await create(store, idle("blocker"))
+    async with row_locked(url, "blocker"):
+        held = asyncio.ensure_future(store.write(write(session=in_a_turn("blocker")[0])))
+        await wait_until_async(
+            lambda: asyncio.sleep(0, store._queue.empty()), 10, what="the writer took it"
+        )
+        commits = store.commits
+        pending = [asyncio.ensure_future(store.write(w)) for w in writes]
+        await wait_until_async(
+            lambda: asyncio.sleep(0, store._queue.qsize() == len(writes)), 10, what="queued"
+        )
+    await held
+    assert await asyncio.gather(*pending) == [None] * len(writes)
+    assert store.commits - commits == 2  # the held write, then all the others at once
+
+
+async def test_postgres_one_group_commit_stores_every_sessions_rows_as_its_write_left_them(
+    pg_store: PostgresStore, postgres_url: str
+) -> None:
+    """A batch sends each statement once over the rows of all its writes (unnested
+    arrays): each session's state, history, Steps and calls load back as its write left
+    them, new rows and changed ones alike."""
+    turns = {f"s{i:02}": in_a_turn(f"s{i:02}") for i in range(12)}
+    for sid in turns:
+        await create(pg_store, idle(sid))
+    writes = [write(session=s, history=h, history_start=0) for s, h in turns.values()]
+    await in_one_pg_batch(pg_store, postgres_url, writes)  # new history, Steps and calls
+    for state, _ in turns.values():  # the tool's Worker hands it back: both rows change
+        handlers.hand_back(state, state.turn.steps[-1].id, 1)  # type: ignore[union-attr]
+
+    await in_one_pg_batch(pg_store, postgres_url, [write(session=s) for s, _ in turns.values()])
+
+    for sid, (state, history) in turns.items():
+        loaded = await load(pg_store, sid)
+        assert loaded == (state, history)
+        assert loaded[0].turn.steps[-1].handed_back == 1  # type: ignore[union-attr]
+    listed = {r.id: r.status for r in await rows(pg_store)}  # the fleet's columns too
+    assert [listed[sid] for sid in turns] == ["running"] * len(turns)
+
+
+async def test_postgres_two_writes_of_one_session_in_one_batch_apply_in_order(
+    pg_store: PostgresStore, postgres_url: str
+) -> None:
+    for sid in ("a", "b"):
+        await create(pg_store, idle(sid))
+    a, history = in_a_turn("a")
+    b, _ = in_a_turn("b")
+
+    await in_one_pg_batch(
+        pg_store,
+        postgres_url,
+        [
+            write(session=a, history=history, history_start=0),
+            write(session=b),
+            write(session=idle("a")),
+        ],
+    )
+
+    assert await load(pg_store, "a") == (idle("a"), history)
+    assert await load(pg_store, "b") == (b, [])
+
+
 async def test_postgres_reads_do_not_queue_behind_commits(
     pg_store: PostgresStore, postgres_url: str
 ) -> None:

@@ -26,7 +26,19 @@ from dex import _failpoints as failpoints
 from dex.errors import CommitUnknown, Conflict, Fenced, StorageError, Unavailable
 from dex.server.store.base import migrations
 from dex.server.store.partitions import DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of
-from dex.server.store.sql import SET_VERSION, VERSION, Query, SqlStore, Statement
+from dex.server.store.sql import (
+    INSERT_HISTORY,
+    INSERT_MESSAGE,
+    INSERT_TURN,
+    SET_VERSION,
+    UPDATE_SESSION,
+    UPSERT_CALL,
+    UPSERT_STEP,
+    VERSION,
+    Query,
+    SqlStore,
+    Statement,
+)
 
 log = logging.getLogger("dex.store")
 
@@ -62,6 +74,60 @@ CONNECT_OPTIONS: dict[str, Any] = {
     "tcp_user_timeout": 10_000,
 }
 """Detect a dead server or network within seconds instead of the kernel's hours."""
+
+
+BULK: dict[str, tuple[LiteralString, tuple[int, ...], tuple[type, ...]]] = {
+    UPDATE_SESSION: (
+        "UPDATE sessions SET status = v.status, turn = v.turn, state = v.state, "
+        "updated_at = v.updated_at, waiting_since = v.waiting_since, "
+        "outcome_unknown = v.outcome_unknown FROM unnest(%b::text[], %b::int[], %b::text[], "
+        "%b::float8[], %b::float8[], %b::int[], %b::text[]) AS v(status, turn, state, "
+        "updated_at, waiting_since, outcome_unknown, id) WHERE sessions.id = v.id",
+        (6,),
+        (str, int, str, float, float, int, str),
+    ),
+    INSERT_MESSAGE: (
+        "INSERT INTO messages (session_id, message_id, number) "
+        "SELECT * FROM unnest(%b::text[], %b::text[], %b::int[])",
+        (),
+        (str, str, int),
+    ),
+    INSERT_HISTORY: (
+        "INSERT INTO history (session_id, seq, item) "
+        "SELECT * FROM unnest(%b::text[], %b::int[], %b::text[])",
+        (),
+        (str, int, str),
+    ),
+    UPSERT_STEP: (
+        "INSERT INTO steps (session_id, turn, seq, step) "
+        "SELECT * FROM unnest(%b::text[], %b::int[], %b::int[], %b::text[]) "
+        "ON CONFLICT (session_id, turn, seq) DO UPDATE SET step = excluded.step",
+        (0, 1, 2),
+        (str, int, int, str),
+    ),
+    UPSERT_CALL: (
+        "INSERT INTO calls (session_id, turn, seq, call) "
+        "SELECT * FROM unnest(%b::text[], %b::int[], %b::int[], %b::text[]) "
+        "ON CONFLICT (session_id, turn, seq) DO UPDATE SET call = excluded.call",
+        (0, 1, 2),
+        (str, int, int, str),
+    ),
+    INSERT_TURN: (
+        "INSERT INTO turns (session_id, number, status, turn) "
+        "SELECT * FROM unnest(%b::text[], %b::int[], %b::text[], %b::text[])",
+        (),
+        (str, int, str, str),
+    ),
+}
+"""The statements a group commit sends once for the rows of every write in the batch: the
+rows as one array a column, ``unnest``ed (one statement for PostgreSQL to run and for
+psycopg to encode, instead of one a row). Writes in one batch touch different sessions
+(a session's next write waits for its last commit), as SQLite's group commit also relies
+on. ``key``: the columns naming the row an UPDATE or upsert changes; rows repeating a key
+go one by one, in order (one statement may change a row only once). A repeated key of a
+plain INSERT fails as it would row by row, and the batch is retried write by write. Then
+each column's Python type: an array holds values of one type (an int among floats would
+not encode)."""
 
 
 @functools.cache
@@ -253,8 +319,7 @@ class PostgresStore(SqlStore):
                 if fence is not None:
                     await cur.execute(FENCE, fence)
                     failpoints.hit("store.in_fenced_batch")  # the fence is sent, COMMIT not
-                for statements, _, _ in batch:
-                    await _execute(cur, statements)
+                await _execute_grouped(cur, batch)
                 await cur.execute("COMMIT")
         except psycopg.Error as e:
             if conn.broken or conn.closed:
@@ -353,6 +418,28 @@ class PostgresStore(SqlStore):
     async def schema_version(self) -> int:
         rows = await self._rows(VERSION)
         return int(rows[0][0]) if rows else 0
+
+
+async def _execute_grouped(cur: Cursor, batch: list[Pending]) -> None:
+    """Every write of the batch, each statement text once over the rows of all (``BULK``)."""
+    grouped: dict[str, list[tuple[Any, ...]]] = {}
+    for statements, _, _ in batch:
+        for sql, rows in statements:
+            grouped.setdefault(sql, []).extend(rows)
+    for sql, rows in grouped.items():
+        bulk = BULK.get(sql)
+        if bulk is None or len(rows) == 1 or _repeats(rows, bulk[1]):
+            await _execute(cur, [(sql, rows)])
+            continue
+        query, _, types = bulk
+        columns = zip(types, zip(*rows, strict=True), strict=True)
+        await cur.execute(query, [[v if v is None else t(v) for v in c] for t, c in columns])
+
+
+def _repeats(rows: list[tuple[Any, ...]], key: tuple[int, ...]) -> bool:
+    if not key:
+        return False
+    return len({tuple(row[i] for i in key) for row in rows}) < len(rows)
 
 
 async def _execute(cur: Cursor, statements: list[Statement]) -> None:
