@@ -373,7 +373,9 @@ class Nodes:
             self.up.append(i)
 
     async def balanced(self, owners: Owners, http: aiohttp.ClientSession) -> bool:
-        """Every started node is live, owns its share (within one), and has its Worker."""
+        """Every started node is live, owns its share (within one), and has every running
+        Worker connected (each Worker connects to every node: a node whose own Worker is
+        still starting would put that start-up's CPU into the next measured phase)."""
         live = set(owners.live)
         if sorted(owners.live.values()) != sorted(self.servers[i].address for i in self.up):
             return False
@@ -382,12 +384,13 @@ class Nodes:
         high = low + (1 if owners.count % len(self.up) else 0)
         if set(counts) != live or any(not low <= c <= high for c in counts.values()):
             return False
+        workers = sum(1 for w in self.workers if w.alive)
         for i in self.up:
             try:
                 found = await metrics(http, self.servers[i].address)
             except (aiohttp.ClientError, OSError):
                 return False
-            if found.get("dex_workers_connected", 0) < 1:
+            if found.get("dex_workers_connected", 0) < workers:
                 return False
         return True
 
