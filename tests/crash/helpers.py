@@ -12,7 +12,17 @@ from tests.support.rig import SERVER_RESTART_POSTGRES, TAKEOVER, AnyWorker, Rig
 WORKER_KILL = "Worker kill"
 SERVER_RESTART = "Server restart"
 SERVER_SIDE = (SERVER_RESTART, SERVER_RESTART_POSTGRES, TAKEOVER)
-"""The failures of the node: the Worker keeps running through them."""
+"""The failures of the node."""
+RESTARTS = (SERVER_RESTART, SERVER_RESTART_POSTGRES)
+"""The failures after which a Worker that lived through them reclaims the attempt it runs
+(its result is kept): ``interrupt`` kills the Worker with the node, and the Worker that
+survives is tested apart (``test_reclaim.py``)."""
+
+
+def survived(column: str) -> bool:
+    """Whether the Worker ran on through the interruption without reclaiming its attempt
+    (a takeover in a cluster: its attempt fails, and a late run of it is refused)."""
+    return column == TAKEOVER
 
 
 def columns(
@@ -22,6 +32,7 @@ def columns(
     takeover: bool = False,
     typescript: bool = False,
     go: bool = False,
+    restarts_only: bool = False,
 ) -> pytest.MarkDecorator:
     """Parametrize a test over the failures, each marked as its cell of the matrix:
     Worker kill and Server restart (SQLite), and with ``takeover`` the Server restart of a
@@ -37,14 +48,16 @@ def columns(
     from the SQLite restart only on the server's side.
 
     The rig reads the language from the ``worker_language`` fixture, parametrized
-    indirectly, and only such tests get that parameter."""
+    indirectly, and only such tests get that parameter.
+
+    ``restarts_only``: the Server restart on SQLite and on PostgreSQL, nothing else (a
+    Worker that lives through a restart and reclaims its attempt)."""
     python = [(WORKER_KILL, WORKER_KILL, "worker-kill")] if worker_kill else []
     python.append((SERVER_RESTART, SERVER_RESTART, "server-restart"))
-    if takeover:
-        python += [
-            (SERVER_RESTART_POSTGRES, SERVER_RESTART, "server-restart-postgres"),
-            (TAKEOVER, TAKEOVER, "takeover"),
-        ]
+    if takeover or restarts_only:
+        python.append((SERVER_RESTART_POSTGRES, SERVER_RESTART, "server-restart-postgres"))
+    if takeover and not restarts_only:
+        python.append((TAKEOVER, TAKEOVER, "takeover"))
     languages = [name for name, wanted in (("typescript", typescript), ("go", go)) if wanted]
     if not languages:
         return pytest.mark.parametrize(
@@ -76,12 +89,17 @@ def columns(
 
 
 def interrupt(rig: Rig, column: str, worker: AnyWorker) -> AnyWorker:
-    """SIGKILL the Worker and start a new one, or SIGKILL the serving node and bring
-    service back (the node restarted on its storage, or the standby taking over).
+    """SIGKILL the Worker and start a new one; or SIGKILL the serving node and bring
+    service back: a restart on its storage, with the Worker killed too and a new one
+    started (``RESTARTS``), or a takeover, with the Worker running on.
 
     Returns the Worker that serves from now on."""
     if column == WORKER_KILL:
         worker.kill()
+        return rig.start_worker()
+    if column in RESTARTS:
+        worker.kill()
+        rig.restart_server()
         return rig.start_worker()
     rig.restart_server()
     return worker
@@ -104,6 +122,10 @@ def interrupt_and_reconnect(rig: Rig, column: str, worker: AnyWorker) -> AnyWork
     if column == WORKER_KILL:
         worker.kill()
         wait_until(lambda: workers_connected(rig) == 0, 10, what="the killed Worker's link closed")
+        worker = rig.start_worker()
+    elif column in RESTARTS:
+        worker.kill()
+        rig.restart_server()
         worker = rig.start_worker()
     else:
         rig.restart_server()

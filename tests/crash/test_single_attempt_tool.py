@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dex.testing import wait_until
-from tests.crash.helpers import SERVER_SIDE, columns, interrupt
+from tests.crash.helpers import columns, interrupt, survived
 from tests.support.rig import Rig, attempts, results
 
 
@@ -19,7 +19,9 @@ def test_write_interrupted_while_running_is_unknown_and_never_runs_again(
 
     interrupt(rig, column, worker)
     t = rig.wait_turn(sid, turn)
-    rig.open_gate("g")  # a Worker that outlived the server was told to stop: nothing more runs
+    rig.open_gate(
+        "g"
+    )  # a Worker that ran on through a takeover was told to stop: nothing more runs
 
     (call,) = t["tool_calls"]
     assert call["status"] == "outcome_unknown"
@@ -43,9 +45,9 @@ def test_write_interrupted_before_first_heartbeat_is_unknown_and_never_runs(
     rig.wait_failpoint("worker.before_first_heartbeat")
 
     interrupt(rig, column, worker)
-    # A Worker that outlived the server goes on: it asks to start, Dex says stop.
+    # A Worker that runs on through a takeover asks to start, Dex says stop.
     rig.release_failpoint("worker.before_first_heartbeat")
-    if column in SERVER_SIDE:
+    if survived(column):
         wait_until(
             lambda: "no longer runs this attempt" in worker.output(),
             20,

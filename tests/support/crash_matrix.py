@@ -331,7 +331,10 @@ moment and checks the outcome against the tool's own ledger of side effects:
 
 - **Worker kill**: the Worker gets SIGKILL and a new Worker starts.
 - **Server restart**: the Dex Server node gets SIGKILL and restarts on its data
-  directory; the Worker keeps running and reconnects by itself.
+  directory. Two cases: the Worker is killed with it and a new one starts (the attempt
+  fails, as the cell's row says); or the Worker lives through it, reconnects by itself
+  and reclaims the attempt it runs (`tests/crash/test_reclaim.py`, for the tool rows and
+  RunModel): its result is kept, and the call ran once.
 - **Takeover**: three nodes sharing one PostgreSQL database's partitions
   ([cluster.md](cluster.md)); the node that owns the session's partition gets SIGKILL,
   the other two take its partitions over, and the one that took the session's recovers

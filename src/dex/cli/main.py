@@ -142,6 +142,14 @@ def server(
             "(DEX_RECONNECT_GRACE).  \\[default: 1]",
         ),
     ] = None,
+    reclaim_window: Annotated[
+        float | None,
+        typer.Option(
+            help="After a restart or takeover, seconds an attempt left running waits for its "
+            "Worker to reclaim it before it fails; 0: at once (DEX_RECLAIM_WINDOW).  "
+            "\\[default: 3]",
+        ),
+    ] = None,
     drain_timeout: Annotated[
         float | None,
         typer.Option(
@@ -238,6 +246,7 @@ def server(
         listen=listen,
         heartbeat_timeout=heartbeat_timeout,
         reconnect_grace=reconnect_grace,
+        reclaim_window=reclaim_window,
         drain_timeout=drain_timeout,
         max_body_bytes=max_body_bytes,
         client_token=client_token,

@@ -68,7 +68,11 @@ def create_app(
         store = open_store(config.database_url, config.partitions)
         store.on_lost = on_store_lost
         await store.open()  # a DexError says why it cannot start (``serve`` logs it)
-        dispatcher = Dispatcher(config.heartbeat_timeout, config.reconnect_grace)
+        dispatcher = Dispatcher(
+            config.heartbeat_timeout,
+            config.reconnect_grace,
+            reclaim_window=config.reclaim_window,
+        )
         streams = open_streams(config.streams)
         await streams.start()
         domain = Sessions(store, dispatcher, streams, tracing=_tracing(config, tracer_provider))

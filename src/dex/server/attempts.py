@@ -283,7 +283,7 @@ class Attempts:
             step = s.turn.step(step_id) if s.turn else None
             if step is None or step.status != StepStatus.QUEUED:
                 raise _NotQueued
-            handlers.assign(s, step_id, worker.id, now)
+            handlers.assign(s, step_id, worker.id, now, worker.proof)
             return Transition()
 
         actor = await self.committer.actors.get(session_id)
@@ -377,7 +377,12 @@ class Attempts:
         """An attempt's Worker is gone (its connection closed and it did not come back
         within the reconnect grace) or silent (no heartbeat within the timeout). The
         attempt stays held until its failure is committed; it retries at once."""
-        if held.grace_until is not None and held.grace_until <= held.deadline:
+        if held.proof is not None:
+            why = (
+                f"the node restarted or took the session over, and Worker {held.worker_id} "
+                f"did not reclaim the attempt within {self.dispatcher.reclaim_window:g}s"
+            )
+        elif held.grace_until is not None and held.grace_until <= held.deadline:
             why = (
                 f"the connection of Worker {held.worker_id} closed and it did not reconnect "
                 f"within {self.dispatcher.reconnect_grace:g}s"

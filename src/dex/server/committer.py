@@ -182,7 +182,7 @@ class Committer:
                 continue
             worker = self.dispatcher.reserve(step.queue)
             if worker is not None:
-                handlers.assign(state, step.id, worker.id, now)
+                handlers.assign(state, step.id, worker.id, now, worker.proof)
                 handed.append((step, worker))
         return handed
 

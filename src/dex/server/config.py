@@ -30,6 +30,10 @@ class ServerConfig(Settings):
     reconnect_grace: float = Field(1.0, ge=0, validation_alias="DEX_RECONNECT_GRACE")
     """Seconds a closed Worker connection's attempts wait for the Worker to reconnect and
     re-claim them before they fail (``DEX_RECONNECT_GRACE``)."""
+    reclaim_window: float = Field(3.0, ge=0, validation_alias="DEX_RECLAIM_WINDOW")
+    """After a restart or a takeover, seconds an attempt that storage calls running waits
+    for its Worker to reconnect and reclaim it, so that its result is kept, before it fails
+    (``DEX_RECLAIM_WINDOW``; 0: it fails at once)."""
     drain_timeout: float = Field(20.0, ge=0, validation_alias="DEX_SERVER_DRAIN_TIMEOUT")
     """On SIGTERM, how long running attempts may take to finish before they fail
     (``DEX_SERVER_DRAIN_TIMEOUT``)."""

@@ -225,6 +225,12 @@ def node_gauges(node: Node) -> Iterator[Metric]:
         dispatcher.refused,
     )
     yield counter(
+        "dex_attempts_reclaimed",
+        "Attempts left running by a restart or takeover that their Worker reclaimed and "
+        "ran on (instead of failing them).",
+        dispatcher.reclaimed,
+    )
+    yield counter(
         "dex_background_retries",
         "Background writes (a timer firing, an expired attempt's failure, a recorded "
         "input's handler) that failed to commit and were tried again.",

@@ -37,7 +37,7 @@ from dex.server.committer import Committer, Handle
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.engine import fork, handlers
 from dex.server.engine.handlers import Transition
-from dex.server.engine.state import SessionState, ToolCall, Turn
+from dex.server.engine.state import SessionState, ToolCall, Turn, attempt_id
 from dex.server.metrics import Metrics
 from dex.server.reads import Reads
 from dex.server.store.base import Store, Write
@@ -122,7 +122,7 @@ class Sessions:
         async def recover(actor: Actor) -> int:
             session_id = actor.state.id
             queued = {step.id for step in actor.state.queued_steps()}
-            running = await self._recover(actor, reason)
+            running = await self._recover(actor, reason, reclaim=True)
             for step in actor.state.queued_steps():
                 if step.id in queued:  # retries that recover() queued are offered already
                     self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
@@ -162,15 +162,34 @@ class Sessions:
             self.corrupt.add(session_id)
             return None
 
-    async def _recover(self, actor: Actor, reason: str) -> int:
+    async def _recover(self, actor: Actor, reason: str, *, reclaim: bool = False) -> int:
         """Fail every attempt of the session that storage calls running (NOT_COMPLETED);
-        returns how many."""
-        types = [step.type.value for step in actor.state.running_steps()]
+        returns how many. With ``reclaim`` (a start, a takeover), an attempt whose Worker
+        may still run it waits for that Worker to reclaim it instead
+        (``Dispatcher.await_reclaim``), and fails only if it does not in time."""
+        state, dispatcher = actor.state, self.dispatcher
+        kept = set()
+        if reclaim and dispatcher.reclaim_window > 0:
+            for step in state.running_steps():
+                attempt = step.current
+                if attempt is None or not attempt.proof:
+                    continue  # handed out before attempts kept a proof
+                aid = attempt_id(state.id, step.id, attempt.number)
+                kept.add(step.id)
+                if aid not in dispatcher.held:
+                    dispatcher.await_reclaim(
+                        aid,
+                        session_id=state.id,
+                        step_id=step.id,
+                        number=attempt.number,
+                        worker_id=attempt.worker_id,
+                        proof=attempt.proof,
+                    )
+        types = [step.type.value for step in state.running_steps() if step.id not in kept]
         if types:
-            spec = self.spec(actor.state.agent)
-            await self.committer.apply(
-                actor, lambda _: functools.partial(_recover, spec=spec, reason=reason)
-            )
+            spec = self.spec(state.agent)
+            recover = functools.partial(_recover, spec=spec, reason=reason, kept=frozenset(kept))
+            await self.committer.apply(actor, lambda _: recover)
             for step_type in types:
                 self.metrics.attempt_ended(step_type, "failed", "NOT_COMPLETED")
         return len(types)
@@ -439,5 +458,7 @@ def _new_id(session_id: str | None) -> str:
     return session_id
 
 
-def _recover(state: SessionState, now: float, *, spec: AgentSpec, reason: str) -> Transition:
-    return handlers.recover(state, spec, now, reason)
+def _recover(
+    state: SessionState, now: float, *, spec: AgentSpec, reason: str, kept: frozenset[str]
+) -> Transition:
+    return handlers.recover(state, spec, now, reason, kept)

@@ -74,10 +74,15 @@ RULES = """\
    send a `hello` whose `attempts` lists every attempt you were handed and have not
    seen settled (acked, stopped or cancelled), and whose `resume` is the token of your
    last `welcome`. Within `welcome.reconnect_grace` seconds of the drop they are bound
-   to the new connection; `welcome.stop` lists those the node no longer runs (a restart,
-   a takeover, or the grace ran out): stop them at once. An attempt bound to you that
-   your `hello` does not name was never received: it goes back to its queue unused.
-   Keep running your attempts while you reconnect.
+   to the new connection; `welcome.stop` lists those the node no longer runs (the grace
+   ran out, or they ended): stop them at once. An attempt bound to you that your
+   `hello` does not name was never received: it goes back to its queue unused. Keep
+   running your attempts while you reconnect, and keep your `resume` token across
+   addresses: the server keeps a digest of it with each attempt, so a node that
+   restarted, or a standby that took over, lets the same process reclaim its attempts
+   with the same `hello` for a few seconds after it serves (the server's reclaim
+   window); their results are then kept. A claimed attempt it fails instead is in
+   `welcome.stop`.
 6. **Draining.** To stop, send `drain` (no new hand-outs), let running attempts finish,
    and send `back` for any you had not started.
 7. **Refusals.** A frame that does not fit this page closes the connection with code

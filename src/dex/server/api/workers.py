@@ -206,6 +206,8 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
         await ws.close(CLOSE_NOT_READY, f"not ready: {node.role if node else 'starting'}")
         return
     await sessions.register_agents(hello.agents)
+    if hello.attempts:  # a reconnect: what it claims may be in a partition coming in
+        await node.settled(sessions.dispatcher.reclaim_window)
     link = sessions.attempts.connect(hello, ws, ws.close, node.lease_valid)
     if link is None:
         await ws.close(CLOSE_ID_IN_USE, f"worker id {hello.worker_id!r} is connected already")

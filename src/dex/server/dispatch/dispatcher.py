@@ -10,14 +10,23 @@ connection closes, its attempts wait ``reconnect_grace`` seconds for the same
 Worker process to reconnect and re-claim them (it proves it is the same process
 with the ``resume`` token of its last welcome); then they fail. An attempt whose
 heartbeats stop for ``heartbeat_timeout`` fails too (a Worker alive but silent).
+
 Both deadlines live in one heap, checked lazily: a heartbeat only moves a number. The
 deadlines of attempts that ended are dropped in batches (``_drop_ended``), so the heap
 holds about the attempts that run, not every attempt of the last ``heartbeat_timeout``.
+
+The token outlives the node: each attempt's record keeps a digest of it (its
+``proof``). A node that starts, or takes a partition over, finds attempts that storage
+calls running; their Worker may still run them. Each waits ``reclaim_window`` seconds
+(``await_reclaim``) for a Worker process that proves, with the token, that it is the
+one it was handed to and names it in its hello; it then runs on as if nothing
+happened. One not reclaimed in time fails, as a restart failed it before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import itertools
 import logging
@@ -72,6 +81,8 @@ class WorkerConn:
     draining: bool = False
     closed: bool = False
     resume: str = ""
+    proof: str = ""
+    """The digest of ``resume`` that its attempts' records keep (``proof_of``)."""
     connected_at: float = field(default_factory=time.time)
     history_cache: int = 0
     """How many sessions' history the Worker keeps (its hello says)."""
@@ -114,6 +125,10 @@ class Held:
     expiring: bool = False
     """Its deadline passed and its failure is being recorded: it stays held (storage
     still calls it running) but its Worker may not settle or extend it any more."""
+    proof: str | None = None
+    """Set while it waits to be reclaimed after a restart or takeover
+    (``Dispatcher.await_reclaim``): only a hello whose resume token has this digest
+    reclaims it."""
 
     @property
     def worker_id(self) -> str:
@@ -137,14 +152,33 @@ def _every_session(session_id: str) -> bool:
     return True
 
 
+def _nowhere(message: ServerMessage) -> None:
+    """The send of a connection that is gone."""
+
+
+def proof_of(resume: str) -> str:
+    """What an attempt's record keeps of its connection's resume token: a digest, so that
+    the token itself, which settles attempts, is in no row."""
+    return hashlib.blake2b(resume.encode(), digest_size=12).hexdigest()
+
+
 class Dispatcher:
     def __init__(
-        self, heartbeat_timeout: float, reconnect_grace: float = 1.0, clock: Clock | None = None
+        self,
+        heartbeat_timeout: float,
+        reconnect_grace: float = 1.0,
+        clock: Clock | None = None,
+        reclaim_window: float = 0.0,
     ) -> None:
         self.clock = clock or Clock()
         """Durable deadlines (timers, retry backoffs) are on this clock: the database's."""
         self.heartbeat_timeout = heartbeat_timeout
         self.reconnect_grace = reconnect_grace
+        self.reclaim_window = reclaim_window
+        """Seconds an attempt left running by a restart or takeover waits for its Worker to
+        reclaim it (``await_reclaim``); 0: it fails at once."""
+        self.reclaimed = 0
+        """Attempts a Worker reclaimed after a restart or takeover."""
         self.workers: dict[str, WorkerConn] = {}
         """Live connections by Worker id."""
         self.held: dict[str, Held] = {}
@@ -206,15 +240,24 @@ class Dispatcher:
         if old is not None:
             self.disconnect(old)
             old.close(CLOSE_ID_IN_USE, "superseded by a newer connection of this Worker")
-        conn.resume = resume if proven and resume else secrets.token_urlsafe(16)
+        proof = proof_of(resume) if resume else None
+        reclaims = proof is not None and any(
+            h.proof == proof and h.conn.id == conn.id for h in self.held.values()
+        )
+        conn.resume = resume if resume and (proven or reclaims) else secrets.token_urlsafe(16)
+        conn.proof = proof_of(conn.resume)
         self._resume[conn.id] = conn.resume
         self.workers[conn.id] = conn
         stop, unnamed = [], []
-        if proven:
+        if proven or reclaims:
             wanted = set(claimed)
             now = time.monotonic()
             for attempt_id, held in self.held.items():
                 if held.conn.id != conn.id or held.conn is conn or held.expiring:
+                    continue
+                if held.proof is not None and held.proof != proof:
+                    continue  # left by a restart: another process of this id holds it
+                if held.proof is None and not proven:
                     continue
                 if attempt_id in wanted:
                     held.conn.attempts.discard(attempt_id)
@@ -222,6 +265,15 @@ class Dispatcher:
                     held.grace_until = None
                     held.deadline = now + self.heartbeat_timeout
                     conn.attempts.add(attempt_id)
+                    if held.proof is not None:
+                        held.proof = None
+                        self.reclaimed += 1
+                elif held.proof is not None:
+                    # left running by a restart and not named: this process let go of it
+                    # (received it or not, nothing says which), so it fails now; it must
+                    # not go back, for its body may have run
+                    held.grace_until = now
+                    heapq.heappush(self._deadlines, (now, next(self._seq), attempt_id))
                 else:  # never received: it goes back, so it must not expire meanwhile
                     held.expiring = True
                     unnamed.append(held)
@@ -349,6 +401,37 @@ class Dispatcher:
         if worker.closed:  # it dropped while the hand-out was being recorded
             held.grace_until = time.monotonic() + self.reconnect_grace
         heapq.heappush(self._deadlines, (held.due, next(self._seq), attempt_id))
+
+    def await_reclaim(
+        self,
+        attempt_id: str,
+        *,
+        session_id: str,
+        step_id: str,
+        number: int,
+        worker_id: str,
+        proof: str,
+    ) -> None:
+        """Hold an attempt that storage calls running after a restart or a takeover: for
+        ``reclaim_window`` seconds its Worker may reconnect, prove with its resume token
+        that it is the process the attempt was handed to, and reclaim it; else it fails
+        (``expire``)."""
+        absent = WorkerConn(id=worker_id, queues=set(), capacity=0, send=_nowhere, closed=True)
+        now = time.monotonic()
+        held = Held(
+            session_id,
+            step_id,
+            number,
+            absent,
+            deadline=now + self.heartbeat_timeout,
+            grace_until=now + self.reclaim_window,
+            proof=proof,
+        )
+        absent.attempts.add(attempt_id)
+        self.held[attempt_id] = held
+        self._none_held.clear()
+        heapq.heappush(self._deadlines, (held.due, next(self._seq), attempt_id))
+        self._wake()
 
     def unhold(self, attempt_id: str, only: Held | None = None) -> Held | None:
         """Let go of an attempt (``only``: if it is still that very hold; a Step handed

@@ -146,12 +146,17 @@ def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -
 # --- inputs from the dispatcher and Workers ------------------------------------------
 
 
-def assign(state: SessionState, step_id: str, worker_id: str, now: float) -> Attempt:
-    """Hand a queued Step to a Worker: its next attempt starts."""
+def assign(
+    state: SessionState, step_id: str, worker_id: str, now: float, proof: str = ""
+) -> Attempt:
+    """Hand a queued Step to a Worker (``proof``: its connection's, ``Attempt.proof``):
+    its next attempt starts."""
     step = find_step(state, step_id)
     if step.status != StepStatus.QUEUED:
         raise Conflict(f"step {step_id} is {step.status}, not queued")
-    attempt = Attempt(number=len(step.attempts) + 1, worker_id=worker_id, started_at=now)
+    attempt = Attempt(
+        number=len(step.attempts) + 1, worker_id=worker_id, started_at=now, proof=proof
+    )
     step.attempts.append(attempt)
     step.status = StepStatus.RUNNING
     step.not_before = None
@@ -408,12 +413,19 @@ def hand_back(state: SessionState, step_id: str, number: int) -> Transition:
     return Transition(ready=[step])
 
 
-def recover(state: SessionState, spec: AgentSpec, now: float, reason: str) -> Transition:
-    """Fail every attempt that was handed out and not committed (a node starts or takes over)."""
+def recover(
+    state: SessionState,
+    spec: AgentSpec,
+    now: float,
+    reason: str,
+    kept: frozenset[str] = frozenset(),
+) -> Transition:
+    """Fail every attempt that was handed out and not committed (a node starts or takes
+    over), but those of the Steps in ``kept`` (they wait for their Worker to reclaim them)."""
     t = Transition()
     for step in state.running_steps():
         attempt = step.current
-        if step.status != StepStatus.RUNNING or attempt is None:
+        if step.status != StepStatus.RUNNING or attempt is None or step.id in kept:
             continue  # an earlier failure in this loop ended the turn
         error = AttemptError(message=reason, attempt_progress=AttemptProgress.NOT_COMPLETED)
         merge(t, fail_attempt(state, spec, step.id, attempt.number, error, now, backoff=False))

@@ -89,6 +89,10 @@ class Attempt(msgspec.Struct, kw_only=True):
     number: int
     worker_id: str
     started_at: float
+    proof: str = ""
+    """A digest of the resume token of the Worker connection it was handed out on: after
+    a restart or a takeover, the Worker process proves with that token that this attempt
+    is its own, and reclaims it (``Dispatcher.await_reclaim``)."""
     ended_at: float | None = None
     outcome: AttemptOutcome = AttemptOutcome.RUNNING
     error: AttemptError | None = None

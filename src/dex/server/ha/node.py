@@ -19,6 +19,7 @@ heartbeats at once and leaves: its process exits, and a supervisor starts it aga
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -65,6 +66,9 @@ class Node:
         self._members: list[str] = []
         """The addresses Workers should be connected to (every node that serves)."""
         self._to_recover: set[int] = set()
+        self._settled = asyncio.Event()
+        """Set while no partition is being taken or recovered here (``settled``)."""
+        self._settled.set()
         self._active = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         sessions.metrics.watch(lambda: node_gauges(self))
@@ -192,6 +196,7 @@ class Node:
             self._lease.lead()
         if plan.take:
             cluster.taking.update(plan.take)
+            self._moved()
             self._lease.take(plan.take)
         give = {p for p in plan.give if p in cluster.serving}
         if give:
@@ -212,6 +217,7 @@ class Node:
         if not cluster.taking and self._to_recover:
             taken, self._to_recover = self._to_recover, set()
             self.sessions.supervisor.spawn(self._take_over(taken))
+        self._moved()
 
     async def _take_over(self, partitions: set[int]) -> None:
         """Recover the sessions of partitions just taken, then serve them."""
@@ -223,6 +229,7 @@ class Node:
         failed = await self._recover("its partition was taken over by another node", partitions)
         cluster.recovering -= partitions
         cluster.serving |= partitions
+        self._moved()
         self._serve()
         log.info(
             "took %d partitions",
@@ -234,6 +241,22 @@ class Node:
                 "recovery_seconds": round(time.monotonic() - started, 3),
             },
         )
+
+    def _moved(self) -> None:
+        """Partitions began or ended coming in (taken, being recovered)."""
+        cluster = self.cluster
+        if cluster is not None and (cluster.taking or cluster.recovering):
+            self._settled.clear()
+        else:
+            self._settled.set()
+
+    async def settled(self, timeout: float) -> None:
+        """Wait, up to ``timeout``, until no partition is being taken or recovered here:
+        a reconnecting Worker's hello waits for this, for the attempts it claims may be
+        in such a partition, and can be reclaimed only once it is recovered
+        (``Dispatcher.await_reclaim``)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._settled.wait(), timeout)
 
     async def _hand_over(self, partitions: set[int]) -> None:
         """Give partitions up: hand out nothing new of theirs, let their running attempts

@@ -1,0 +1,106 @@
+"""Who may reclaim an attempt left running by a restart (``Dispatcher.await_reclaim``):
+only the Worker process it was handed to, proven by its resume token, within the window."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn, proof_of
+from dex.server.engine.state import attempt_id
+
+TOKEN = "the-token-of-the-old-connection"
+AID = attempt_id("s", "1.2", 1)
+
+
+def left_running(window: float = 3.0) -> Dispatcher:
+    """A node just started: storage says attempt ``AID`` of Worker w runs, handed out on a
+    connection whose resume token was ``TOKEN``."""
+    dispatcher = Dispatcher(heartbeat_timeout=10, reclaim_window=window)
+    dispatcher.await_reclaim(
+        AID, session_id="s", step_id="1.2", number=1, worker_id="w", proof=proof_of(TOKEN)
+    )
+    return dispatcher
+
+
+def conn(worker_id: str = "w") -> WorkerConn:
+    return WorkerConn(id=worker_id, queues={"q"}, capacity=4, send=lambda message: None)
+
+
+def expire_due(dispatcher: Dispatcher) -> list[Held]:
+    """Run the dispatcher's expiry once; the attempts it fails."""
+    expired: list[Held] = []
+
+    async def expire(held: Held) -> None:
+        expired.append(held)
+
+    async def run() -> None:
+        dispatcher._expire = expire
+        dispatcher._expire_attempts()
+        await asyncio.sleep(0)  # the expiries it spawned run
+        await dispatcher.supervisor.stop()
+
+    asyncio.run(run())
+    return expired
+
+
+def test_the_process_it_was_handed_to_reclaims_it_and_keeps_its_token() -> None:
+    dispatcher = left_running()
+    worker = conn()
+
+    stop, unnamed = dispatcher.connect(worker, [AID], TOKEN)
+
+    assert (stop, unnamed) == ([], [])
+    assert dispatcher.owned(worker, AID) is not None  # its heartbeats and result count
+    assert dispatcher.reclaimed == 1
+    assert worker.resume == TOKEN and worker.proof == proof_of(TOKEN)
+    assert expire_due(dispatcher) == []
+
+
+def test_another_process_with_the_same_id_cannot_reclaim_it() -> None:
+    dispatcher = left_running()
+    impostor = conn()
+
+    stop, _ = dispatcher.connect(impostor, [AID], "a-token-of-another-process")
+
+    assert stop == [AID]  # told to stop: it is not its attempt
+    assert dispatcher.owned(impostor, AID) is None
+    assert dispatcher.reclaimed == 0
+    assert impostor.resume != "a-token-of-another-process"
+
+
+def test_a_process_that_proves_itself_but_does_not_name_it_fails_it_at_once() -> None:
+    dispatcher = left_running(window=3600)
+    worker = conn()
+
+    stop, unnamed = dispatcher.connect(worker, [], TOKEN)
+
+    # never handed back unused (its body may have run): it fails now, not in an hour
+    assert (stop, unnamed) == ([], [])
+    (expired,) = expire_due(dispatcher)
+    assert (expired.step_id, expired.proof) == ("1.2", proof_of(TOKEN))
+
+
+def test_once_the_window_passed_it_fails_and_a_late_claim_is_told_to_stop() -> None:
+    dispatcher = left_running(window=0.0)
+    (expired,) = expire_due(dispatcher)
+    dispatcher.unhold(AID, expired)  # its failure committed
+
+    stop, _ = dispatcher.connect(conn(), [AID], TOKEN)
+
+    assert stop == [AID]
+    assert dispatcher.reclaimed == 0
+
+
+def test_a_reclaim_binds_only_the_attempts_its_token_proves() -> None:
+    dispatcher = left_running()
+    other = attempt_id("t", "1.2", 1)  # the same Worker id's, handed out on another node
+    dispatcher.await_reclaim(
+        other, session_id="t", step_id="1.2", number=1, worker_id="w", proof=proof_of("other")
+    )
+    worker = conn()
+
+    stop, _ = dispatcher.connect(worker, [AID, other], TOKEN)
+
+    assert dispatcher.owned(worker, AID) is not None
+    assert dispatcher.owned(worker, other) is None and stop == [other]
+    assert dispatcher.held[other].proof == proof_of("other")  # it still waits for its own
