@@ -246,14 +246,10 @@ class Ringed:
 
 class MemoryStreams(Ringed):
     def __init__(
-        self,
-        keep: int = 1000,
-        max_sessions: int = 10_000,
-        max_events: int = 50_000,
-        max_age: float = 3600.0,
-        clock: Callable[[], float] = time.monotonic,
+        self, rings: Rings | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.rings = Rings(keep, max_sessions, max_events, max_age)
+        """``rings``: their bounds (default: ``Rings()``'s)."""
+        self.rings = rings or Rings()
         self._clock = clock
         self._last = time.time_ns() // 1000
         """The latest id given, or the boot time in microseconds before the first."""
