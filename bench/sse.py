@@ -50,7 +50,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from dex.client import sse as client_sse
 from dex.server.api import sse
-from dex.server.streams import Event, MemoryStreams
+from dex.server.streams import Event, MemoryStreams, Rings
 from dex.testing import free_port
 
 SESSION = "bench-sse"
@@ -88,7 +88,7 @@ def delta(number: int) -> dict[str, Any]:
 
 async def made_events(count: int) -> list[Event]:
     """``count`` deltas as the in-memory backend numbers them."""
-    streams = MemoryStreams(keep=count, max_events=count)
+    streams = MemoryStreams(Rings(keep=count, max_events=count))
     streams.publish(SESSION, "turn.started", {"turn": 1})  # a stream: deltas are kept
     for number in range(count):
         streams.publish(SESSION, "model.delta", delta(number))

@@ -14,6 +14,20 @@ import (
 	"github.com/gorilla/websocket"
 )
 
+// webSocketServer is a fake node: it serves each WebSocket connection made to it with
+// serve, and closes the connection when serve returns.
+func webSocketServer(serve func(conn *websocket.Conn)) *httptest.Server {
+	upgrader := websocket.Upgrader{}
+	return httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		conn, err := upgrader.Upgrade(rw, r, nil)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		serve(conn)
+	}))
+}
+
 // clusterNode is a fake node of a cluster: it welcomes a Worker listing members, acks
 // every result and keeps every message it gets.
 type clusterNode struct {
@@ -27,13 +41,7 @@ type clusterNode struct {
 func newClusterNode(t *testing.T) *clusterNode {
 	t.Helper()
 	n := &clusterNode{}
-	upgrader := websocket.Upgrader{}
-	n.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		conn, err := upgrader.Upgrade(rw, r, nil)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
+	n.Server = webSocketServer(func(conn *websocket.Conn) {
 		n.mu.Lock()
 		n.conn = conn
 		n.mu.Unlock()
@@ -62,7 +70,7 @@ func newClusterNode(t *testing.T) *clusterNode {
 				}
 			}
 		}
-	}))
+	})
 	t.Cleanup(n.stop)
 	return n
 }
@@ -155,18 +163,10 @@ func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
 			{Name: "wait", Kind: Read, Func: wait}, {Name: "write", Kind: Write, Func: write},
 		}}},
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error, 1)
-	go func() { stopped <- w.Run(ctx) }()
+	stop := runInBackground(w)
 	defer func() {
-		cancel()
-		select {
-		case err := <-stopped:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("the Worker did not stop")
+		if err := stop(10 * time.Second); err != nil {
+			t.Errorf("the Worker did not stop cleanly: %v", err)
 		}
 	}()
 

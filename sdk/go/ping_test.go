@@ -1,10 +1,8 @@
 package dex
 
 import (
-	"context"
 	"encoding/json"
 	"log"
-	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
@@ -25,13 +23,7 @@ type pingNode struct {
 func newPingNode(t *testing.T, hung bool) *pingNode {
 	t.Helper()
 	n := &pingNode{}
-	upgrader := websocket.Upgrader{}
-	n.Server = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		conn, err := upgrader.Upgrade(rw, r, nil)
-		if err != nil {
-			return
-		}
-		defer conn.Close()
+	n.Server = webSocketServer(func(conn *websocket.Conn) {
 		// gorilla answers every ping by default: a hung node must not
 		conn.SetPingHandler(func(data string) error {
 			n.add(&n.pings)
@@ -56,7 +48,7 @@ func newPingNode(t *testing.T, hung bool) *pingNode {
 				return
 			}
 		}
-	}))
+	})
 	t.Cleanup(n.Server.Close)
 	return n
 }
@@ -81,18 +73,10 @@ func TestANodeThatAnswersNoPingIsGivenUpForTheNextAddress(t *testing.T) {
 		Address: hung.URL + "," + live.URL, Agents: testAgents,
 		PingInterval: 100 * time.Millisecond, Logger: log.New(logs, "", 0),
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error, 1)
-	go func() { stopped <- w.Run(ctx) }()
+	stop := runInBackground(w)
 	defer func() {
-		cancel()
-		select {
-		case err := <-stopped:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("the Worker did not stop")
+		if err := stop(5 * time.Second); err != nil {
+			t.Errorf("the Worker did not stop cleanly: %v", err)
 		}
 	}()
 

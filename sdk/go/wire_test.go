@@ -97,22 +97,15 @@ func TestRunStopsDuringTheBackoffWhenItsContextEnds(t *testing.T) {
 		Address: "http://127.0.0.1:1", Agents: []Agent{{Name: "a", Model: echoModel{}}},
 		ReconnectInitial: time.Minute, ReconnectMax: time.Minute, Logger: log.New(failed, "", 0),
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	stop := runInBackground(w)
 	select { // nothing listens on port 1: once the try failed, Run waits in its backoff
 	case <-failed.seen:
 	case <-time.After(5 * time.Second):
+		_ = stop(5 * time.Second)
 		t.Fatal("the Worker never reported its failed connection")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run still waited out its backoff after its context ended")
+	if err := stop(5 * time.Second); err != nil {
+		t.Fatalf("Run must return during its backoff once its context ends: %v", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log"
 	"math/big"
 	"strings"
@@ -22,6 +23,23 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// runInBackground runs w until stop, which ends Run's context and waits up to within for
+// Run to return: it answers Run's error, or one saying that Run did not return in time.
+func runInBackground(w *Worker) (stop func(within time.Duration) error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return func(within time.Duration) error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(within):
+			return fmt.Errorf("Run did not return within %v of its context's end", within)
+		}
 	}
 }
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from dex.server.dispatch.dispatcher import DEADLINES_SLACK, Dispatcher, Held, WorkerConn
 from dex.server.sessions import Sessions
 from dex.server.store.sqlite import SqliteStore
-from dex.server.streams import MemoryStreams
+from dex.server.streams import MemoryStreams, Rings
 from dex.wire import AgentSpec
 
 
@@ -65,7 +65,7 @@ async def test_the_cache_holds_sessions_up_to_a_size_and_a_larger_one_still_work
 
 
 async def test_streams_without_subscribers_beyond_the_cap_are_forgotten() -> None:
-    streams = MemoryStreams(keep=10, max_sessions=2)
+    streams = MemoryStreams(Rings(keep=10, max_sessions=2))
     listening = streams.subscribe("s0")
     streams.publish("s0", "turn.started", {})
     first = await anext(listening)
@@ -80,7 +80,7 @@ async def test_streams_without_subscribers_beyond_the_cap_are_forgotten() -> Non
 
 
 async def test_streams_keep_at_most_max_events_in_all_forgetting_unwatched_ones_first() -> None:
-    streams = MemoryStreams(keep=100, max_sessions=1_000, max_events=10)
+    streams = MemoryStreams(Rings(keep=100, max_sessions=1_000, max_events=10))
     listening = streams.subscribe("watched")
     streams.publish("watched", "history.item", {})
     first = await anext(listening)  # subscribed now
@@ -99,7 +99,7 @@ async def test_streams_keep_at_most_max_events_in_all_forgetting_unwatched_ones_
 
 
 def test_a_stream_at_its_keep_counts_once_per_event_it_holds() -> None:
-    streams = MemoryStreams(keep=3, max_events=100)
+    streams = MemoryStreams(Rings(keep=3, max_events=100))
     for _ in range(10):
         streams.publish("s", "history.item", {})
     assert streams.rings.events == 3

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dex.server.streams import Event, MemoryStreams
+from dex.server.streams import Event, MemoryStreams, Rings
 
 
 async def take(events: AsyncIterator[Event | None], n: int) -> list[Event]:
@@ -59,7 +59,7 @@ async def test_resuming_with_an_id_from_before_a_restart_is_told_of_the_gap() ->
 
 
 async def test_a_subscriber_that_falls_behind_is_dropped_and_the_others_keep_up() -> None:
-    streams = MemoryStreams(keep=5)
+    streams = MemoryStreams(Rings(keep=5))
     slow, fast = streams.subscribe("s"), streams.subscribe("s")
     streams.publish("s", "history.item", {"index": 0})
     await take(slow, 1)  # subscribed, then stops reading
@@ -80,7 +80,7 @@ async def test_a_subscriber_that_falls_behind_is_dropped_and_the_others_keep_up(
 
 async def test_events_older_than_the_age_bound_are_forgotten() -> None:
     now = [100.0]
-    streams = MemoryStreams(max_age=60, clock=lambda: now[0])
+    streams = MemoryStreams(Rings(max_age=60), clock=lambda: now[0])
     streams.publish("s", "history.item", {"index": 0})
     streams.publish("s", "history.item", {"index": 1})
     first, _ = await take(streams.subscribe("s"), 2)

@@ -8,21 +8,9 @@ import assert from "node:assert/strict";
 
 import { defineAgent, defineTool, say, Scripted, Worker } from "../src";
 import type * as p from "../src/protocol";
-import { FakeNode, logged, until } from "./fake-node";
+import { FakeNode, heldTool, logged, until } from "./fake-node";
 
-const gate = { running: 0, open: (): void => undefined, opened: Promise.resolve() };
-gate.opened = new Promise<void>((resolve) => (gate.open = resolve));
-const wait = defineTool({
-  name: "wait",
-  kind: "read",
-  parameters: { type: "object", properties: {} },
-  async run() {
-    gate.running++;
-    await gate.opened;
-    gate.running--;
-    return "waited";
-  },
-});
+const gate = heldTool("wait", "waited");
 
 let writes = 0;
 const write = defineTool({
@@ -45,7 +33,7 @@ before(async () => {
   a.members = b.members = [a.address, b.address];
   worker = new Worker({
     address: a.address,
-    agents: [defineAgent({ name: "c", model: new Scripted(() => say("hi")), tools: [wait, write] })],
+    agents: [defineAgent({ name: "c", model: new Scripted(() => say("hi")), tools: [gate.tool, write] })],
     handleSignals: false,
     capacity: 1,
     reconnectInitial: 0.01,
@@ -75,7 +63,7 @@ test("seeded with one node, the Worker connects to every member; one capacity ov
   assert.deepEqual(await b.result("b1"), { t: "back", attempt_id: "b1" }); // at once, on B
   const beat = await a.frameWith((m) => m.t === "hb");
   assert.deepEqual(beat.find((m) => m.t === "hb"), { t: "hb", attempts: ["a1"] });
-  gate.open();
+  gate.release();
   assert.deepEqual(await a.result("a1"), {
     t: "done",
     attempt_id: "a1",

@@ -4,7 +4,7 @@ import type { AddressInfo } from "node:net";
 import { after, before } from "node:test";
 import WebSocket, { WebSocketServer } from "ws";
 
-import { Worker, type WorkerOptions } from "../src";
+import { defineTool, type Tool, type ToolOptions, Worker, type WorkerOptions } from "../src";
 import type * as p from "../src/protocol";
 
 /** The Worker's log lines, as it writes them to stderr (from this module's import on). */
@@ -116,6 +116,40 @@ export class FakeNode {
     const frame = await this.frameWith(isResult);
     return frame.find(isResult) as p.Result;
   }
+}
+
+/** A read tool that takes no arguments. */
+export function readTool(name: string, run: ToolOptions["run"]): Tool {
+  return defineTool({ name, kind: "read", parameters: { type: "object", properties: {} }, run });
+}
+
+/** A read tool whose calls wait until ``release()``, counting how many run at once. */
+export interface Held {
+  readonly tool: Tool;
+  /** Calls running now. */
+  running: number;
+  /** The most that ever ran at once. */
+  most: number;
+  release(): void;
+}
+
+/** A ``Held`` tool named ``name`` that answers ``answer`` once released. */
+export function heldTool(name: string, answer: string): Held {
+  let release = (): void => undefined;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  const held: Held = {
+    running: 0,
+    most: 0,
+    release: () => release(),
+    tool: readTool(name, async () => {
+      held.running++;
+      held.most = Math.max(held.most, held.running);
+      await released; // deaf to ctx.signal: a stopped attempt's code runs on
+      held.running--;
+      return answer;
+    }),
+  };
+  return held;
 }
 
 /** Wait until ``cond`` holds, failing after 5 s with ``what`` it waited for. */

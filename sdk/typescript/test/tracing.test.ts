@@ -12,9 +12,9 @@ import {
   SimpleSpanProcessor,
 } from "@opentelemetry/sdk-trace-base";
 
-import { defineAgent, defineTool, ModelRequest, ModelResponse, ToolError, Worker } from "../src";
+import { defineAgent, ModelRequest, ModelResponse, ToolError, Worker } from "../src";
 import type * as p from "../src/protocol";
-import { FakeNode, logged, until } from "./fake-node";
+import { FakeNode, heldTool, logged, readTool, until } from "./fake-node";
 
 // what an application does (NodeSDK does both): before the Worker starts
 const exporter = new InMemorySpanExporter();
@@ -33,51 +33,22 @@ const model = {
   },
 };
 
-let holding = false;
-let release = (): void => undefined;
-const released = new Promise<void>((resolve) => (release = resolve));
+const hold = heldTool("hold", "held"); // its span ends when it returns
 const tools = [
-  defineTool({
-    name: "lookup",
-    kind: "read",
-    parameters: { type: "object", properties: {} },
-    run: () => trace.getTracer("user code").startActiveSpan("query the table", (span) => {
+  readTool("lookup", () =>
+    trace.getTracer("user code").startActiveSpan("query the table", (span) => {
       span.end();
       return "value";
     }),
+  ),
+  readTool("refuse", () => {
+    throw new ToolError("no such key");
   }),
-  defineTool({
-    name: "refuse",
-    kind: "read",
-    parameters: { type: "object", properties: {} },
-    run: () => {
-      throw new ToolError("no such key");
-    },
+  readTool("crash", () => {
+    throw new Error("boom");
   }),
-  defineTool({
-    name: "crash",
-    kind: "read",
-    parameters: { type: "object", properties: {} },
-    run: () => {
-      throw new Error("boom");
-    },
-  }),
-  defineTool({
-    name: "ask",
-    kind: "read",
-    parameters: { type: "object", properties: {} },
-    run: (_args, ctx) => ctx.ask("which one?"),
-  }),
-  defineTool({
-    name: "hold",
-    kind: "read",
-    parameters: { type: "object", properties: {} },
-    run: async () => {
-      holding = true;
-      await released; // deaf to ctx.signal: its span ends when it returns
-      return "held";
-    },
-  }),
+  readTool("ask", (_args, ctx) => ctx.ask("which one?")),
+  hold.tool,
 ];
 const agent = defineAgent({ name: "a", model, tools });
 
@@ -106,7 +77,7 @@ before(async () => {
 });
 
 after(async () => {
-  release();
+  hold.release();
   await Promise.all(workers.map((w) => w.shutdown(5)));
   await Promise.all(runs);
   for (const node of [traced, untraced]) node.server.close();
@@ -187,12 +158,12 @@ test("a question pauses the span, a cancellation marks it, neither an error", as
   const asked = await spanOf("t4");
   assert.equal(asked.attributes["dex.paused"], true);
   assert.equal(asked.status.code, SpanStatusCode.UNSET);
-  await until("the hold tool running", () => holding);
+  await until("the hold tool running", () => hold.running === 1);
   traced.send([{ t: "cancel", attempt_id: "t5" }]);
   await until("the attempt abandoned", () =>
     logged.some((l) => l.includes("action=worker.attempt_abandoned") && l.includes("attempt_id=t5")),
   );
-  release();
+  hold.release();
   const cancelled = await spanOf("t5");
   assert.equal(cancelled.attributes["dex.cancelled"], true);
   assert.equal(cancelled.status.code, SpanStatusCode.UNSET);

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { defineAgent, defineTool, ModelRequest, ModelResponse } from "../src";
 import { backoff } from "../src/connection";
 import type * as p from "../src/protocol";
-import { FakeNode, logged, runModelStep, until } from "./fake-node";
+import { FakeNode, heldTool, logged, runModelStep, until } from "./fake-node";
 
 /** Answers with the texts of the history it saw, streamed in three pieces. */
 const viewer = {
@@ -44,26 +44,7 @@ const pay = defineTool<{ amount: number }>({
   run: (args, ctx) => ({ args, traceparent: ctx.traceparent }),
 });
 
-/** A tool whose calls wait until released, counting how many run at once. */
-const hold = {
-  running: 0,
-  most: 0,
-  release: (): void => undefined,
-  released: Promise.resolve(),
-};
-hold.released = new Promise<void>((resolve) => (hold.release = resolve));
-const holdTool = defineTool({
-  name: "hold",
-  kind: "read",
-  parameters: { type: "object", properties: {} },
-  async run() {
-    hold.running++;
-    hold.most = Math.max(hold.most, hold.running);
-    await hold.released; // deaf to ctx.signal: a stopped attempt's code runs on
-    hold.running--;
-    return "held";
-  },
-});
+const hold = heldTool("hold", "held");
 
 /** Returns what JSON cannot carry. */
 const hugeTool = defineTool({
@@ -75,7 +56,7 @@ const hugeTool = defineTool({
 
 const node = new FakeNode();
 node.serveWorker({
-  agents: [defineAgent({ name: "a", model: viewer, tools: [pay, holdTool, hugeTool] })],
+  agents: [defineAgent({ name: "a", model: viewer, tools: [pay, hold.tool, hugeTool] })],
   capacity: 3,
 });
 

@@ -312,29 +312,19 @@ class Client:
         """Approve a tool call: it runs once. Pass the ``arguments_hash`` you reviewed to
         refuse an approval of other arguments (409)."""
         body = {"by": by, "arguments_hash": arguments_hash}
-        return await self._request(
-            "POST", f"/v1/sessions/{session_id}/tool_calls/{call_id}/approve", body
-        )
+        return await self._on_call(session_id, call_id, "approve", body)
 
     async def deny(
         self, session_id: str, call_id: str, reason: str, *, by: str | None = None
     ) -> dict[str, Any]:
         """Deny a tool call: it records ``denied`` and the model sees the reason."""
-        return await self._request(
-            "POST",
-            f"/v1/sessions/{session_id}/tool_calls/{call_id}/deny",
-            {"reason": reason, "by": by},
-        )
+        return await self._on_call(session_id, call_id, "deny", {"reason": reason, "by": by})
 
     async def answer(
         self, session_id: str, call_id: str, answer: str, *, by: str | None = None
     ) -> dict[str, Any]:
         """Answer the question a tool asked (``ctx.ask``): the tool runs again with it."""
-        return await self._request(
-            "POST",
-            f"/v1/sessions/{session_id}/tool_calls/{call_id}/answer",
-            {"answer": answer, "by": by},
-        )
+        return await self._on_call(session_id, call_id, "answer", {"answer": answer, "by": by})
 
     async def cancel_turn(
         self, session_id: str, reason: str = "cancelled by a client"
@@ -354,10 +344,15 @@ class Client:
     ) -> dict[str, Any]:
         """Record what really happened to an ``outcome_unknown`` call (``succeeded`` with a
         result, or ``failed`` with an error). The model sees it in the history."""
+        body = {"status": status, "result": result, "error": error, "by": by}
+        return await self._on_call(session_id, call_id, "reconcile", body)
+
+    async def _on_call(
+        self, session_id: str, call_id: str, action: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """POST ``action`` (approve, deny, answer, reconcile) on one tool call."""
         return await self._request(
-            "POST",
-            f"/v1/sessions/{session_id}/tool_calls/{call_id}/reconcile",
-            {"status": status, "result": result, "error": error, "by": by},
+            "POST", f"/v1/sessions/{session_id}/tool_calls/{call_id}/{action}", body
         )
 
     # --- transport ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dex import _lru
 from dex.errors import CorruptRecord, NotFound
 from dex.server import records
 from dex.server.engine.state import SessionState, SessionStatus, Turn
@@ -212,22 +213,10 @@ class Actors:
     def _evict(self, loaded: str) -> None:
         """Forget idle sessions, least recently used first, beyond either bound; never the
         one just ``loaded`` (a session larger than the bound alone still works)."""
-        excess = len(self._actors) - self.max_cached
-        chars = self.chars - self.max_cached_chars
-        if excess <= 0 and chars <= 0:
-            return
-        idle: list[str] = []
-        busy: list[str] = []
-        for session_id, actor in self._actors.items():  # oldest first; stops at enough
-            if excess <= 0 and chars <= 0:
-                break
-            if actor.idle and session_id != loaded:
-                idle.append(session_id)
-                excess -= 1
-                chars -= actor.chars
-            else:
-                busy.append(session_id)
-        for session_id in idle:
-            self.chars -= self._actors.pop(session_id).chars
-        for session_id in busy:  # passed over once, not at every load: a load costs O(1)
-            self._actors.move_to_end(session_id)
+        self.chars -= _lru.evict(
+            self._actors,
+            len(self._actors) - self.max_cached,
+            self.chars - self.max_cached_chars,
+            lambda actor: actor.chars,
+            lambda session_id, actor: not actor.idle or session_id == loaded,
+        )

@@ -15,33 +15,24 @@ one ``Runner``, so one capacity (``dex.worker.runner``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aiohttp
 
-from dex.agent import Agent
 from dex.wire.worker_frames import WorkerMessage
-from dex.worker.config import WorkerConfig
 from dex.worker.connection import Connection
-from dex.worker.runner import Runner
 
 
 class Cluster:
     def __init__(
         self,
-        worker_id: str,
-        agents: Sequence[Agent],
         addresses: Sequence[str],
-        config: WorkerConfig,
-        token: str | None,
-        runner: Runner,
+        connection: Callable[[Sequence[str], Cluster], Connection],
     ) -> None:
-        self.worker_id = worker_id
-        self.agents = agents
-        self.config = config
-        self.token = token
-        self.runner = runner
-        self.seed = Connection(worker_id, agents, addresses, config, token, runner, self)
+        """``addresses``: the seed's. ``connection(addresses, cluster)``: a new connection of
+        the Worker's to ``addresses``, one of ``cluster``'s."""
+        self._connection = connection
+        self.seed = connection(addresses, self)
         self.members: dict[str, Connection] = {}
         """The connections to the nodes the seed is not on, by address."""
         self._tasks: dict[Connection, asyncio.Task[None]] = {}
@@ -120,9 +111,7 @@ class Cluster:
 
     def _start(self, address: str) -> None:
         assert self._http is not None
-        connection = Connection(
-            self.worker_id, self.agents, [address], self.config, self.token, self.runner, self
-        )
+        connection = self._connection([address], self)
         self.members[address] = connection
         task = asyncio.create_task(connection.run(self._http))
         self._tasks[connection] = task

@@ -29,6 +29,7 @@ from dex.models.base import Model
 from dex.wire.worker_frames import Drain
 from dex.worker.cluster import Cluster
 from dex.worker.config import WorkerConfig
+from dex.worker.connection import Connection
 from dex.worker.runner import Runner
 
 if TYPE_CHECKING:
@@ -82,9 +83,12 @@ class Worker:
 
             tracing = AttemptTracing(self.id, tracer_provider)
         self._runner = Runner(self.id, self.agents, self.config.capacity, tracing)
-        self._cluster = Cluster(
-            self.id, list(agents), self.addresses, self.config, token, self._runner
-        )
+        served = list(agents)
+
+        def connection(to: Sequence[str], cluster: Cluster) -> Connection:
+            return Connection(self.id, served, to, self.config, token, self._runner, cluster)
+
+        self._cluster = Cluster(self.addresses, connection)
         self._stop_reason = "shutdown"
         """Why the Worker drains: ``shutdown`` (called in code), or a signal's name."""
         self._signalled: asyncio.Future[None] | None = None

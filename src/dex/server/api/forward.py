@@ -84,39 +84,30 @@ class Forward:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
+        here = receive  # what the call is served with here
+        body: bytes | None = None
         if path == CREATE and scope["method"] == "POST":
-            await self._create(cluster, scope, receive, send)
-            return
-        session_id = _session_of(path)
-        if session_id is None:
-            await self.app(scope, receive, send)
-            return
-        try:
-            owner = cluster.route(session_id)
-        except Unavailable as e:
-            await _unavailable(send, e.message)
-            return
-        if owner is None:
-            await self.app(scope, receive, send)
+            # a creation names its session in its body, or leaves the id to the node
+            messages, body = await _read(receive, _declared_length(scope), self.max_body_bytes)
+            session_id = _session_id_in(body) if body is not None else None
+            here = _replay(messages, receive)
         else:
-            await self._forward(cluster, owner, scope, receive, send, session_id)
-
-    async def _create(self, cluster: Cluster, scope: Scope, receive: Receive, send: Send) -> None:
-        """A creation names its session in its body, or leaves the id to the node."""
-        messages, body = await _read(receive, _declared_length(scope), self.max_body_bytes)
-        session_id = _session_id_in(body) if body is not None else None
+            session_id = _session_of(path)
+            if session_id is None:
+                await self.app(scope, receive, send)
+                return
         try:
             if session_id is not None:
                 owner = cluster.route(session_id)
             elif body is None or cluster.owns_any():
-                owner = None  # too large, streamed, or ours to name: served here
+                owner = None  # a creation too large, streamed, or ours to name: served here
             else:
                 owner = self._any_owner(cluster)
         except Unavailable as e:
             await _unavailable(send, e.message)
             return
         if owner is None:
-            await self.app(scope, _replay(messages, receive), send)
+            await self.app(scope, here, send)
         else:
             await self._forward(cluster, owner, scope, receive, send, session_id, body)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
-from dex.server.streams.memory import Event, MemoryStreams
+from dex.server.streams.memory import Event, MemoryStreams, Rings
 
 
 class Streams(Protocol):
@@ -73,4 +73,4 @@ def open_streams(url: str | None) -> Streams:
     raise ValueError(f"--streams takes memory or redis://HOST:PORT[/DB], not {url!r}")
 
 
-__all__ = ["Event", "MemoryStreams", "Streams", "open_streams"]
+__all__ = ["Event", "MemoryStreams", "Rings", "Streams", "open_streams"]

@@ -21,6 +21,8 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dex import _lru
+
 Key = tuple[int, int]
 """An id's place in the order: ``(number, 0)`` here, ``(milliseconds, sequence)`` in Redis."""
 
@@ -152,25 +154,13 @@ class Rings:
     def _evict(self, current: str | None = None) -> None:
         """Forget the least recently active rings without a subscriber (never
         ``current``'s) until both bounds hold."""
-        sessions = len(self._rings) - self.max_sessions
-        events = self.events - self.max_events
-        if sessions <= 0 and events <= 0:
-            return
-        unwatched: list[str] = []
-        watched: list[str] = []
-        for session_id, ring in self._rings.items():  # oldest first; stops at enough
-            if sessions <= 0 and events <= 0:
-                break
-            if ring.subscribers or session_id == current:
-                watched.append(session_id)
-                continue
-            unwatched.append(session_id)
-            sessions -= 1
-            events -= len(ring.events)
-        for session_id in unwatched:
-            self.events -= len(self._rings.pop(session_id).events)
-        for session_id in watched:  # passed over once, not at every new ring
-            self._rings.move_to_end(session_id)
+        self.events -= _lru.evict(
+            self._rings,
+            len(self._rings) - self.max_sessions,
+            self.events - self.max_events,
+            lambda ring: len(ring.events),
+            lambda session_id, ring: bool(ring.subscribers) or session_id == current,
+        )
 
     async def follow(self, ring: _Ring, after: Key | None) -> AsyncGenerator[Event | None, None]:
         """The ring's events after ``after`` (every buffered one when None), then live
@@ -256,14 +246,10 @@ class Ringed:
 
 class MemoryStreams(Ringed):
     def __init__(
-        self,
-        keep: int = 1000,
-        max_sessions: int = 10_000,
-        max_events: int = 50_000,
-        max_age: float = 3600.0,
-        clock: Callable[[], float] = time.monotonic,
+        self, rings: Rings | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.rings = Rings(keep, max_sessions, max_events, max_age)
+        """``rings``: their bounds (default: ``Rings()``'s)."""
+        self.rings = rings or Rings()
         self._clock = clock
         self._last = time.time_ns() // 1000
         """The latest id given, or the boot time in microseconds before the first."""
