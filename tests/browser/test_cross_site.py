@@ -1,6 +1,7 @@
-"""A page of another site forges the console's approval in Chromium: its form and its
-``fetch`` reach the server, which refuses them and changes nothing; the same approval from
-the console's own page runs the tool, once. The tools' own ledger says what ran."""
+"""A page of another origin (another site, or another port of the console's host) forges
+the console's approval in Chromium: its form and its ``fetch`` reach the server, which
+refuses them and changes nothing; the same approval from the console's own page runs the
+tool, once. The tools' own ledger says what ran."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from playwright.sync_api import Page, expect
 
 from dex.testing import free_port, wait_until
@@ -30,9 +32,9 @@ FORGERY = """<!doctype html>
 
 
 @contextmanager
-def other_site(page_html: str) -> Iterator[str]:
-    """A web server of another site (``localhost``, another port: not the console's
-    origin, ``127.0.0.1``) serving one page; its address."""
+def other_site(host: str, page_html: str) -> Iterator[str]:
+    """A web server on ``host`` and another port than the console's (its origin is
+    another) serving one page; its address."""
     body = page_html.encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -51,14 +53,25 @@ def other_site(page_html: str) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://localhost:{port}/prize.html"
+        yield f"http://{host}:{port}/prize.html"
     finally:
         server.shutdown()
         server.server_close()
         thread.join()
 
 
-def test_a_page_of_another_site_cannot_approve_and_the_console_can(rig: Rig, page: Page) -> None:
+@pytest.mark.parametrize(
+    "host",
+    [
+        "localhost",  # another site: Sec-Fetch-Site: cross-site
+        # the console's host on another port: the same site (a SameSite=Strict cookie
+        # goes with its requests), another origin: Sec-Fetch-Site: same-site
+        "127.0.0.1",
+    ],
+)
+def test_a_page_of_another_origin_cannot_approve_and_the_console_can(
+    rig: Rig, page: Page, host: str
+) -> None:
     rig.start_server()
     rig.start_worker()
     sid = rig.session("waiter")
@@ -72,7 +85,7 @@ def test_a_page_of_another_site_cannot_approve_and_the_console_can(rig: Rig, pag
         arguments_hash=html.escape(wait["arguments_hash"]),
     )
 
-    with other_site(forgery) as prize:
+    with other_site(host, forgery) as prize:
         answers: list[tuple[str, str, int]] = []
         page.on(
             "response",
@@ -81,7 +94,7 @@ def test_a_page_of_another_site_cannot_approve_and_the_console_can(rig: Rig, pag
         page.goto(prize)
         # the forged form reached the server, and was refused: the console's error page
         expect(page.locator(".error h1")).to_contain_text("403 · cross_site")
-        expect(page.locator(".error .message")).to_contain_text("another site")
+        expect(page.locator(".error .message")).to_contain_text("another origin")
     assert any(m == "POST" and "/ui/" in url and s == 403 for m, url, s in answers), answers
 
     # nothing changed: the call still waits, and the tool never ran

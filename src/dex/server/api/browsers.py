@@ -7,8 +7,9 @@ node's included, with the browser's cookies and from inside the visitor's networ
 auth off nothing else tells such a request from the console's own (docs/console.md), so
 ``Browsers`` refuses every request that can change something (any method but ``GET``,
 ``HEAD`` and ``OPTIONS``, and every WebSocket handshake) that a browser says comes from
-another site, with a 403 ``cross_site`` (the console's error page on a console path)
-before anything reads it. The check is a strict same-origin one, as Go's
+a page of another origin (another site, or another port or subdomain of this one), with
+a 403 ``cross_site`` (the console's error page on a console path) before anything reads
+it. The check is a strict same-origin one, as Go's
 ``http.CrossOriginProtection`` makes it:
 
 1. ``Sec-Fetch-Site`` (every current browser sends it): ``same-origin``, or ``none``
@@ -104,7 +105,7 @@ def cross_site(scope: Scope) -> str | None:
         if fetch_site in PASSES:
             return None
         return (
-            f"a page of another site may not send this request (Sec-Fetch-Site: "
+            f"a page of another origin may not send this request (Sec-Fetch-Site: "
             f"{fetch_site.decode('latin-1')}): {_advice(scope)}"
         )
     source, header = said.get(b"origin"), "Origin"
