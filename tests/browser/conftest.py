@@ -48,8 +48,14 @@ def page(browser: Browser) -> Iterator[Page]:
     context.set_default_timeout(TIMEOUT_MS)
     expect.set_options(timeout=TIMEOUT_MS)
     opened = context.new_page()
+    refused: list[str] = []  # what the console's Content-Security-Policy kept from running
+    opened.on(
+        "console",
+        lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
+    )
     yield opened
     context.close()
+    assert refused == [], refused
 
 
 def screenshot(page: Page, name: str) -> None:

@@ -196,7 +196,7 @@ def test_streamed_model_text_arrives_on_the_session_page(rig: Rig, page: Page) -
     text = "stream me please " * 20
     turn = rig.client.send_message(sid, text)["turn"]
 
-    page.wait_for_function(f"window.seen.has({len(f'echo: {text}')})")  # all of it, live
+    page.wait_for_function(f"() => window.seen.has({len(f'echo: {text}')})")  # all of it, live
     assert page.evaluate("window.seen.size") > 5  # it grew piece by piece, as it streamed
     assert rig.wait_turn(sid, turn)["text"] == f"echo: {text}"
     expect(page.locator(f"article[data-turn='{turn}'] .text")).to_have_text(f"echo: {text}")
@@ -287,11 +287,11 @@ def test_a_refresh_that_answers_while_a_person_types_keeps_what_they_typed(
     page.evaluate(SLOW_REFRESHES)
 
     rig.client.send_message(sid, "more")  # message.queued: the page refreshes
-    page.wait_for_function("window.__fetches > 0")
+    page.wait_for_function("() => window.__fetches > 0")
     reason = wait.get_by_placeholder("why not")
     reason.fill("too much money")
     reason.blur()  # typed, then looked elsewhere: still not sent
-    page.wait_for_function("window.__processed > 0")
+    page.wait_for_function("() => window.__processed > 0")
 
     expect(reason).to_have_value("too much money")
     wait.get_by_role("button", name="Deny").click()

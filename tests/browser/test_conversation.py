@@ -135,7 +135,7 @@ def test_the_live_box_shows_the_running_attempt_only_and_the_badges_agree(
     open_session(page, rig, sid)
     text = "stream me please " * 10
     turn = rig.client.send_message(sid, text)["turn"]
-    page.wait_for_function("[...window.seen].some((t) => t.startsWith('echo: stream'))")
+    page.wait_for_function("() => [...window.seen].some((t) => t.startsWith('echo: stream'))")
     rig.wait_turn(sid, turn)
     # once committed, the reply is the conversation's, and the live box lets it go
     expect(page.locator("#live")).to_have_text("")
@@ -155,7 +155,7 @@ def test_the_live_box_shows_the_running_attempt_only_and_the_badges_agree(
 
     # a page opened now gets every buffered delta of turn 1 again: none of it is live
     page.reload()
-    page.wait_for_function("window.__deltas > 0")
+    page.wait_for_function("() => window.__deltas > 0")
     expect(page.locator("#live")).to_have_text("")
     expect(page.locator("#live-box")).to_be_hidden()
     expect(page.locator("article[data-turn='1'] h3 .badge")).to_have_text("completed")

@@ -26,6 +26,7 @@ from starlette.testclient import TestClient, WebSocketTestSession
 
 import dex
 from dex.models import Scripted, call, say
+from dex.server.api.browsers import Browsers
 from dex.server.api.errors import BodyLimit
 from dex.server.api.forward import Forward
 from dex.server.app import asgi
@@ -124,8 +125,9 @@ def fastapi_of(app: Any) -> FastAPI:
 def make_api_app(
     data_dir: Path, heartbeat_timeout: float = HEARTBEAT_TIMEOUT, reconnect_grace: float = 1.0
 ) -> Forward:
-    """The node's ASGI app: the FastAPI app (``fastapi_of``) behind the body limit and the
-    forwarding layer (which passes everything on: the node has no cluster)."""
+    """The node's ASGI app: the FastAPI app (``fastapi_of``) behind the body limit, the
+    refusal of other sites' requests, and the forwarding layer (which passes everything
+    on: the node has no cluster)."""
     app = asgi(
         ServerConfig(
             data_dir=data_dir,
@@ -134,7 +136,8 @@ def make_api_app(
             max_body_bytes=MAX_BODY,
         )
     )
-    assert isinstance(app, Forward) and isinstance(app.app, BodyLimit)
+    assert isinstance(app, Forward) and isinstance(app.app, Browsers)
+    assert isinstance(app.app.app, BodyLimit)
     return app
 
 

@@ -220,24 +220,33 @@ def test_a_last_event_id_that_is_not_an_event_id_is_422(api_with_agent: Api, hea
 # --- anything else -----------------------------------------------------------------------------
 
 
-def test_an_unexpected_exception_answers_json_500_and_logs_its_traceback(
+def test_an_unexpected_exception_answers_500_and_logs_its_traceback(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """JSON on the API; on a console path the console's error page, with the same 500."""
     asgi_app = make_api_app(tmp_path / "data")
     app = fastapi_of(asgi_app)
     assert isinstance(app, FastAPI)
 
     @app.get("/v1/boom")
+    @app.get("/ui/boom")
     async def boom() -> None:
         raise RuntimeError("secret internals")
 
     with TestClient(asgi_app) as client, caplog.at_level(logging.ERROR, "dex.server.api"):
         response = client.get("/v1/boom")
+        page = client.get("/ui/boom")
     error = assert_error(response, 500, "internal_error")
     assert "secret" not in response.text
-    (record,) = [r for r in caplog.records if getattr(r, "action", None) == "http.unhandled"]
-    assert record.exc_info is not None and "secret internals" in str(record.exc_info[1])
+    records = [r for r in caplog.records if getattr(r, "action", None) == "http.unhandled"]
+    assert len(records) == 2
+    for record in records:
+        assert record.exc_info is not None and "secret internals" in str(record.exc_info[1])
     assert error["message"]
+    assert page.status_code == 500
+    assert page.headers["content-type"].startswith("text/html")
+    assert "500 · internal_error" in page.text and "secret" not in page.text
+    assert error["message"] in page.text
 
 
 @pytest.mark.parametrize(

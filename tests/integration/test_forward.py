@@ -219,6 +219,38 @@ async def test_a_streamed_body_and_the_console_s_session_page_go_to_the_owner(
     assert "in two pieces" in page
 
 
+async def test_the_owner_compares_a_console_form_s_origin_with_the_address_it_was_sent_to(
+    two: tuple[Node, Node], http: aiohttp.ClientSession
+) -> None:
+    """A browser that sends Origin (and no Sec-Fetch-Site) posts a form to node A, which
+    forwards it to the owner B: B compares the Origin with the address the browser asked
+    for (``X-Forwarded-Host``, which A adds), not with its own."""
+    a, b = two
+    a.join(FakeCluster("A", routes={"s1": b.address}))
+    b.join(FakeCluster("B"))
+    await call(
+        http, "POST", b.address + "/v1/sessions", json={"agent": AGENT.name, "session_id": "s1"}
+    )
+    form = {"text": "from the console"}
+    async with http.post(
+        a.address + "/ui/sessions/s1/messages",
+        data=form,
+        headers={"origin": "http://evil.example"},
+        allow_redirects=False,
+    ) as refused:
+        assert refused.status == 403
+        assert "cross_site" in await refused.text()
+    async with http.post(
+        a.address + "/ui/sessions/s1/messages",
+        data=form,
+        headers={"origin": a.address},
+        allow_redirects=False,
+    ) as done:
+        assert done.status == 303, await done.text()
+    _, snapshot, _ = await call(http, "GET", b.address + "/v1/sessions/s1")
+    assert [item["text"] for item in snapshot["history"]] == ["from the console"]
+
+
 async def test_the_owner_checks_the_token_the_client_sent(
     tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
@@ -384,6 +416,13 @@ async def test_an_owner_that_cannot_be_reached_is_a_503(
     )
     assert_unavailable(status, body, headers)
     assert "did not answer" in body["error"]["message"]
+    # the console's page of that session: the same 503, as a page
+    async with http.get(a.address + "/ui/sessions/s1") as page:
+        assert page.status == 503
+        assert page.headers["content-type"].startswith("text/html")
+        assert page.headers["retry-after"] == "1"
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "did not answer" in await page.text()
 
 
 # --- the cluster-wide views ---------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from dex.server.api.browsers import Browsers
 from dex.server.api.errors import BodyLimit
 from dex.server.api.hot import HotRoutes
 from dex.server.app import create_app
@@ -71,7 +72,8 @@ def answers(client: TestClient, api: Api) -> list[tuple[int, Any]]:
 
 def test_the_hot_routes_answer_every_request_as_the_fastapi_routes_do(tmp_path: Path) -> None:
     hot = make_api_app(tmp_path / "hot")
-    assert isinstance(hot.app, BodyLimit) and isinstance(hot.app.app, HotRoutes)
+    assert isinstance(hot.app, Browsers) and isinstance(hot.app.app, BodyLimit)
+    assert isinstance(hot.app.app.app, HotRoutes)
     config = ServerConfig(data_dir=tmp_path / "fastapi", max_body_bytes=MAX_BODY)
     fastapi_only = BodyLimit(create_app(config), MAX_BODY)
 

@@ -25,6 +25,7 @@ from dex import _loop
 from dex.errors import DexError
 from dex.server.api import cluster, errors, hot, ops, sessions, workers
 from dex.server.api.auth import Auth
+from dex.server.api.browsers import Browsers
 from dex.server.api.forward import Forward
 from dex.server.api.gate import StandbyGate
 from dex.server.api.peers import Peers
@@ -101,6 +102,9 @@ def create_app(
         default_response_class=ORJSONResponse,
         lifespan=lifespan,
         generate_unique_id_function=lambda route: route.name,
+        # a body is JSON only when its content type says so: a page of another site can
+        # send a body of no content type, or text/plain, without the browser asking first
+        strict_content_type=True,
         **_fastapi_telemetry(config, tracer_provider),
     )
     app.state.config = config
@@ -168,7 +172,8 @@ def asgi(config: ServerConfig, tracer_provider: Any = None) -> ASGIApp:
 
 def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
     """The layers in front of the routes: the forwarding of a cluster's calls to the node
-    that serves their session, auth and rate limits when they are on, the body limit, and
+    that serves their session, the refusal of requests from other sites' pages (and the
+    console's security headers), auth and rate limits when they are on, the body limit, and
     the message send served without the framework (``hot``). The node's tokens
     are ``app.state.tokens`` (SIGHUP reads the file again)."""
     # with tracing on, every request goes through FastAPI, whose spans the turns link to
@@ -190,8 +195,8 @@ def _wrap(fastapi_app: FastAPI, config: ServerConfig) -> ASGIApp:
     fastapi_app.state.rate_limits = limits
     guarded = Auth(app, tokens, limits) if tokens.enabled or limits is not None else app
     # a call about a session another node serves goes there before anything else: the
-    # owner checks its token, rate limit and body, once
-    return Forward(guarded, fastapi_app, config.max_body_bytes)
+    # owner checks where it comes from, its token, rate limit and body, once
+    return Forward(Browsers(guarded), fastapi_app, config.max_body_bytes)
 
 
 STARTUP_FAILED = 3

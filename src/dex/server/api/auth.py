@@ -18,7 +18,8 @@ client token reads and acts, an admin token opens it too. A browser cannot send 
 header from a link or an ``EventSource``, so on console paths the token may come from the
 console's HttpOnly cookie instead (set by its log-in form, which stays open with its
 static files); a console request refused gets the log-in page (HTML) with the same
-status. The cookie is honoured on console paths only: the JSON API stays bearer-only.
+status, and one over its rate limit the console's error page (429). The cookie is
+honoured on console paths only: the JSON API stays bearer-only.
 
 The check runs once per HTTP request and once per Worker connection (not per message).
 """
@@ -27,16 +28,15 @@ from __future__ import annotations
 
 from urllib.parse import unquote_to_bytes
 
-import orjson
 from fastapi import Security
 from fastapi.params import Security as SecurityParam
 from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dex.server import pages
+from dex.server.api.errors import refuse
 from dex.server.api.ratelimit import RateLimits
 from dex.server.api.tokens import Role, Token, Tokens
-from dex.wire import error_body
 
 OPEN = ("/", "/healthz", "/readyz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
 """Open paths: the probes, the API description, and ``/`` (a redirect to the console)."""
@@ -117,7 +117,7 @@ class Auth:
             if over is not None:
                 limit, retry_after = over
                 who = f"token {token.name!r}" if token is not None else f"address {key}"
-                await _refuse(
+                await refuse(
                     scope,
                     send,
                     429,
@@ -158,28 +158,11 @@ def _address(scope: Scope) -> str:
     return str(client[0]) if client else "unknown"
 
 
-async def _refuse(
-    scope: Scope,
-    send: Send,
-    status: int,
-    code: str,
-    message: str,
-    headers: list[tuple[bytes, bytes]] | None = None,
-    **details: object,
-) -> None:
-    body = orjson.dumps(error_body(code, message, **details))
-    all_headers = [(b"content-type", b"application/json"), *(headers or [])]
-    if scope["type"] == "http" and pages.owns(scope["path"]) and status in (401, 403):
-        body = pages.refusal(status, message)  # a person's browser: the log-in form, why
-        all_headers[0] = (b"content-type", b"text/html; charset=utf-8")
-    if status == 401:
-        all_headers.append((b"www-authenticate", b"Bearer"))
-    kind = "http"
-    if scope["type"] == "websocket":
-        if "websocket.http.response" not in scope.get("extensions", {}):
-            # a server that cannot send a handshake answer of our choosing answers 403
-            await send({"type": "websocket.close", "code": 4000 + status, "reason": message})
-            return
-        kind = "websocket.http"  # the handshake's own HTTP answer, before any upgrade
-    await send({"type": f"{kind}.response.start", "status": status, "headers": all_headers})
-    await send({"type": f"{kind}.response.body", "body": body})
+async def _refuse(scope: Scope, send: Send, status: int, code: str, message: str) -> None:
+    """No token (401), or one of another role (403): on a console path the log-in form,
+    and why."""
+    page = None
+    if scope["type"] == "http" and pages.owns(scope["path"]):
+        page = pages.refusal(status, message)  # a person's browser
+    challenge = [(b"www-authenticate", b"Bearer")] if status == 401 else None
+    await refuse(scope, send, status, code, message, challenge, page)

@@ -1,11 +1,15 @@
 """Every error leaves the server as JSON: ``{"error": {"code", "message", "details"?}}``;
-on a console path (``/ui``) as the console's error page, with the same status."""
+on a console path (``/ui``) as the console's error page, with the same status: the
+routes' errors (``install``), and the refusals of the layers in front of the routes
+(``refuse``: auth and rate limits, requests from other sites, forwarding, the body limit),
+and a request that failed (``CatchAll``)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
@@ -58,8 +62,8 @@ def _answer(request: Request, body: dict[str, Any], status: int) -> Response:
 
 
 class CatchAll:
-    """An exception no handler knows still answers JSON: a 500 ``internal_error`` that
-    names no internals, with the traceback in the log."""
+    """An exception no handler knows still answers: a 500 ``internal_error`` that names no
+    internals (JSON, or on a console path a page), with the traceback in the log."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -89,10 +93,9 @@ class CatchAll:
             )
             if started:
                 raise  # part of the answer is out: the server ends the connection
-            response = ORJSONResponse(
-                error_body("internal_error", "the server failed to handle the request"), 500
+            await refuse(
+                scope, send, 500, "internal_error", "the server failed to handle the request"
             )
-            await response(scope, receive, send)
 
 
 class BodyLimit:
@@ -116,7 +119,7 @@ class BodyLimit:
             if name == b"content-length":
                 # past 18 digits it is over any limit, and int() may refuse it (5,000 digits)
                 if value.isdigit() and (len(value) > 18 or int(value) > self.limit):
-                    await _too_large(send, self.limit)
+                    await refuse(scope, send, 413, *_too_large_error(self.limit))
                     return
                 await self.app(scope, receive, send)
                 return
@@ -127,13 +130,36 @@ def _too_large_error(limit: Any) -> tuple[str, str]:
     return "body_too_large", f"the request body is over {limit} bytes"
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    body: Any = ORJSONResponse(error_body(*_too_large_error(limit)), 413).body
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def refuse(
+    scope: Scope,
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    page: bytes | None = None,
+    **details: object,
+) -> None:
+    """Answer a request before it reaches a route: a JSON error, or on a console path a
+    page (the console's error page, or ``page``), with ``status``. A WebSocket is refused
+    before its upgrade, with the same answer where the server can send one."""
+    if page is None and pages.owns(scope["path"]) and scope["type"] == "http":
+        page = bytes(pages.error_page(None, status, code, message).body)
+    if page is not None:
+        body, content_type = page, b"text/html; charset=utf-8"
+    else:
+        body, content_type = orjson.dumps(error_body(code, message, **details)), b"application/json"
+    all_headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *(headers or []),
+    ]
+    kind = "http"
+    if scope["type"] == "websocket":
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            # a server that cannot send a handshake answer of our choosing answers 403
+            await send({"type": "websocket.close", "code": 4000 + status, "reason": message})
+            return
+        kind = "websocket.http"  # the handshake's own HTTP answer, before any upgrade
+    await send({"type": f"{kind}.response.start", "status": status, "headers": all_headers})
+    await send({"type": f"{kind}.response.body", "body": body})

@@ -36,10 +36,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from yarl import URL
 
 from dex.errors import Unavailable
+from dex.server.api.browsers import send_to
+from dex.server.api.errors import refuse
 from dex.server.api.hot import read_request
 from dex.server.api.peers import FORWARDED_BY, Cluster, Peers
 from dex.server.pages import PREFIX as CONSOLE
-from dex.wire import error_body
 
 if TYPE_CHECKING:
     import aiohttp  # loaded only on a node of a cluster (``Peers.http``)
@@ -63,6 +64,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 """Headers of one connection, not of the call: never passed on (either way)."""
+FORWARDED_HOST = "x-forwarded-host"
+"""The Host the caller asked for, added to a forwarded call unless a proxy in front added
+it already."""
 ANSWERED_HERE = HOP_BY_HOP | {b"date", b"server"}
 """Headers of the owner's answer that the server sending it on writes itself."""
 
@@ -104,7 +108,7 @@ class Forward:
             else:
                 owner = self._any_owner(cluster)
         except Unavailable as e:
-            await _unavailable(send, e.message)
+            await _unavailable(scope, send, e.message)
             return
         if owner is None:
             await self.app(scope, here, send)
@@ -140,11 +144,18 @@ class Forward:
             # it came from another node that thought this one served the session: the
             # partition is moving, and a second hop could go round in circles
             await _unavailable(
+                scope,
                 send,
                 f"the partition of session {session_id} is moving between nodes: try again",
             )
             return
         headers.append((FORWARDED_BY, cluster.node_id))
+        if not any(name == FORWARDED_HOST for name, _ in headers):
+            # the address the caller asked for, which the owner's ``Browsers`` compares
+            # with the Origin of a browser's request (its Host is the owner's own)
+            headers += [
+                (FORWARDED_HOST, v.decode("latin-1")) for n, v in scope["headers"] if n == b"host"
+            ]
         target = scope.get("raw_path") or scope["path"].encode()
         if scope["query_string"]:
             target += b"?" + scope["query_string"]
@@ -163,7 +174,9 @@ class Forward:
                 extra={"action": "http.forward_failed", "session_id": session_id, "to": owner},
             )
             what = f"session {session_id}" if session_id else "new sessions"
-            await _unavailable(send, f"the node that serves {what} did not answer: try again")
+            await _unavailable(
+                scope, send, f"the node that serves {what} did not answer: try again"
+            )
 
 
 class _Unreachable(Exception):
@@ -332,17 +345,7 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replay
 
 
-async def _unavailable(send: Send, message: str) -> None:
-    body = orjson.dumps(error_body("unavailable", message))
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def _unavailable(scope: Scope, send: Send, message: str) -> None:
+    """A 503: JSON, or on a console path a page, with the console's headers (the call
+    never reaches this node's ``Browsers``)."""
+    await refuse(scope, send_to(scope, send), 503, "unavailable", message, [(b"retry-after", b"1")])

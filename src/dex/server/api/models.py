@@ -95,7 +95,8 @@ class ErrorResponse(BaseModel):
 WHEN = {
     400: "The body is not readable JSON (invalid UTF-8, or nested too deep): `http_error`.",
     401: "Auth is on and the request has no valid bearer token: `unauthorized`.",
-    403: "Auth is on and the token's role may not use this route: `forbidden`.",
+    403: "Auth is on and the token's role may not use this route: `forbidden`; or a browser "
+    "sent the request for a page of another site: `cross_site`.",
     404: "An unknown session, agent, turn or tool call: `not_found`.",
     409: "The state refuses the change: `conflict`.",
     413: "The body is over the server's limit: `body_too_large`.",

@@ -1,3 +1,23 @@
+// The console's one script, on every page (its Content-Security-Policy runs no inline
+// script): the log-in form and the error page's "Go back", then the session page, live.
+(() => {
+  "use strict";
+  // a refused page keeps its own address: come back to it after logging in
+  const next = document.querySelector(".login input[name=next]");
+  if (next && !next.value && !location.pathname.endsWith("/login")) {
+    next.value = location.pathname + location.search;
+  }
+  // "Go back" goes back where the refused form was (without script: to the inbox)
+  for (const back of document.querySelectorAll(".error a.back")) {
+    back.addEventListener("click", (event) => {
+      if (history.length > 1) {
+        event.preventDefault();
+        history.back();
+      }
+    });
+  }
+})();
+
 // The session page, live: the API's event stream shows the text of the model attempt that
 // runs now as it streams, and any other event (a history item, a turn or wait event)
 // renders the page's state and conversation again from the server. A lost connection (the
