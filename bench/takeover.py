@@ -92,6 +92,8 @@ class Turns(threading.Thread):
         super().__init__(daemon=True)
         self.address, self.session = address, session
         self.completed: list[float] = []
+        self.acknowledged: list[str] = []
+        """The messages of every turn that completed, in order: each must stay stored."""
         self.stop = threading.Event()
         self.errors: list[str] = []
 
@@ -113,6 +115,7 @@ class Turns(threading.Thread):
                     continue
                 if turn["status"] != "completed":
                     self.errors.append(f"turn {n} ended {turn['status']}: {turn.get('error')}")
+                self.acknowledged.append(f"turn {n}")
                 self.completed.append(time.time())
 
 
