@@ -1,7 +1,7 @@
 """Dex across a PostgreSQL failover: the PostgreSQL primary dies under load, Patroni
 promotes the synchronous standby, and Dex serves again with nothing acknowledged lost.
 
-    .venv/bin/python -m bench.patroni [--kills 10]
+    .venv/bin/python -m bench.patroni [--kills 10] [--fault kill|crash|stop]
 
 ``scripts/patroni`` brings up, from Debian's packages, etcd, two PostgreSQL servers run by
 Patroni with synchronous replication, and HAProxy routing to the primary
@@ -12,25 +12,30 @@ after another (model -> a single-attempt ``write`` tool -> model,
 ``bench/takeover_agents.py``), each sent with a ``message_id``.
 
 Each round waits until the cluster has a primary and a synchronous standby, then for a
-write to start running (its ledger line), and SIGKILLs the primary's postmaster. Patroni
-(``primary_start_timeout: 0``) gives up the leader key, the standby is promoted, HAProxy
-sends new connections to it and closes those to the dead server; the killed server comes
-back as the new standby (``pg_rewind``). Every Dex node loses its lease connection and
+write to start running (its ledger line), and fails the primary (``FAULTS``): ``kill``
+SIGKILLs its postmaster, and Patroni (``primary_start_timeout: 0``) gives the leader key up
+at once; ``crash`` SIGKILLs its Patroni too, as when the machine dies, so the key expires
+after Patroni's ``ttl``; ``stop`` SIGTERMs its Patroni, which stops PostgreSQL and hands
+over. The standby is promoted, HAProxy sends new connections to it and closes those to
+the dead server; the failed server comes back as the new standby (``pg_rewind``; its
+Patroni started again after ``crash`` and ``stop``). Every Dex node loses its lease connection and
 exits with status 4; the supervisor here starts it again, as systemd would, and it joins
 as a standby: one node takes every partition and serves.
 
-It measures, from the kill: HAProxy reaching the promoted primary, a Dex node serving with
-a higher epoch, and the gap (the first turn completed). It checks, and exits 1 if any
+It measures, from the fault: HAProxy reaching the promoted primary, a Dex node serving
+with a higher epoch, and the gap (``stall``: the longest time without a turn completing,
+until a turn completes on the new primary). It checks, and exits 1 if any
 fails: every turn the client saw complete has its message in the history (0 acknowledged
 writes lost), no message is there twice, every turn sent completed, and the ``write``
 tool's own ledger agrees with Dex (``bench.takeover.held_against``: no key ran twice,
-every ``succeeded`` call ran exactly once; a write the kill interrupted may be
+every ``succeeded`` call ran exactly once; a write the fault interrupted may be
 ``outcome_unknown``, having run at most once).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -68,6 +73,12 @@ HEALTHY_WAIT = 120.0
 rejoins as the standby: a rewind and a restart)."""
 FAILOVER_WAIT = 90.0
 """Seconds a round waits for each step of the failover."""
+FAULTS = {
+    "kill": "SIGKILL of the primary's postmaster (its Patroni hands the leader key over)",
+    "crash": "SIGKILL of the primary's Patroni and postmaster, as when its machine dies "
+    "(the leader key expires after Patroni's ttl)",
+    "stop": "SIGTERM of the primary's Patroni (it stops PostgreSQL, then hands over)",
+}
 
 
 class Patroni:
@@ -83,10 +94,10 @@ class Patroni:
         self.api = dict(zip(MEMBERS, self.ports[4:6], strict=True))
         self.url = ""
 
-    def _script(self, action: str) -> str:
+    def _script(self, action: str, *names: str) -> str:
         env = {**os.environ, "DEX_PATRONI_PORTS": " ".join(map(str, self.ports))}
         done = subprocess.run(
-            ["bash", str(SCRIPT), action, str(self.directory)],
+            ["bash", str(SCRIPT), action, *names, str(self.directory)],
             env=env,
             capture_output=True,
             text=True,
@@ -146,13 +157,34 @@ class Patroni:
             return None
         return MEMBERS[self.ports[2:4].index(row[0])]
 
-    def kill_primary(self) -> str:
-        """SIGKILL the primary's postmaster (its Patroni lives on): the primary's name."""
+    def _pid(self, name: str, postmaster: bool) -> int:
+        path = self.directory / (f"{name}/data/postmaster.pid" if postmaster else f"{name}.pid")
+        return int(path.read_text().split()[0])
+
+    def fail_primary(self, fault: str) -> str:
+        """Fail the primary (``FAULTS``): the primary's name."""
         name = self.leader()
-        assert name is not None, "no primary to kill"
-        pid = int((self.directory / name / "data" / "postmaster.pid").read_text().split()[0])
-        os.kill(pid, signal.SIGKILL)
+        assert name is not None, "no primary to fail"
+        postmaster, patroni = self._pid(name, True), self._pid(name, False)
+        if fault == "stop":
+            os.kill(patroni, signal.SIGTERM)
+            return name
+        if fault == "crash":
+            os.kill(patroni, signal.SIGKILL)
+        os.kill(postmaster, signal.SIGKILL)
         return name
+
+    def patroni_runs(self, name: str) -> bool:
+        try:
+            os.kill(self._pid(name, False), 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def rejoin(self, name: str) -> None:
+        """Start the member's Patroni again once it has exited: it rejoins as a standby."""
+        wait_until(lambda: not self.patroni_runs(name), 60, 0.05, f"{name}'s Patroni exits")
+        self._script("rejoin", name)
 
 
 class Supervisor(threading.Thread):
@@ -197,6 +229,15 @@ class Failovers(Result):
     """Keys of ``write`` that ran more than once, by its ledger."""
 
 
+def stall(failed_at: float, ready_at: float, completed: list[float]) -> float:
+    """The gap: the longest time without a turn completing, from the fault to the first
+    turn completed after a node was seen serving on the new primary (a turn may complete
+    just after the fault, before PostgreSQL stops)."""
+    first_after = min(t for t in completed if t > ready_at)
+    moments = [failed_at, *sorted(t for t in completed if failed_at < t <= first_after)]
+    return max(b - a for a, b in itertools.pairwise(moments))
+
+
 def promoted(cluster: Patroni, old: str) -> bool:
     """Whether HAProxy sends a new connection to a primary other than ``old``."""
     return cluster.serving() not in (None, old)
@@ -214,8 +255,9 @@ def serving_epoch(nodes: list[ServerProcess], above: int) -> int | None:
     return None
 
 
-def run(kills: int, directory: Path, cluster: Patroni) -> Failovers:
-    """``kills`` rounds of a primary's SIGKILL under load on a started ``cluster``."""
+def run(kills: int, directory: Path, cluster: Patroni, fault: str = "kill") -> Failovers:
+    """``kills`` rounds of a primary's failure (``FAULTS``) under load on a started
+    ``cluster``."""
     result = Failovers()
     database = cluster.database("dex")
     ledger = Ledger(directory / "ledger.jsonl")
@@ -245,7 +287,7 @@ def run(kills: int, directory: Path, cluster: Patroni) -> Failovers:
             running = partial(runs_beyond, ledger, runs_so_far(ledger))
             wait_until(running, 30, 0.002, what="a write running")
             killed_at = time.time()
-            old = cluster.kill_primary()
+            old = cluster.fail_primary(fault)
             wait_until(
                 partial(promoted, cluster, old),
                 FAILOVER_WAIT,
@@ -259,14 +301,15 @@ def run(kills: int, directory: Path, cluster: Patroni) -> Failovers:
                 0.02,
                 "a Dex node serves with a higher epoch",
             )
-            result.ready.append(time.time() - killed_at)
+            ready_at = time.time()
+            result.ready.append(ready_at - killed_at)
             assert new_epoch is not None
             result.epochs.append(new_epoch)
-            first = wait_until(
-                partial(turns.after, killed_at), FAILOVER_WAIT, 0.005, "a turn completed"
-            )
-            result.gaps.append(first[0] - killed_at)
+            wait_until(partial(turns.after, ready_at), FAILOVER_WAIT, 0.005, "a turn completed")
+            result.gaps.append(stall(killed_at, ready_at, turns.completed))
             turns.completed.clear()
+            if fault != "kill":  # no Patroni runs there any more: start it again
+                cluster.rejoin(old)
         turns.stop.set()
         turns.join(90)
         result.turns = len(turns.acknowledged)
@@ -292,7 +335,7 @@ def run(kills: int, directory: Path, cluster: Patroni) -> Failovers:
     return result
 
 
-def report(kills: int, result: Failovers) -> list[str]:
+def report(kills: int, fault: str, result: Failovers) -> list[str]:
     def spread(values: list[float]) -> str:
         return (
             f"p50 {statistics.median(values):.2f} s  p99 {percentile(values, 0.99):.2f} s  "
@@ -302,10 +345,10 @@ def report(kills: int, result: Failovers) -> list[str]:
     writes = ", ".join(f"{n} {status}" for status, n in sorted(result.writes.items()))
     exits = ", ".join(f"{n} with status {code}" for code, n in sorted(result.exits.items()))
     lines = [
-        f"{kills} SIGKILLs of the PostgreSQL primary (Patroni, synchronous replication, HAProxy)",
+        f"{kills} x {FAULTS[fault]}; Patroni, synchronous replication, HAProxy",
         f"  HAProxy reaching the promoted primary: {spread(result.promoted)}",
         f"  a Dex node serving again (higher epoch): {spread(result.ready)}",
-        f"  gap, the kill to the first turn completed: {spread(result.gaps)}",
+        f"  gap, the longest time without a turn completing: {spread(result.gaps)}",
         f"  {result.turns} turns acknowledged, {len(result.lost)} lost; epochs "
         f"{result.epochs[0]} -> {result.epochs[-1]}",
         f"  write calls: {writes}; {result.runs} runs in the tool's ledger, "
@@ -318,15 +361,16 @@ def report(kills: int, result: Failovers) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--fault", choices=sorted(FAULTS), default="kill")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dex-patroni-") as tmp:
         cluster = Patroni()
         cluster.start()
         try:
-            result = run(args.kills, Path(tmp), cluster)
+            result = run(args.kills, Path(tmp), cluster, args.fault)
         finally:
             cluster.stop()
-    print("\n".join(report(args.kills, result)))
+    print("\n".join(report(args.kills, args.fault, result)))
     return 1 if result.problems else 0
 
 

@@ -36,7 +36,7 @@ def test_a_postgresql_failover_loses_no_acknowledged_write_and_runs_no_write_twi
     began = time.monotonic()
     result = run(1, tmp_path, patroni)
     took = time.monotonic() - began
-    print("\n".join([*report(1, result), f"  the round took {took:.1f} s"]))
+    print("\n".join([*report(1, "kill", result), f"  the round took {took:.1f} s"]))
     assert result.problems == []  # nothing lost, nothing twice, every turn completed
     assert len(result.gaps) == 1 and result.lost == [] and result.duplicated == 0
     # the checks had something to hold: turns ran on both sides of the failover, and the
