@@ -55,7 +55,6 @@ import psycopg
 
 import dex
 from bench.takeover import (
-    AGENTS,
     Result,
     Turns,
     epoch,
@@ -63,8 +62,9 @@ from bench.takeover import (
     percentile,
     runs_beyond,
     runs_so_far,
+    start_two_nodes,
 )
-from dex.testing import Ledger, ServerProcess, WorkerProcess, free_port, wait_until
+from dex.testing import Ledger, ServerProcess, free_port, wait_until
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "patroni"
 MEMBERS = ("pg1", "pg2")
@@ -261,18 +261,10 @@ def run(kills: int, directory: Path, cluster: Patroni, fault: str = "kill") -> F
     result = Failovers()
     database = cluster.database("dex")
     ledger = Ledger(directory / "ledger.jsonl")
-    nodes = [
-        ServerProcess(directory / name, heartbeat_timeout=5.0, database=database, standby=True)
-        for name in ("a", "b")
-    ]
+    nodes, worker = start_two_nodes(directory, database, ledger)
     address = ",".join(n.address for n in nodes)
-    nodes[0].start()
-    nodes[1].start(ready=False)
     supervisor = Supervisor(nodes)
     supervisor.start()
-    worker = WorkerProcess(
-        AGENTS, address, directory / "worker.log", env={"DEX_TAKEOVER_LEDGER": str(ledger.path)}
-    ).start()
     turns: Turns | None = None
     try:
         with dex.SyncClient(address, timeout=60) as client:
