@@ -357,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dex-patroni-") as tmp:
         cluster = Patroni()
-        cluster.start()
         try:
+            cluster.start()
             result = run(args.kills, Path(tmp), cluster, args.fault)
         finally:
             cluster.stop()
