@@ -92,6 +92,8 @@ class Turns(threading.Thread):
         super().__init__(daemon=True)
         self.address, self.session = address, session
         self.completed: list[float] = []
+        self.acknowledged: list[str] = []
+        """The messages of every turn that completed, in order: each must stay stored."""
         self.stop = threading.Event()
         self.errors: list[str] = []
 
@@ -113,6 +115,7 @@ class Turns(threading.Thread):
                     continue
                 if turn["status"] != "completed":
                     self.errors.append(f"turn {n} ended {turn['status']}: {turn.get('error')}")
+                self.acknowledged.append(f"turn {n}")
                 self.completed.append(time.time())
 
 
@@ -234,9 +237,11 @@ def held_against(snapshot: dict[str, Any], ledger: Ledger, result: Result) -> No
     result.problems += ledger_problems(snapshot["tool_calls"], runs)
 
 
-def run(kills: int, fault: str, directory: Path, database: str) -> Result:
-    result = Result()
-    ledger = Ledger(directory / "ledger.jsonl")
+def start_two_nodes(
+    directory: Path, database: str, ledger: Ledger
+) -> tuple[list[ServerProcess], WorkerProcess]:
+    """Two ``--standby`` nodes on ``database``, the first serving and the second its
+    standby, and a Worker that knows both, whose ``write`` keeps ``ledger``."""
     nodes = [
         ServerProcess(directory / name, heartbeat_timeout=5.0, database=database, standby=True)
         for name in ("a", "b")
@@ -247,6 +252,14 @@ def run(kills: int, fault: str, directory: Path, database: str) -> Result:
     worker = WorkerProcess(
         AGENTS, address, directory / "worker.log", env={"DEX_TAKEOVER_LEDGER": str(ledger.path)}
     ).start()
+    return nodes, worker
+
+
+def run(kills: int, fault: str, directory: Path, database: str) -> Result:
+    result = Result()
+    ledger = Ledger(directory / "ledger.jsonl")
+    nodes, worker = start_two_nodes(directory, database, ledger)
+    address = ",".join(n.address for n in nodes)
     active, standby = nodes
     try:
         with dex.SyncClient(address, timeout=60) as client:
