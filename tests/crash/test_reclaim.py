@@ -4,20 +4,14 @@ with the node, the attempt fails as each row's other tests show.)"""
 
 from __future__ import annotations
 
-import urllib.request
-
 from dex.testing import wait_until
 from tests.crash.helpers import columns
 from tests.support.rig import Rig, attempts, model_calls, results
 
 
 def reclaimed(rig: Rig) -> int:
-    """How many attempts the serving node has let a Worker reclaim (its ``/metrics``)."""
-    with urllib.request.urlopen(rig.server.address + "/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith("dex_attempts_reclaimed_total "):
-                return int(float(line.split()[1]))
-    raise AssertionError("the server reports no dex_attempts_reclaimed_total")
+    """How many attempts the serving node has let a Worker reclaim."""
+    return int(rig.metric("dex_attempts_reclaimed_total"))
 
 
 def restart_and_reclaim(rig: Rig) -> None:

@@ -20,7 +20,7 @@ import pytest
 import dex
 from dex.testing import ServerProcess, WorkerProcess, wait_until
 from dex.testing.proxy import TcpProxy
-from tests.support.rig import AGENTS, Rig
+from tests.support.rig import AGENTS, Rig, attempts
 
 
 def readyz_epoch(node: ServerProcess) -> int | None:
@@ -181,5 +181,36 @@ def test_a_leader_stopped_in_the_middle_of_a_write_batch_is_taken_over_within_se
         history = rig.client.get_agent_snapshot(sid)["history"]
         said = [item["text"] for item in history if item["type"] == "user"]
         assert said == ["before", "after"]  # and never committed
+    finally:
+        rig.close()
+
+
+def test_a_worker_that_runs_on_reclaims_its_write_from_the_standby_that_took_over(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """The leader is SIGKILLed while a single-attempt write runs on a Worker that lives on:
+    the Worker reconnects to the standby that took over and reclaims the attempt (its
+    resume token proves it), so the write's result is kept and it ran once."""
+    rig = Rig(tmp_path, postgres_url)
+    try:
+        rig.start_server()
+        rig.start_worker()
+        sid = rig.session()
+        turn = rig.call(sid, ("charge", {"amount": 30, "gate": "g"}))
+        rig.wait_entered("g", 1)
+
+        rig.restart_server()  # the standby takes over
+        wait_until(
+            lambda: rig.metric("dex_attempts_reclaimed_total") == 1,
+            20,
+            what="the Worker reclaimed its attempt",
+        )
+        rig.open_gate("g")
+        t = rig.wait_turn(sid, turn)
+
+        (call,) = t["tool_calls"]
+        assert call["status"] == "succeeded"
+        assert attempts(t, "CallSingleAttemptTool") == [[(1, "succeeded")]]
+        assert [e["attempt"] for e in rig.ledger.entries("charge")] == [1]
     finally:
         rig.close()
