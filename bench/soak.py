@@ -526,6 +526,7 @@ def report(
         "tool_runs": findings.runs,
         "at_most_once_window": sum(findings.window.values()),
         "at_most_once_window_by_cause": dict(sorted(findings.window.items())),
+        "outcome_unknown_by_cause": dict(sorted(findings.unknown.items())),
         "client_retries": len(traffic.errors),
         "snapshots_during_chaos": watch.snapshots,
         "violations": len(findings.violations),
@@ -549,6 +550,11 @@ def print_report(r: dict[str, Any], say: Any = print) -> None:
     say(
         "  at-most-once window (write outcome_unknown, body completed): "
         f"{r['at_most_once_window']} ({causes or 'none'})"
+    )
+    unknown = r.get("outcome_unknown_by_cause", {})
+    say(
+        f"  write outcome_unknown, all: {sum(unknown.values())} "
+        f"({', '.join(f'{k} {v}' for k, v in unknown.items()) or 'none'})"
     )
     say(
         f"  settled {r['settled_in_seconds']} s after the chaos stopped; "

@@ -107,6 +107,9 @@ class Findings:
     window: Counter[str] = field(default_factory=Counter)
     """``write`` calls in the documented at-most-once window, by what failed the attempt
     (``cause``)."""
+    unknown: Counter[str] = field(default_factory=Counter)
+    """``write`` calls recorded ``outcome_unknown``, whether their body completed or not,
+    by what failed the attempt (``cause``)."""
     violations: list[Violation] = field(default_factory=list)
 
     def add(self, kind: str, session: str, what: str) -> None:
@@ -175,8 +178,10 @@ def _check_call(
             found.add("key_changed", session, f"{what} ran as {run['session']}/{run['call']}")
     if name in WRITES and len(starts) > 1:
         found.add("write_ran_twice", session, f"{what} started {len(starts)} times: {starts}")
-    if name in WRITES and status == "outcome_unknown" and completed:
-        found.window[cause(call["error"] or "")] += 1
+    if name in WRITES and status == "outcome_unknown":
+        found.unknown[cause(call["error"] or "")] += 1
+        if completed:
+            found.window[cause(call["error"] or "")] += 1
     if status == "succeeded" and not completed:
         found.add("succeeded_without_run", session, f"{what}: ledger {runs} polls {len(polls)}")
     not_run = (call["error"] or "").startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
@@ -197,10 +202,11 @@ def _check_call(
 
 
 def cause(error: str) -> str:
-    """What failed a call's last attempt, from its error: ``node_restart``,
+    """What failed a call's last attempt, from its error: ``node_restart`` (the node
+    restarted, or another took its sessions over, and no Worker reclaimed the attempt),
     ``connection_closed`` (no reconnect within the grace), ``heartbeat_timeout`` or
     ``other``."""
-    if "server restarted" in error:
+    if any(why in error for why in ("restarted", "taken over", "took the session over")):
         return "node_restart"
     if "did not reconnect" in error:
         return "connection_closed"

@@ -99,14 +99,25 @@ def test_no_violation_when_every_promise_held() -> None:
     assert not findings.window
 
 
-def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violation() -> None:
+@pytest.mark.parametrize(
+    "why",
+    [
+        "the node restarted",  # as the node's recovery says (dex.server.ha.node)
+        "its partition was taken over by another node",
+        "the node restarted or took the session over, and Worker w did not reclaim the "
+        "attempt within 3s",
+    ],
+)
+def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violation(
+    why: str,
+) -> None:
     e = good()
     c = e.snapshots[S]["tool_calls"][0]
     c["status"] = "outcome_unknown"
-    c["error"] = "the outcome is unknown: the tool may have run (the server restarted)"
+    c["error"] = f"the outcome is unknown: the tool may have run ({why})"
     findings = check(e)
     assert findings.violations == []
-    assert findings.window == {"node_restart": 1}
+    assert findings.window == findings.unknown == {"node_restart": 1}
 
 
 def mutate_write_twice(e: Evidence) -> None:

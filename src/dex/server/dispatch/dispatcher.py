@@ -268,13 +268,12 @@ class Dispatcher:
                     if held.proof is not None:
                         held.proof = None
                         self.reclaimed += 1
-                elif held.proof is not None:
-                    # left running by a restart and not named: this process let go of it
-                    # (received it or not, nothing says which), so it fails now; it must
-                    # not go back, for its body may have run
-                    held.grace_until = now
-                    heapq.heappush(self._deadlines, (now, next(self._seq), attempt_id))
-                else:  # never received: it goes back, so it must not expire meanwhile
+                else:
+                    # never received (a node that restarted may have recorded a hand-out
+                    # it never sent): it goes back, so it must not expire meanwhile. A
+                    # Worker names every attempt it was handed on a connection until the
+                    # node settles it, and forgets the connection's token once it lets
+                    # go of attempts the node did not settle (their node left a cluster)
                     held.expiring = True
                     unnamed.append(held)
         stop = [a for a in claimed if a not in conn.attempts]
