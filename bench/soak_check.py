@@ -198,10 +198,13 @@ def _check_call(
 
 def cause(error: str) -> str:
     """What failed a call's last attempt, from its error: ``node_restart``,
-    ``connection_closed`` (no reconnect within the grace), ``heartbeat_timeout`` or
-    ``other``."""
+    ``not_reclaimed`` (after a node restart or a takeover, its Worker did not reclaim it
+    within the reclaim window), ``connection_closed`` (no reconnect within the grace),
+    ``heartbeat_timeout`` or ``other``."""
     if "server restarted" in error:
         return "node_restart"
+    if "did not reclaim" in error:
+        return "not_reclaimed"
     if "did not reconnect" in error:
         return "connection_closed"
     if "no heartbeat" in error:

@@ -109,6 +109,17 @@ def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violat
     assert findings.window == {"node_restart": 1}
 
 
+def test_the_window_names_a_write_its_worker_did_not_reclaim_after_a_restart() -> None:
+    e = good()
+    c = e.snapshots[S]["tool_calls"][0]
+    c["status"] = "outcome_unknown"
+    c["error"] = (
+        "the outcome is unknown: the tool may have run (the node restarted or took the "
+        "session over, and Worker w-1 did not reclaim the attempt within 3s)"
+    )
+    assert check(e).window == {"not_reclaimed": 1}
+
+
 def mutate_write_twice(e: Evidence) -> None:
     e.ledger.append(run("charge", "t0", "c0", f"{S}/c0", attempt=2))
 
