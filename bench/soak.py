@@ -97,6 +97,12 @@ HELP = {
     "a private PostgreSQL; the node faults SIGKILL, SIGSTOP (0.5 to 5 s) and SIGTERM a "
     "node, and a spare node joins for a while (bench/soak_cluster.py); no cuts, no "
     "PostgreSQL restarts",
+    "disk_full_every": "on SQLite (neither --postgres, --database nor --cluster): seconds "
+    "between two spells of a full disk (every commit fails with SQLite's SQLITE_FULL, "
+    "through the node's sqlite.commit failpoint) of 0.5 to 3 s, on average (0: never)",
+    "database_cut_every": "with --postgres or --database: seconds between two network cuts "
+    "between the leader and PostgreSQL (silence, nothing closed) held until it steps "
+    "down, on average (0: never)",
     "leave_every": "with --cluster: seconds between two nodes leaving on purpose (SIGTERM, "
     "started again a few seconds later), on average (0: never)",
     "join_every": "with --cluster: seconds between two joins of the spare node (it leaves "
@@ -121,6 +127,8 @@ class SoakConfig:
     database: str = ""
     postgres: bool = False
     postgres_restart_every: float = 30.0
+    disk_full_every: float = 0.0
+    database_cut_every: float = 0.0
     cluster: int = 0
     leave_every: float = 20.0
     join_every: float = 25.0
@@ -319,13 +327,19 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
             config.reconnect_grace,
             database=postgres.url if postgres is not None else config.database,
             postgres=postgres,
+            database_cuts=config.database_cut_every > 0,
         )
         if postgres is not None and config.postgres_restart_every > 0:
             restart_postgres = ha.restart_postgres
         cluster = ha
     else:
         cluster = Cluster(
-            directory, ledger.path, config.workers, config.heartbeat_timeout, config.reconnect_grace
+            directory,
+            ledger.path,
+            config.workers,
+            config.heartbeat_timeout,
+            config.reconnect_grace,
+            disk_full=config.disk_full_every > 0,
         )
     started = time.time()
     ownership: list[str] = []
@@ -370,6 +384,10 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
                     cut_every=config.cut_every,
                     postgres_restart_every=config.postgres_restart_every,
                     restart_postgres=restart_postgres,
+                    disk_full_every=config.disk_full_every,
+                    fill_disk=cluster.fill_disk if isinstance(cluster, Cluster) else None,
+                    database_cut_every=config.database_cut_every,
+                    cut_database=cluster.cut_database if isinstance(cluster, HaCluster) else None,
                 ),
                 rng,
                 config.seconds,
@@ -438,7 +456,9 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
         r.update(_cluster_figures(nodes, traffic))
     if isinstance(cluster, HaCluster):
         takeovers = sorted(cluster.takeovers)
-        r["nodes_stepped_down"] = cluster.restarts - r["faults"].get("kill_leader", 0)
+        r["nodes_stepped_down"] = (
+            cluster.restarts - r["faults"].get("kill_leader", 0) - len(cluster.cut_step_downs)
+        )
         r["takeovers_over_120_s"] = cluster.slow_takeovers
         if takeovers:
             r["takeover_seconds_p50"] = round(takeovers[len(takeovers) // 2], 2)
@@ -446,27 +466,34 @@ async def soak(config: SoakConfig, directory: Path, say: Any = print) -> dict[st
         r["cold_takeovers"] = len(cluster.cold_takeovers)
         if cluster.cold_takeovers:
             r["cold_takeover_seconds_max"] = round(max(cluster.cold_takeovers), 2)
+        if config.database_cut_every > 0:
+            r["database_cuts"] = {
+                "stepped_down_seconds": _spread_of(cluster.cut_step_downs),
+                "serving_again_seconds": _spread_of(cluster.cut_takeovers),
+                "not_stepped_down": cluster.cuts_not_stepped_down,
+            }
     return r
 
 
-def _cluster_figures(nodes: NodeCluster, traffic: Traffic) -> dict[str, Any]:
-    def spread(values: list[float]) -> dict[str, float]:
-        ordered = sorted(values)
-        if not ordered:
-            return {}
-        return {
-            "p50": round(ordered[len(ordered) // 2], 2),
-            "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
-            "max": round(ordered[-1], 2),
-        }
+def _spread_of(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {}
+    return {
+        "p50": round(ordered[len(ordered) // 2], 2),
+        "p99": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
+        "max": round(ordered[-1], 2),
+    }
 
+
+def _cluster_figures(nodes: NodeCluster, traffic: Traffic) -> dict[str, Any]:
     return {
         "node_restarts": nodes.restarts,
         "nodes_stepped_down": nodes.stepped_down,
         "partition_moves": nodes.moves,
         "partitions_unserved": len(nodes.unserved),
-        "unserved_seconds": spread(nodes.unserved),
-        "turn_seconds": spread(traffic.turn_seconds),
+        "unserved_seconds": _spread_of(nodes.unserved),
+        "turn_seconds": _spread_of(traffic.turn_seconds),
     }
 
 
@@ -578,6 +605,14 @@ def print_report(r: dict[str, Any], say: Any = print) -> None:
             f"(max {r.get('cold_takeover_seconds_max')} s); nodes that stepped down by "
             f"themselves (lease lost) and were started again: {r['nodes_stepped_down']}"
         )
+        if "database_cuts" in r:
+            cuts = r["database_cuts"]
+            say(
+                f"  leaders cut off from PostgreSQL: stepped down in "
+                f"{_spread(cuts['stepped_down_seconds'])}; a node serving again "
+                f"{_spread(cuts['serving_again_seconds'])}; did not step down: "
+                f"{cuts['not_stepped_down'] or 'none'}"
+            )
     say(f"  violations: {r['violations']}")
     for kind, n in r["violations_by_kind"].items():
         say(f"    {kind}: {n}")
@@ -611,6 +646,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, help="Run in this directory and keep it.")
     args = parser.parse_args(argv)
     config = SoakConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(SoakConfig)})
+    if config.disk_full_every > 0 and (config.postgres or config.database or config.cluster):
+        parser.error(
+            "--disk-full-every fills a SQLite node's disk: not with --postgres, "
+            "--database or --cluster"
+        )
+    if config.database_cut_every > 0 and (
+        config.cluster or not (config.postgres or config.database)
+    ):
+        parser.error(
+            "--database-cut-every cuts a leader off from PostgreSQL: it needs "
+            "--postgres or --database (and not --cluster)"
+        )
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
         directory = args.keep

@@ -147,14 +147,21 @@ class Cluster(WorkerPool):
     reconnect_grace: float
     server: ServerProcess = field(init=False)
     proxy: Proxy = field(init=False)
+    disk_full: bool = False
+    """Arm the node's ``sqlite.commit`` failpoint, so that ``fill_disk`` can fill its disk."""
     workers: list[WorkerProcess] = field(default_factory=list)
     started_workers: int = 0
 
     def __post_init__(self) -> None:
+        env = {"DEX_RECONNECT_GRACE": str(self.reconnect_grace)}
+        if self.disk_full:
+            (self.directory / "failpoints").mkdir(exist_ok=True)
+            env |= {
+                "DEX_FAILPOINTS": "sqlite.commit=error",
+                "DEX_FAILPOINT_DIR": str(self.directory / "failpoints"),
+            }
         self.server = ServerProcess(
-            self.directory / "data",
-            heartbeat_timeout=self.heartbeat_timeout,
-            env={"DEX_RECONNECT_GRACE": str(self.reconnect_grace)},
+            self.directory / "data", heartbeat_timeout=self.heartbeat_timeout, env=env
         )
         self.proxy = Proxy(self.server.port)
 
@@ -180,6 +187,18 @@ class Cluster(WorkerPool):
     async def kill_server(self) -> str:
         await asyncio.to_thread(self.restart_server)
         return "kill_server"
+
+    async def fill_disk(self, seconds: float) -> str:
+        """The disk is full for ``seconds``: every commit fails as SQLite's own
+        ``SQLITE_FULL`` (the ``sqlite.commit`` failpoint, switched on by its file, as in
+        ``tests/e2e/test_storage_faults.py``), then there is room again."""
+        switch = self.directory / "failpoints" / "sqlite.commit.fail"
+        switch.write_text("")
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            switch.unlink()
+        return "disk_full"
 
     async def stop(self) -> None:
         for worker in self.workers:
@@ -241,12 +260,17 @@ def faults(
     cut_every: float,
     postgres_restart_every: float = 0.0,
     restart_postgres: Callable[[], Awaitable[str]] | None = None,
+    disk_full_every: float = 0.0,
+    fill_disk: Callable[[float], Awaitable[str]] | None = None,
+    database_cut_every: float = 0.0,
+    cut_database: Callable[[], Awaitable[str]] | None = None,
 ) -> list[Fault]:
     """The soak's faults. A pause or a stall lasts either well under the heartbeat timeout
     (nothing should fail) or well over it (attempts fail while their code may run on: the
     at-most-once window). On two nodes, the node fault SIGKILLs the leader (the standby
     takes over) and a pause may outlast the leader's lease; ``postgres_restart_every``
-    restarts the cluster's own PostgreSQL."""
+    restarts the cluster's own PostgreSQL and ``database_cut_every`` cuts the leader off
+    from it. On SQLite, ``disk_full_every`` fills the node's disk for 0.5 to 3 s."""
     short = cluster.heartbeat_timeout * 0.3
     long = cluster.heartbeat_timeout * 1.5 + 0.5
 
@@ -274,6 +298,16 @@ def faults(
         await cluster.proxy.stall(seconds)
         return f"stall_connections_{length}"
 
+    async def disk_full() -> str:
+        assert fill_disk is not None
+        return await fill_disk(rng.uniform(0.5, 3.0))
+
+    optional = [
+        ("restart_postgres", postgres_restart_every, restart_postgres),
+        ("disk_full", disk_full_every, disk_full if fill_disk is not None else None),
+        ("cut_database", database_cut_every, cut_database),
+    ]
+
     return [
         f
         for f in [
@@ -282,11 +316,7 @@ def faults(
             Fault("pause", pause_every, pause_one),
             Fault("cut", cut_every, cut),
         ]
-        + (
-            [Fault("restart_postgres", postgres_restart_every, restart_postgres)]
-            if restart_postgres is not None
-            else []
-        )
+        + [Fault(name, every, inject) for name, every, inject in optional if inject is not None]
         if f.every > 0
     ]
 

@@ -202,11 +202,14 @@ def _check_call(
 
 
 def cause(error: str) -> str:
-    """What failed a call's last attempt, from its error: ``node_restart`` (the node
-    restarted, or another took its sessions over, and no Worker reclaimed the attempt),
-    ``connection_closed`` (no reconnect within the grace), ``heartbeat_timeout`` or
-    ``other``."""
-    if any(why in error for why in ("restarted", "taken over", "took the session over")):
+    """What failed a call's last attempt, from its error: ``not_reclaimed`` (after a
+    node restart or a takeover, its Worker did not reclaim it within the reclaim
+    window), ``node_restart`` (failed by a node's recovery: it had no proof to reclaim
+    it by), ``connection_closed`` (no reconnect within the grace), ``heartbeat_timeout``
+    or ``other``."""
+    if "did not reclaim" in error:
+        return "not_reclaimed"
+    if any(why in error for why in ("restarted", "taken over")):
         return "node_restart"
     if "did not reconnect" in error:
         return "connection_closed"

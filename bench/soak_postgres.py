@@ -6,7 +6,10 @@ directory, as the ``postgres`` user when run as root, on a free port of 127.0.0.
 PostgreSQL's durable defaults), so restarting it never touches a server that other tests
 share. ``HaCluster`` runs the two nodes and the Workers; it is also their supervisor: a
 node that exits (it stepped down: its lease was lost when PostgreSQL restarted or it was
-paused past its session timeout) is started again, as a standby.
+paused past its session timeout, or cut off from PostgreSQL) is started again, as a
+standby. With ``database_cuts``, each node reaches PostgreSQL through a ``TcpProxy`` of
+its own, and ``cut_database`` cuts the leader's (silence, nothing closed, as behind a
+partition: ``tests/e2e/test_network_cut.py``'s fault) until it stepped down.
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from bench.soak_chaos import Proxy, WorkerPool
 from dex.testing import ServerProcess, WorkerProcess, free_port, wait_until
+from dex.testing.proxy import TcpProxy
 
 PG_BIN = Path("/usr/lib/postgresql")
 LEADER_WAIT = 120.0
 """Seconds a fault waits for some node to lead (a node takes seconds to start)."""
+CUT_WAIT = 30.0
+"""Seconds a leader cut off from PostgreSQL has to step down (its lease is 3 s) before the
+cut ends anyway and the soak counts it as a leader that did not step down."""
 
 
 def _pg_tool(name: str) -> str:
@@ -133,8 +141,11 @@ class HaCluster(WorkerPool):
     reconnect_grace: float
     database: str
     postgres: PrivatePostgres | None = None
+    database_cuts: bool = False
+    """Each node reaches PostgreSQL through a proxy of its own, which ``cut_database`` cuts."""
     nodes: list[ServerProcess] = field(init=False)
     proxies: list[Proxy] = field(init=False)
+    database_proxies: list[TcpProxy] = field(init=False)
     workers: list[WorkerProcess] = field(default_factory=list)
     started_workers: int = 0
     slow_takeovers: int = 0
@@ -148,20 +159,36 @@ class HaCluster(WorkerPool):
     cold_takeovers: list[float] = field(default_factory=list)
     """The same when the other node was itself still starting at the kill (the
     supervisor had just started it again): its start-up is in the figure."""
+    cut_step_downs: list[float] = field(default_factory=list)
+    """Seconds from cutting the leader off from PostgreSQL to its exit with status 4."""
+    cut_takeovers: list[float] = field(default_factory=list)
+    """Seconds from the cut to a node serving again (after the cut leader left)."""
+    cuts_not_stepped_down: list[str] = field(default_factory=list)
+    """Cut leaders that did not exit with status 4 within ``CUT_WAIT``: how each ended."""
     _supervisor: asyncio.Task[None] | None = None
     _active: int = 0
+    _threads: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __post_init__(self) -> None:
         env = {"DEX_RECONNECT_GRACE": str(self.reconnect_grace)}
+        db = urlsplit(self.database)
+        assert db.hostname is not None and db.port is not None
+        self.database_proxies = (
+            [TcpProxy(db.hostname, db.port) for _ in range(2)] if self.database_cuts else []
+        )
+        urls = [
+            self.database.replace(f":{db.port}/", f":{proxy.port}/")
+            for proxy in self.database_proxies
+        ] or [self.database] * 2
         self.nodes = [
             ServerProcess(
                 self.directory / name,
                 heartbeat_timeout=self.heartbeat_timeout,
                 env=env,
-                database=self.database,
+                database=url,
                 standby=True,
             )
-            for name in ("node-a", "node-b")
+            for name, url in zip(("node-a", "node-b"), urls, strict=True)
         ]
         self.proxies = [Proxy(node.port) for node in self.nodes]
 
@@ -179,6 +206,8 @@ class HaCluster(WorkerPool):
         return ",".join(node.address for node in self.nodes)
 
     async def start(self) -> None:
+        for database_proxy in self.database_proxies:
+            self._threads.enter_context(database_proxy.in_thread())
         await asyncio.to_thread(self.nodes[0].start)
         await asyncio.to_thread(self.nodes[1].start, ready=False)
         for proxy in self.proxies:
@@ -226,6 +255,36 @@ class HaCluster(WorkerPool):
         (self.takeovers if hot else self.cold_takeovers).append(time.monotonic() - killed)
         return "kill_leader"
 
+    async def cut_database(self) -> str:
+        """Cut the leader off from PostgreSQL (silence both ways, nothing closed) until it
+        steps down (exits, status 4) or ``CUT_WAIT`` passed, then let its new connections
+        through again; the supervisor starts it again as the standby."""
+        leader = await asyncio.to_thread(self._wait_leader)
+        if leader is None:
+            return "no_leader_to_cut"
+        node, link = self.nodes[leader], self.database_proxies[leader]
+        proc = node.proc  # the supervisor replaces node.proc once this one exits
+        assert proc is not None
+        link.cut()
+        cut = time.monotonic()
+        left: float | None = None
+        try:
+            while left is None and time.monotonic() - cut < CUT_WAIT:
+                await asyncio.sleep(0.05)
+                if proc.poll() is not None:
+                    left = time.monotonic() - cut
+        finally:
+            link.restore()
+        if left is None:
+            self.cuts_not_stepped_down.append(f"still running {CUT_WAIT:g} s after the cut")
+        elif proc.returncode != 4:  # another fault (a SIGKILL) ended it first
+            self.cuts_not_stepped_down.append(f"exited with status {proc.returncode}")
+        else:
+            self.cut_step_downs.append(left)
+        if await asyncio.to_thread(self._wait_leader) is not None:
+            self.cut_takeovers.append(time.monotonic() - cut)
+        return "cut_database"
+
     async def restart_postgres(self) -> str:
         assert self.postgres is not None
         await asyncio.to_thread(self.postgres.restart)
@@ -253,6 +312,7 @@ class HaCluster(WorkerPool):
             await asyncio.to_thread(node.kill)
         for proxy in self.proxies:
             await proxy.close()
+        self._threads.close()
 
     def logs(self) -> list[Path]:
         return sorted(self.directory.glob("*.log"))

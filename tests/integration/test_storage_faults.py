@@ -19,8 +19,15 @@ from dex.errors import StorageError
 from dex.testing import wait_until
 from dex.wire import ModelToolCall
 from tests.integration.conftest import Api, connect_fake_worker
-from tests.integration.test_api import _metrics, assert_error, everything, model_done
+from tests.integration.test_api import (
+    _metrics,
+    assert_error,
+    everything,
+    model_done,
+    tool_done,
+)
 from tests.integration.test_api_errors import GATED
+from tests.integration.test_worker_protocol import hand_out_a_charge
 
 
 class FullDisk:
@@ -92,6 +99,35 @@ def test_a_workers_result_that_cannot_be_committed_is_acked_not_ok_and_its_attem
     assert turn["text"] == "kept"
     first = turn["steps"][0]["attempts"][0]
     assert first["outcome"] == "failed" and first["error"]["attempt_progress"] == "NOT_COMPLETED"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open defect (docs/reliability.md, What the soak found): a reconnecting Worker "
+    "that does not name an attempt whose result was refused has it handed back as never "
+    "received, and the write runs again as attempt 1",
+)
+def test_a_write_whose_result_was_refused_is_not_handed_out_again_after_a_reconnect(
+    api_with_agent: Api, disk: FullDisk
+) -> None:
+    """The Worker ran the body and sent its result; the disk refused it (``ok: false``) and
+    the Worker forgot the attempt. Reconnecting within the grace it names no attempt: that
+    is not a hand-out it never received, so the single-attempt tool must not run again."""
+    api = api_with_agent
+    with connect_fake_worker(api) as first:
+        charge = hand_out_a_charge(api, first)
+        disk.fill()
+        refused = first.done(charge["attempt_id"], tool_done("charged"))
+        assert refused["ok"] is False and "the disk is full" in refused["error"]
+        disk.free()
+        resume = first.welcome["resume"]
+    with connect_fake_worker(api, attempts=[], resume=resume) as again:
+        following = again.step(session_id="s1")
+        assert following["step_type"] == "RunModel", f"the write went out again: {following}"
+        again.done(following["attempt_id"], model_done("done"))
+    turn = api.turn("s1", 1, wait=10)
+    (call,) = turn["tool_calls"]
+    assert call["status"] == "outcome_unknown"
 
 
 def test_a_hand_out_that_cannot_be_recorded_is_offered_again_when_the_disk_frees(

@@ -96,19 +96,25 @@ def test_a_reconnecting_worker_reclaims_its_attempts_and_finishes_them(api_with_
     assert (number, outcome) == (1, "succeeded")
 
 
+def hand_out_a_charge(api: Api, worker: FakeWorker) -> dict[str, Any]:
+    """Session ``s1``'s model asks for the single-attempt ``charge`` tool; return its
+    hand-out to ``worker``."""
+    api.create("s1")
+    api.send("s1", "charge")
+    model = worker.step(session_id="s1")
+    calls = [ModelToolCall(id="c1", name="charge", arguments={"amount": 5})]
+    worker.done(model["attempt_id"], model_done(tool_calls=calls))
+    return worker.step(session_id="s1", tool="charge")
+
+
 def test_an_attempt_a_reconnecting_worker_does_not_name_goes_back_unused(
     api_with_agent: Api,
 ) -> None:
     """The Worker never received it (the hand-out was lost with the connection): it goes
     out again as attempt 1, and a single-attempt tool is not marked outcome_unknown."""
     api = api_with_agent
-    api.create("s1")
-    api.send("s1", "charge")
     with connect_fake_worker(api) as first:
-        model = first.step(session_id="s1")
-        calls = [ModelToolCall(id="c1", name="charge", arguments={"amount": 5})]
-        first.done(model["attempt_id"], model_done(tool_calls=calls))
-        charge = first.step(session_id="s1", tool="charge")
+        charge = hand_out_a_charge(api, first)
         resume = first.welcome["resume"]
     with connect_fake_worker(api, attempts=[], resume=resume) as again:
         out_again = again.step(session_id="s1", tool="charge")

@@ -104,8 +104,6 @@ def test_no_violation_when_every_promise_held() -> None:
     [
         "the node restarted",  # as the node's recovery says (dex.server.ha.node)
         "its partition was taken over by another node",
-        "the node restarted or took the session over, and Worker w did not reclaim the "
-        "attempt within 3s",
     ],
 )
 def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violation(
@@ -118,6 +116,18 @@ def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violat
     findings = check(e)
     assert findings.violations == []
     assert findings.window == findings.unknown == {"node_restart": 1}
+
+
+def test_the_window_names_a_write_its_worker_did_not_reclaim_after_a_restart() -> None:
+    e = good()
+    c = e.snapshots[S]["tool_calls"][0]
+    c["status"] = "outcome_unknown"
+    c["error"] = (
+        "the outcome is unknown: the tool may have run (the node restarted or took the "
+        "session over, and Worker w-1 did not reclaim the attempt within 3s)"
+    )
+    findings = check(e)
+    assert findings.window == findings.unknown == {"not_reclaimed": 1}
 
 
 def mutate_write_twice(e: Evidence) -> None:
