@@ -155,9 +155,7 @@ func (w *Worker) abandonLocked(id, why string) {
 
 // nodeLeft: n's node left the cluster (no connected node lists it, and n is down). The
 // attempts handed out on n run nowhere any more (the node that took their sessions failed
-// them), so none of those without a result starts or goes on here. n's next hello
-// proves nothing: a node that took its resume token again would take a claim without the
-// attempts let go here for one whose hand-out never arrived, and hand them out again.
+// them), so none of those without a result starts or goes on here.
 func (w *Worker) nodeLeft(n *node) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -166,7 +164,6 @@ func (w *Worker) nodeLeft(n *node) {
 			w.abandonLocked(id, "the server no longer runs this attempt")
 		}
 	}
-	n.resume = nil
 }
 
 func (w *Worker) forgetLocked(id string) {

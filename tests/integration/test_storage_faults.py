@@ -101,12 +101,6 @@ def test_a_workers_result_that_cannot_be_committed_is_acked_not_ok_and_its_attem
     assert first["outcome"] == "failed" and first["error"]["attempt_progress"] == "NOT_COMPLETED"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open defect (docs/reliability.md, What the soak found): a reconnecting Worker "
-    "that does not name an attempt whose result was refused has it handed back as never "
-    "received, and the write runs again as attempt 1",
-)
 def test_a_write_whose_result_was_refused_is_not_handed_out_again_after_a_reconnect(
     api_with_agent: Api, disk: FullDisk
 ) -> None:

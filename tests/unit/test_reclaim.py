@@ -68,17 +68,16 @@ def test_another_process_with_the_same_id_cannot_reclaim_it() -> None:
     assert impostor.resume != "a-token-of-another-process"
 
 
-def test_a_process_that_proves_itself_but_does_not_name_it_never_received_it() -> None:
+def test_a_process_that_proves_itself_but_does_not_name_it_fails_it_at_once() -> None:
     dispatcher = left_running(window=3600)
     worker = conn()
 
     stop, unnamed = dispatcher.connect(worker, [], TOKEN)
 
-    # the node that died recorded the hand-out and never sent it: it goes back to its
-    # queue unused (not failed, and not an hour later)
-    assert stop == [] and [h.step_id for h in unnamed] == ["1.2"]
-    assert unnamed[0].expiring  # it does not expire while it goes back
-    assert expire_due(dispatcher) == []
+    # never handed back unused (its body may have run): it fails now, not in an hour
+    assert (stop, unnamed) == ([], [])
+    (expired,) = expire_due(dispatcher)
+    assert (expired.step_id, expired.proof) == ("1.2", proof_of(TOKEN))
 
 
 def test_once_the_window_passed_it_fails_and_a_late_claim_is_told_to_stop() -> None:
@@ -105,3 +104,22 @@ def test_a_reclaim_binds_only_the_attempts_its_token_proves() -> None:
     assert dispatcher.owned(worker, AID) is not None
     assert dispatcher.owned(worker, other) is None and stop == [other]
     assert dispatcher.held[other].proof == proof_of("other")  # it still waits for its own
+
+
+def test_a_refused_result_s_attempt_a_reconnect_does_not_name_fails_and_never_goes_back() -> None:
+    dispatcher = Dispatcher(heartbeat_timeout=3600)
+    first = conn()
+    dispatcher.connect(first, [], None)
+    first.reserved = 1
+    dispatcher.hold(first, AID, Held("s", "1.2", 1, first, deadline=float("inf")))
+    # a bad result: refused (the Worker forgets the attempt), nothing else changes
+    dispatcher.let_go(first, AID, "the result does not fit", fail=False)
+    assert dispatcher.owned(first, AID) is not None
+    dispatcher.disconnect(first)
+
+    stop, unnamed = dispatcher.connect(conn(), [], first.resume)
+
+    # its body ran: not a hand-out the Worker never received
+    assert (stop, unnamed) == ([], [])
+    (expired,) = expire_due(dispatcher)
+    assert expired.refused == "the result does not fit"

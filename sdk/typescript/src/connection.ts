@@ -106,7 +106,7 @@ export class Connection implements Origin {
     let failures = 0;
     while (!this.stopping) {
       if (!this.wanted()) {
-        this.nodeLeft();
+        this.runner.nodeLeft(this);
         if (!this.seed) break;
         await this.cluster?.change();
         continue;
@@ -152,7 +152,7 @@ export class Connection implements Origin {
         const reconnecting = this.wanted();
         this.life.lost(base, ended, reconnecting);
         if (!reconnecting) {
-          this.nodeLeft();
+          this.runner.nodeLeft(this);
           if (!this.seed) return;
         }
       } else {
@@ -162,18 +162,9 @@ export class Connection implements Origin {
       await this.pause(this.settings.reconnectInitial * (0.5 + Math.random() / 2));
     }
     if (this.letGo) {
-      this.nodeLeft(); // let go while it waited to try again
+      this.runner.nodeLeft(this); // let go while it waited to try again
       this.life.letGo(this.address);
     }
-  }
-
-  /** Its node left the cluster: the attempts handed out on this connection that have no
-   * result are abandoned (Runner.nodeLeft), and its next hello proves nothing: a node that
-   * took its resume token again would take a claim without them for one whose hand-out
-   * never arrived, and hand them out again. */
-  private nodeLeft(): void {
-    this.runner.nodeLeft(this);
-    this.resume = null;
   }
 
   /** Stop: no new connection, and the live one closes. */

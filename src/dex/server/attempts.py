@@ -163,8 +163,27 @@ class Link:
                 done = self.attempts.hand_back(attempt)
         except Exception as e:
             _answer(attempt, outbox, worker.id, e)
+            self._refused(message, e)
             return
-        done.add_done_callback(functools.partial(_acked, attempt, outbox, worker.id))
+        done.add_done_callback(functools.partial(self._answered, message))
+
+    def _answered(self, message: Done | Fail | Back, done: asyncio.Future[Any]) -> None:
+        _acked(message.attempt_id, self.outbox, self.worker.id, done)
+        if done.cancelled():
+            self._refused(message, asyncio.CancelledError())
+        elif done.exception() is not None:
+            self._refused(message, done.exception())
+
+    def _refused(self, message: Done | Fail | Back, error: BaseException | None) -> None:
+        """A result was refused, and the Worker forgets the attempt (``ack``): its body ran
+        (a ``done`` or ``fail``), so a reconnect that does not name it must not hand it
+        back as one the Worker never received. A result that could not be recorded (a
+        full disk) fails it now; a bad one changes nothing, and the attempt runs on until
+        a good result or its deadline."""
+        if not isinstance(message, Back):
+            why = str(error) or type(error).__name__
+            bad = isinstance(error, InvalidInput | ValidationError)
+            self.attempts.dispatcher.let_go(self.worker, message.attempt_id, why, fail=not bad)
 
     def disconnect(self) -> None:
         """The connection closed: send nothing more; its attempts wait for the Worker to
@@ -377,7 +396,9 @@ class Attempts:
         """An attempt's Worker is gone (its connection closed and it did not come back
         within the reconnect grace) or silent (no heartbeat within the timeout). The
         attempt stays held until its failure is committed; it retries at once."""
-        if held.proof is not None:
+        if held.refused:
+            why = f"its result from Worker {held.worker_id} was refused: {held.refused}"
+        elif held.proof is not None:
             why = (
                 f"the node restarted or took the session over, and Worker {held.worker_id} "
                 f"did not reclaim the attempt within {self.dispatcher.reclaim_window:g}s"

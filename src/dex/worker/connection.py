@@ -179,13 +179,9 @@ class Connection:
     def _node_left(self) -> None:
         """Its node left the cluster (no connected node lists it): the attempts it handed
         out on this connection run nowhere any more (the node that took their sessions
-        failed them), so none of them starts or goes on here, and the connection's next
-        hello proves nothing (a new resume token)."""
+        failed them), so none of them starts or goes on here."""
         for attempt_id in self.runner.held_by(self):
             self.runner.abandon(attempt_id, self, "the server no longer runs this attempt")
-        # a node that takes the connection's token again would take a claim without the
-        # attempts let go here for one that never arrived, and hand them out again
-        self._resume = None
 
     def _idle_seed(self) -> bool:
         """Whether it is the seed (which waits, unwanted, rather than stop)."""

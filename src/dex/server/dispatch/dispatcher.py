@@ -125,6 +125,8 @@ class Held:
     expiring: bool = False
     """Its deadline passed and its failure is being recorded: it stays held (storage
     still calls it running) but its Worker may not settle or extend it any more."""
+    refused: str = ""
+    """Why its Worker's result was refused, once it was: the Worker forgot it (``let_go``)."""
     proof: str | None = None
     """Set while it waits to be reclaimed after a restart or takeover
     (``Dispatcher.await_reclaim``): only a hello whose resume token has this digest
@@ -268,12 +270,14 @@ class Dispatcher:
                     if held.proof is not None:
                         held.proof = None
                         self.reclaimed += 1
-                else:
-                    # never received (a node that restarted may have recorded a hand-out
-                    # it never sent): it goes back, so it must not expire meanwhile. A
-                    # Worker names every attempt it was handed on a connection until the
-                    # node settles it, and forgets the connection's token once it lets
-                    # go of attempts the node did not settle (their node left a cluster)
+                elif held.proof is not None or held.refused:
+                    # not named, and its result was refused; or left running by a restart
+                    # and not named: the process never received it, or let go of it (its
+                    # result refused by the node that died, say). A body that ran must not
+                    # run again, so it fails now rather than go back
+                    held.grace_until = now
+                    heapq.heappush(self._deadlines, (now, next(self._seq), attempt_id))
+                else:  # never received: it goes back, so it must not expire meanwhile
                     held.expiring = True
                     unnamed.append(held)
         stop = [a for a in claimed if a not in conn.attempts]
@@ -400,6 +404,20 @@ class Dispatcher:
         if worker.closed:  # it dropped while the hand-out was being recorded
             held.grace_until = time.monotonic() + self.reconnect_grace
         heapq.heappush(self._deadlines, (held.due, next(self._seq), attempt_id))
+
+    def let_go(self, conn: WorkerConn, attempt_id: str, why: str, *, fail: bool) -> None:
+        """The connection's Worker forgot the attempt (its result was refused, ``why``, and
+        it was told so): it is not a hand-out the Worker never received, which a reconnect
+        that does not name it sends back to its queue, for its body ran. With ``fail``
+        it fails now."""
+        held = self.owned(conn, attempt_id)
+        if held is None:
+            return
+        held.refused = why
+        if fail:
+            assert self._expire is not None
+            held.expiring = True  # it stays held until its failure is committed
+            self.supervisor.spawn(self._expire(held))
 
     def await_reclaim(
         self,
