@@ -205,8 +205,10 @@ def cause(error: str) -> str:
     """What failed a call's last attempt, from its error: ``not_reclaimed`` (after a
     node restart or a takeover, its Worker did not reclaim it within the reclaim
     window), ``node_restart`` (failed by a node's recovery: it had no proof to reclaim
-    it by), ``connection_closed`` (no reconnect within the grace), ``heartbeat_timeout``
-    or ``other``."""
+    it by), ``connection_closed`` (no reconnect within the grace), ``heartbeat_timeout``,
+    ``result_refused`` (its result could not be recorded: a full disk) or ``other``."""
+    if "was refused" in error:
+        return "result_refused"
     if "did not reclaim" in error:
         return "not_reclaimed"
     if any(why in error for why in ("restarted", "taken over")):

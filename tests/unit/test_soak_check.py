@@ -118,6 +118,17 @@ def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violat
     assert findings.window == findings.unknown == {"node_restart": 1}
 
 
+def test_the_window_names_a_write_whose_result_could_not_be_recorded() -> None:
+    e = good()
+    c = e.snapshots[S]["tool_calls"][0]
+    c["status"] = "outcome_unknown"
+    c["error"] = (
+        "the outcome is unknown: the tool may have run (its result from Worker w-1 was "
+        "refused: the disk is full)"
+    )
+    assert check(e).window == {"result_refused": 1}
+
+
 def test_the_window_names_a_write_its_worker_did_not_reclaim_after_a_restart() -> None:
     e = good()
     c = e.snapshots[S]["tool_calls"][0]
