@@ -44,7 +44,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "Before any output reaches Dex",
         "That model call runs again, up to 3 attempts within 30 minutes. Then the turn fails. "
         "If tools already ran, a note in the history tells the next turn's model not to "
-        "repeat them.",
+        "repeat them. After a server restart, a Worker that lives on reclaims the attempt: "
+        "its result is kept and the call does not run again.",
     ),
     "run_model.after_output": ("RunModel", "After output reached Dex", "The same."),
     "idempotent_write.before_heartbeat": (
@@ -55,9 +56,15 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "idempotent_write.running": (
         "CallTool, for an idempotent write",
         "While the tool runs",
-        "The same.",
+        "The same; after a server restart, a Worker that lives on reclaims the attempt, and "
+        "the call runs once.",
     ),
-    "read.running": ("CallTool, for a read", "While the tool runs", "The call runs again."),
+    "read.running": (
+        "CallTool, for a read",
+        "While the tool runs",
+        "The call runs again; after a server restart, a Worker that lives on reclaims it, and "
+        "it runs once.",
+    ),
     "call_tool.every_attempt": (
         "CallTool",
         "Every attempt",
@@ -67,7 +74,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "CallSingleAttemptTool",
         "Before the first heartbeat reaches Dex",
         "The call records outcome_unknown and does not run again. The model sees that the "
-        "outcome is unknown.",
+        "outcome is unknown. After a server restart, a Worker that lives on reclaims the "
+        "attempt: the call runs once and its result is kept.",
     ),
     "single_attempt.running": ("CallSingleAttemptTool", "While the tool runs", "The same."),
     "await_tool_approval.waiting": (
@@ -153,6 +161,10 @@ LINK = "dex.server.attempts.Link."
 PY = "dex.worker.runner.Runner."
 TS = "sdk/typescript/src/runner.ts:Runner."
 GO = "sdk/go/runner.go:(*Worker)."
+D = "dex.server.dispatch.dispatcher.Dispatcher."
+RECLAIM = (S + "_recover", D + "await_reclaim", D + "connect")
+"""A node that restarts holds an attempt for its Worker to reclaim; the Worker's hello
+reclaims it (``tests/crash/test_reclaim.py``)."""
 SINGLE_ATTEMPT = (
     E + "turn.queue_tool",
     E + "outcomes.settle_failed_call",
@@ -169,14 +181,19 @@ SINGLE_ATTEMPT = (
     GO + "heartbeatReply",
 )
 DECIDED_BY: dict[str, tuple[str, ...]] = {
-    "run_model.before_output": (H + "fail_attempt", H + "recover", E + "outcomes.failed_turn_note"),
+    "run_model.before_output": (
+        H + "fail_attempt",
+        H + "recover",
+        E + "outcomes.failed_turn_note",
+        *RECLAIM,
+    ),
     "run_model.after_output": (H + "fail_attempt", H + "recover"),
     "idempotent_write.before_heartbeat": (H + "fail_attempt", H + "complete_model"),
-    "idempotent_write.running": (H + "fail_attempt", H + "complete_model"),
-    "read.running": (H + "fail_attempt",),
+    "idempotent_write.running": (H + "fail_attempt", H + "complete_model", *RECLAIM),
+    "read.running": (H + "fail_attempt", *RECLAIM),
     "call_tool.every_attempt": (E + "outcomes.settle_failed_call",),
-    "single_attempt.before_heartbeat": SINGLE_ATTEMPT,
-    "single_attempt.running": SINGLE_ATTEMPT,
+    "single_attempt.before_heartbeat": (*SINGLE_ATTEMPT, *RECLAIM),
+    "single_attempt.running": (*SINGLE_ATTEMPT, *RECLAIM),
     "await_tool_approval.waiting": (E + "waits.record_input", E + "waits.apply_input"),
     "await_question_answer.waiting": (E + "waits.record_input", E + "waits.apply_input"),
     # the firing is recorded once: record_input refuses a wait that ended
