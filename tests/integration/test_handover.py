@@ -3,12 +3,13 @@ lets the attempts it handed out finish first, including one whose hand-out was r
 in a commit still in flight when the hand-over began: it is not held yet, but it is on
 its way to a Worker, and once the partition is given up its result can no longer be
 committed (the next owner would fail it as cut off, NOT_COMPLETED: for a single-attempt
-tool, an outcome nobody knows).
+tool, an outcome nobody knows). Once a drain freed the partitions, the node writes
+nothing to them: a call still on its way is refused, not fenced.
 
-One node in this process on SQLite (one partition), its cluster bookkeeping and lease
-stood in for (``Node`` acts on them as on PostgreSQL), and a Worker connection that
-records what it is sent. The store holds the commit of the message that hands the Step
-out until the test lets it go.
+One node in this process (on SQLite, one partition; or on PostgreSQL), its cluster
+bookkeeping and lease stood in for (``Node`` acts on them as on PostgreSQL), and a
+Worker connection that records what it is sent. The store holds the commit of the
+message that hands the Step out until the test lets it go.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from dex.errors import StorageError, Unavailable
 from dex.server.dispatch.dispatcher import Dispatcher, WorkerConn
 from dex.server.ha.cluster import Cluster
 from dex.server.ha.node import Node
 from dex.server.sessions import Sessions
 from dex.server.store.base import Write
+from dex.server.store.postgres import PostgresStore
 from dex.server.store.sqlite import SqliteStore
 from dex.testing import wait_until_async
 from dex.wire import ModelResponse, server_frames
@@ -74,7 +78,7 @@ class StandInLease:
 
 @dataclass
 class Rig:
-    store: SqliteStore
+    store: SqliteStore | PostgresStore
     sessions: Sessions
     node: Node
     lease: StandInLease
@@ -89,7 +93,7 @@ class Rig:
         return bool(self.lease.given) or self.lease.released
 
 
-async def start(store: SqliteStore, epochs: dict[int, int]) -> Rig:
+async def start(store: SqliteStore | PostgresStore, epochs: dict[int, int]) -> Rig:
     """A node on ``store`` that owns the partitions in ``epochs`` (taken with those epochs),
     with a Worker connected."""
     dispatcher = Dispatcher(heartbeat_timeout=30)
@@ -166,3 +170,35 @@ async def test_a_step_handed_out_in_a_commit_in_flight_finishes_before_the_parti
 
 async def _now(value: bool) -> bool:
     return value
+
+
+async def test_a_call_that_reaches_its_commit_after_a_drain_is_refused_and_writes_nothing(
+    postgres_url: str,
+) -> None:
+    """A call the node took before it stopped may reach its commit after the drain freed
+    the partitions, and after another node took them: it is refused (503, its client asks
+    the next owner), and the node, which owns nothing any more, has no write fenced (which
+    would make it step down, exiting with status 4 instead of 0)."""
+    store = PostgresStore(postgres_url)
+    await store.open()
+    fatal: list[StorageError] = []
+    store.on_fatal = fatal.append
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute("SELECT id, epoch FROM dex_partitions").fetchall()
+    rig = await start(store, {int(p): int(epoch) for p, epoch in rows})
+    try:
+        await rig.sessions.create(AGENT.name, "s1")
+
+        assert await rig.node.drain(timeout=5) == 0
+        assert rig.lease.released
+        with psycopg.connect(postgres_url) as conn:  # another node takes every partition
+            conn.execute("UPDATE dex_partitions SET epoch = epoch + 1")
+        with pytest.raises(Unavailable):  # the call's send, as the route runs it
+            await rig.sessions.send("s1", "late", "m1")
+
+        assert fatal == []
+        stored = await store.load_session("s1")
+        assert stored is not None and json.loads(stored.state)["messages_received"] == 0
+    finally:
+        await rig.node.dispatcher.stop()
+        await store.close()

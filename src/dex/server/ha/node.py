@@ -343,6 +343,11 @@ class Node:
                 f"the node stopped: its drain timeout ({timeout:g}s) passed"
             )
         self.role = "stopped"
+        if self.cluster is not None:
+            # a call that came in before the stop may still be on its way to a commit: it
+            # is refused here (503: its client asks the next owner), as the next owner
+            # would fence it once it took the partition, making this node step down
+            self.cluster.epochs.clear()
         self.sessions.reads.end_waits()
         self.dispatcher.close_all(CLOSE_NOT_READY, "the node is stopping")
         await self.leadership.release()
