@@ -106,6 +106,9 @@ def test_nodes_join_and_step_down_under_load_and_every_turn_completes_once(
         assert load.problems == []
         assert "handed over" in a.output() and "node.partitions_taken" in c.output()
         assert "failed_attempts=0" in b.output() and "drained" in b.output()
+        for node in (a, c):  # every move was planned: no attempt was cut off by one
+            taken = [line for line in node.output().splitlines() if "partitions_taken" in line]
+            assert taken and all("failed_attempts=0" in line for line in taken), taken
         with dex.SyncClient(a.address) as client:
             for session_id, sent in load.sent.items():  # each message counted once
                 session = client.get_agent_snapshot(session_id)["session"]
