@@ -440,9 +440,11 @@ def test_run_model_hand_outs_carry_only_new_history_to_a_worker_that_keeps_it(
         second = worker.step(session_id="s1", step_type="RunModel")
         assert second["history_base"] == 1  # builds on the 1 item it was sent
         assert [i.get("text") for i in second["history"]] == ["reply one", "two"]
-        # a Worker that lost the session hands it back, and gets the whole view
+        # a Worker that lost the session hands it back, and gets the whole view, under the
+        # same attempt id: after the ack (a Worker ignores a hand-out of an attempt it holds)
         worker.send({"t": "back", "attempt_id": second["attempt_id"], "reason": "history"})
-        assert worker.ack(second["attempt_id"])["ok"] is True
+        first = worker.expect(lambda m: m.get("attempt_id") == second["attempt_id"])
+        assert first["t"] == "ack" and first["ok"] is True, first
         again = worker.step(session_id="s1", step_id=second["step_id"])
         assert again["attempt"] == 1 and again["history_base"] == 0
         assert [i.get("text") for i in again["history"]] == ["one", "reply one", "two"]

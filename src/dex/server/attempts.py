@@ -368,13 +368,22 @@ class Attempts:
             ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
             return lambda s, now: handlers.hand_back(s, step_id, number)
 
-        return self._settling(session_id, build, attempt, ended)
+        # The Step goes out again under this very attempt id: not in this commit, whose
+        # hand-out would reach the Worker ahead of this hand-back's ack (the ack is sent
+        # when the commit's future calls back), and a Worker ignores a hand-out of an
+        # attempt it still holds. Offered, it goes out in a later commit, after the ack.
+        return self._settling(session_id, build, attempt, ended, dispatch=False)
 
     def _settling(
-        self, session_id: str, build: Callable[[Actor], Handle], attempt: str, ended: _Ended
+        self,
+        session_id: str,
+        build: Callable[[Actor], Handle],
+        attempt: str,
+        ended: _Ended,
+        dispatch: bool = True,
     ) -> asyncio.Future[Transition]:
         """Apply the end of ``attempt`` (let go once committed), and count it then."""
-        done = self.committer.apply(session_id, build, release=attempt)
+        done = self.committer.apply(session_id, build, release=attempt, dispatch=dispatch)
         done.add_done_callback(functools.partial(self._settled, ended))
         return done
 

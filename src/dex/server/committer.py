@@ -180,7 +180,7 @@ class Committer:
         for step in t.ready:
             if step.not_before is not None or step.status != StepStatus.QUEUED:
                 continue
-            worker = self.dispatcher.reserve(step.queue)
+            worker = self.dispatcher.reserve(step.queue, state.id)
             if worker is not None:
                 handlers.assign(state, step.id, worker.id, now, worker.proof)
                 handed.append((step, worker))
@@ -195,7 +195,7 @@ class Committer:
     ) -> None:
         self.actors.drop(actor)  # the state in memory ran ahead of storage
         for _, worker in handed:
-            self.dispatcher.release(worker)
+            self.dispatcher.release(worker, actor.state.id)
         actor.release()
         if not done.done():
             done.set_exception(error)

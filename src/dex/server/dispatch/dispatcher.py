@@ -184,6 +184,10 @@ class Dispatcher:
         self.workers: dict[str, WorkerConn] = {}
         """Live connections by Worker id."""
         self.held: dict[str, Held] = {}
+        self.handing: dict[str, int] = {}
+        """Per session, hand-outs that took a Worker's credit and are not held yet: their
+        commit is in flight. Once it is durable the attempt is held (or the credit goes
+        back): a hand-over or a drain waits for these as for the attempts held."""
         self.refused = 0
         """Messages about an attempt that the sending connection does not hold."""
         self.bytes_sent = 0
@@ -212,6 +216,7 @@ class Dispatcher:
         cluster, only its own partitions' (a Step of another's is dropped here: the node
         that takes the partition queues it again from storage)."""
         self._none_held = asyncio.Event()
+        """Set while no attempt is held or being handed out."""
         self._none_held.set()
 
     def start(self, assign: Assign, expire: Expire, fire: Fire) -> None:
@@ -343,20 +348,30 @@ class Dispatcher:
         self.paused = True
 
     async def wait_none_held(self, timeout: float) -> bool:
-        """Wait until no attempt is held, up to ``timeout``; whether none is."""
+        """Wait until no attempt is held or being handed out, up to ``timeout``; whether
+        none is."""
         try:
             await asyncio.wait_for(self._none_held.wait(), timeout)
         except TimeoutError:
-            return not self.held
+            return not self.held and not self.handing
         return True
+
+    def busy(self, which: Callable[[str], bool]) -> bool:
+        """Whether an attempt of the sessions ``which`` takes is held, or being handed out
+        (recorded in a commit not yet durable: it is held once it is)."""
+        return any(which(h.session_id) for h in self.held.values()) or any(
+            which(session_id) for session_id in self.handing
+        )
 
     def close_all(self, code: int, reason: str) -> None:
         """Close every Worker connection from the server's side."""
         for conn in list(self.workers.values()):
             conn.close(code, reason)
 
-    def reserve(self, queue: str) -> WorkerConn | None:
-        """Take one credit of a Worker that serves ``queue``, if any is free right now."""
+    def reserve(self, queue: str, session_id: str) -> WorkerConn | None:
+        """Take one credit of a Worker that serves ``queue``, if any is free right now, for
+        a Step of ``session_id``: ``hold`` (its hand-out recorded) or ``release`` (not)
+        gives it back."""
         if self.paused or self._ready.get(queue):
             return None  # keep queue order: earlier Steps go first
         best: WorkerConn | None = None
@@ -367,11 +382,26 @@ class Dispatcher:
                 if free > most:
                     best, most = worker, free
         if best is not None:
-            best.reserved += 1
+            self._reserve(best, session_id)
         return best
 
-    def release(self, worker: WorkerConn) -> None:
+    def _reserve(self, worker: WorkerConn, session_id: str) -> None:
+        worker.reserved += 1
+        self.handing[session_id] = self.handing.get(session_id, 0) + 1
+        self._none_held.clear()
+
+    def _reserved(self, worker: WorkerConn, session_id: str) -> None:
+        """The credit ``reserve`` took for a Step of ``session_id`` is used or given back."""
         worker.reserved -= 1
+        left = self.handing.pop(session_id, 0) - 1
+        if left > 0:
+            self.handing[session_id] = left
+        elif not self.held and not self.handing:
+            self._none_held.set()
+
+    def release(self, worker: WorkerConn, session_id: str) -> None:
+        """The hand-out of a Step of ``session_id`` was not recorded: the credit goes back."""
+        self._reserved(worker, session_id)
         if self._ready_count:
             self._wake()
 
@@ -397,9 +427,10 @@ class Dispatcher:
         self._wake()
 
     def hold(self, worker: WorkerConn, attempt_id: str, held: Held) -> None:
-        worker.reserved -= 1
+        """The hand-out ``reserve`` took ``worker``'s credit for is recorded: it holds it."""
         worker.attempts.add(attempt_id)
         self.held[attempt_id] = held
+        self._reserved(worker, held.session_id)
         self._none_held.clear()
         if worker.closed:  # it dropped while the hand-out was being recorded
             held.grace_until = time.monotonic() + self.reconnect_grace
@@ -456,7 +487,7 @@ class Dispatcher:
         if only is not None and self.held.get(attempt_id) is not only:
             return None
         held = self.held.pop(attempt_id, None)
-        if not self.held:
+        if not self.held and not self.handing:
             self._none_held.set()
         if held is not None:
             self._drop_ended()
@@ -552,7 +583,7 @@ class Dispatcher:
                 self._ready_count -= 1
                 if not self.dispatches(sid):
                     continue
-                worker.reserved += 1
+                self._reserve(worker, sid)
                 self.supervisor.spawn(self._hand_out(sid, step_id, queue, worker))
 
     async def _hand_out(
@@ -575,11 +606,11 @@ class Dispatcher:
                     "step_id": step_id,
                 },
             )
-            self.release(worker)
+            self.release(worker, session_id)
             self.offer(session_id, step_id, queue, self.clock.now() + HAND_OUT_RETRY)
             return
         if message is None:
-            self.release(worker)
+            self.release(worker, session_id)
         else:
             failpoints.hit("server.after_record_handout")
             worker.send(message)

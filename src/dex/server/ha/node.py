@@ -269,9 +269,10 @@ class Node:
             return cluster.partition(session_id) in partitions
 
         deadline = time.monotonic() + self.handover_timeout
-        while time.monotonic() < deadline and any(
-            in_them(held.session_id) for held in self.dispatcher.held.values()
-        ):
+        # a Step handed out in a commit still in flight is held once it is durable: wait
+        # for that too, or its attempt would run on past the hand-over, and the next
+        # owner would fail it as cut off
+        while time.monotonic() < deadline and self.dispatcher.busy(in_them):
             await asyncio.sleep(0.05)
         failed = await self.sessions.fail_held(
             f"its partition was handed over to another node, and it did not finish within "
@@ -342,6 +343,11 @@ class Node:
                 f"the node stopped: its drain timeout ({timeout:g}s) passed"
             )
         self.role = "stopped"
+        if self.cluster is not None:
+            # a call that came in before the stop may still be on its way to a commit: it
+            # is refused here (503: its client asks the next owner), as the next owner
+            # would fence it once it took the partition, making this node step down
+            self.cluster.epochs.clear()
         self.sessions.reads.end_waits()
         self.dispatcher.close_all(CLOSE_NOT_READY, "the node is stopping")
         await self.leadership.release()
