@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dex.testing import wait_until
 from tests.crash.helpers import columns
-from tests.support.rig import Rig, attempts, model_calls, results
+from tests.support.rig import Rig, attempts, metric, model_calls, results
 
 
 def reclaimed(rig: Rig) -> int:
     """How many attempts the serving node has let a Worker reclaim."""
-    return int(rig.metric("dex_attempts_reclaimed_total"))
+    return int(metric(rig, "dex_attempts_reclaimed_total"))
 
 
 def restart_and_reclaim(rig: Rig) -> None:

@@ -168,14 +168,16 @@ def test_text_streams_live_and_a_server_restart_mid_answer_shows_each_line_once(
     screen = term.prompt(timeout=90)
 
     assert screen.count("agent> echo: hello") == 1
-    assert screen.count("agent> echo: stream me") == 1  # the retry's answer, shown once
+    assert screen.count("agent> echo: stream me") == 1  # the answer, shown once
     assert screen.count("you> hello") == 1 and screen.count("you> stream me") == 1
     session_id = screen.splitlines()[0].split()[1]
     snapshot = rig.client.get_agent_snapshot(session_id)
     assert snapshot["history"][-1]["text"] == f"echo: {long}"
     turn = rig.client.wait_turn(session_id, 2, timeout=0)
     attempts = turn["steps"][0]["attempts"]
-    assert len(attempts) == 2 and attempts[0]["outcome"] == "failed"  # cut off, then again
+    # the Worker lived through the restart and reclaimed the model call: one attempt,
+    # its text streamed on to the node that came back
+    assert [a["outcome"] for a in attempts] == ["succeeded"]
     # below the message, the screen shows the whole answer and nothing else
     lines = screen.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("agent> echo: stream"))

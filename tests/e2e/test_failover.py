@@ -27,7 +27,12 @@ def test_the_standby_takes_over_and_no_write_runs_twice_and_one_node_serves(
     assert result.writes["succeeded"] >= 2 * times and result.runs >= result.writes["succeeded"]
     assert result.polls >= (2 * times + 1) * 10
     assert len(result.refusals) >= times + 1
-    if fault != "term":  # a drain lets the running write finish
-        # Each fault aims at a running write (it works 50 ms after its ledger line): most
-        # land in it, and the write then records outcome_unknown, run once, never again.
-        assert result.writes["outcome_unknown"] >= (times + 1) // 2
+    # Each fault aims at a running write (it works 50 ms after its ledger line).
+    if fault == "kill":
+        # a dead leader: the Worker that ran on reclaims the write from the standby and
+        # its result is kept (docs/at-most-once.md); only a hand-out the dead leader
+        # recorded and never sent can still end unknown
+        assert result.writes["outcome_unknown"] <= times // 4
+    # (stop: the Worker gives a hung leader up when its pings go unanswered, before or
+    # after the standby's reclaim window ends, so the write is kept or recorded unknown,
+    # run once either way (``problems``); term: a drain lets the running write finish)

@@ -20,7 +20,7 @@ import pytest
 import dex
 from dex.testing import ServerProcess, WorkerProcess, wait_until
 from dex.testing.proxy import TcpProxy
-from tests.support.rig import AGENTS, Rig, attempts
+from tests.support.rig import AGENTS, Rig, attempts, metric
 
 
 def readyz_epoch(node: ServerProcess) -> int | None:
@@ -201,7 +201,7 @@ def test_a_worker_that_runs_on_reclaims_its_write_from_the_standby_that_took_ove
 
         rig.restart_server()  # the standby takes over
         wait_until(
-            lambda: rig.metric("dex_attempts_reclaimed_total") == 1,
+            lambda: metric(rig, "dex_attempts_reclaimed_total") == 1,
             20,
             what="the Worker reclaimed its attempt",
         )

@@ -170,8 +170,12 @@ async def test_a_turn_that_crosses_a_server_restart_stays_one_trace(
             session = (await client.create_session(AGENT.name))["id"]
             number = (await client.send_message(session, "wait"))["turn"]
             await asyncio.wait_for(ENTERED.wait(), 10)
-        # the node stopped with the tool running; a new node on the same data recovers it
-        async with run_server(data, port=port, tracing=True, tracer_provider=provider):
+        # the node stopped with the tool running; a new node on the same data recovers it,
+        # failing the attempt at once (no reclaim window: the Worker that runs on would
+        # reclaim it, and the retry's spans are what this test follows)
+        async with run_server(
+            data, port=port, tracing=True, tracer_provider=provider, reclaim_window=0
+        ):
             turn = await client.wait_turn(session, number, timeout=20)
             assert turn["status"] == "completed"
             finished = await ended(exporter, "dex.turn")

@@ -233,14 +233,6 @@ class Rig:
     def release_failpoint(self, name: str) -> None:
         (self.failpoints / f"{name}.release").write_text("")
 
-    def metric(self, name: str) -> float:
-        """A figure of the serving node's ``/metrics`` (``AssertionError`` if absent)."""
-        with urllib.request.urlopen(self.server.address + "/metrics", timeout=5) as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        raise AssertionError(f"the server reports no {name}")
-
     def wait_entered(self, gate: str, attempt: int, timeout: float = 20) -> None:
         wait_until(
             lambda: (self.gates / f"{gate}.{attempt}.entered").exists(),

@@ -83,7 +83,11 @@ class Chat:
         yet; a gap means the stream missed one."""
         for index, item in enumerate(items, start):
             if item["type"] == "assistant":
-                self.partial.clear()  # its text is in the item: live text before it is old
+                # its text is in the item: live text before it is old, and any late text of
+                # those attempts (a stream that replays its buffer) is void
+                self.discarded.update(self.attempt_of.values())
+                self.partial.clear()
+                self.attempt_of.clear()
             if index < self.shown:
                 continue
             if index > self.shown:
@@ -185,7 +189,10 @@ class Chat:
                 continue
             except Unavailable:
                 self.status = "the server does not answer: reconnecting"
-                self.partial.clear()  # the node's live text is gone; the retry streams anew
+                # the node's live text is gone; the retry streams anew (a reclaimed attempt
+                # goes on streaming from where it is)
+                self.partial.clear()
+                self.attempt_of.clear()
                 self._refresh()
                 await asyncio.sleep(RECONNECT[min(tries, len(RECONNECT) - 1)])
                 tries += 1
