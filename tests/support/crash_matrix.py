@@ -387,12 +387,14 @@ The page is written from the results of a run of every crash test (`pytest tests
 match the tests' `crash` marks, and `scripts/test`, whose run includes every crash test,
 fails when the page its results would write differs from this one.
 
-A running Worker survives both server failures: it reconnects, and the restarted node
-has already failed every attempt that was handed out and not committed
-(`NOT_COMPLETED`), so the row for that Step applies. The Worker's late result for such
-an attempt is refused and dropped; its heartbeat is answered "stop", so the code still
-running for it is cancelled. Live model output of the failed node is gone; the durable
-history is not.
+A running Worker survives both server failures. After a restart it reconnects and
+reclaims the attempts it runs: each waited the reclaim window (3 s) for it, and runs on
+as if nothing happened (`tests/crash/test_reclaim.py`). An attempt not reclaimed in time
+fails (`NOT_COMPLETED`) and the row for that Step applies; so does every attempt a
+takeover in a cluster finds, for there the Worker cannot reclaim yet. The Worker's late
+result for a failed attempt is refused and dropped; its heartbeat is answered "stop", so
+the code still running for it is cancelled. Live model output of the failed node is
+gone; the durable history is not.
 
 ### A call that never ran
 
