@@ -100,14 +100,20 @@ def test_no_violation_when_every_promise_held() -> None:
 
 
 @pytest.mark.parametrize(
-    "why",
+    ("why", "cause"),
     [
-        "the node restarted",  # as the node's recovery says (dex.server.ha.node)
-        "its partition was taken over by another node",
+        ("the node restarted", "node_restart"),  # as the node's recovery says (ha.node)
+        ("its partition was taken over by another node", "node_restart"),
+        ("its result from Worker w-1 was refused: the disk is full", "result_refused"),
+        (
+            "the node restarted or took the session over, and Worker w-1 did not reclaim "
+            "the attempt within 3s",
+            "not_reclaimed",
+        ),
     ],
 )
 def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violation(
-    why: str,
+    why: str, cause: str
 ) -> None:
     e = good()
     c = e.snapshots[S]["tool_calls"][0]
@@ -115,30 +121,7 @@ def test_a_write_that_completed_after_outcome_unknown_is_the_window_not_a_violat
     c["error"] = f"the outcome is unknown: the tool may have run ({why})"
     findings = check(e)
     assert findings.violations == []
-    assert findings.window == findings.unknown == {"node_restart": 1}
-
-
-def test_the_window_names_a_write_whose_result_could_not_be_recorded() -> None:
-    e = good()
-    c = e.snapshots[S]["tool_calls"][0]
-    c["status"] = "outcome_unknown"
-    c["error"] = (
-        "the outcome is unknown: the tool may have run (its result from Worker w-1 was "
-        "refused: the disk is full)"
-    )
-    assert check(e).window == {"result_refused": 1}
-
-
-def test_the_window_names_a_write_its_worker_did_not_reclaim_after_a_restart() -> None:
-    e = good()
-    c = e.snapshots[S]["tool_calls"][0]
-    c["status"] = "outcome_unknown"
-    c["error"] = (
-        "the outcome is unknown: the tool may have run (the node restarted or took the "
-        "session over, and Worker w-1 did not reclaim the attempt within 3s)"
-    )
-    findings = check(e)
-    assert findings.window == findings.unknown == {"not_reclaimed": 1}
+    assert findings.window == findings.unknown == {cause: 1}
 
 
 def mutate_write_twice(e: Evidence) -> None:
