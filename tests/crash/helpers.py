@@ -12,17 +12,9 @@ from tests.support.rig import SERVER_RESTART_POSTGRES, TAKEOVER, AnyWorker, Rig
 WORKER_KILL = "Worker kill"
 SERVER_RESTART = "Server restart"
 SERVER_SIDE = (SERVER_RESTART, SERVER_RESTART_POSTGRES, TAKEOVER)
-"""The failures of the node."""
-RESTARTS = (SERVER_RESTART, SERVER_RESTART_POSTGRES)
-"""The failures after which a Worker that lived through them reclaims the attempt it runs
+"""The failures of the node. A Worker that lives through one reclaims the attempt it runs
 (its result is kept): ``interrupt`` kills the Worker with the node, and the Worker that
 survives is tested apart (``test_reclaim.py``)."""
-
-
-def survived(column: str) -> bool:
-    """Whether the Worker ran on through the interruption without reclaiming its attempt
-    (a takeover in a cluster: its attempt fails, and a late run of it is refused)."""
-    return column == TAKEOVER
 
 
 def columns(
@@ -32,11 +24,12 @@ def columns(
     takeover: bool = False,
     typescript: bool = False,
     go: bool = False,
-    restarts_only: bool = False,
+    reclaim: bool = False,
 ) -> pytest.MarkDecorator:
     """Parametrize a test over the failures, each marked as its cell of the matrix:
     Worker kill and Server restart (SQLite), and with ``takeover`` the Server restart of a
-    node on PostgreSQL and the Takeover of a hot standby (two nodes on PostgreSQL).
+    node on PostgreSQL and the Takeover (three nodes on PostgreSQL: the one that owns the
+    session's partition dies, another takes it over).
     ``worker_kill=False`` leaves out the Worker kill, for a row whose moment is in the
     server only (a Worker killed then interrupts nothing of the row).
 
@@ -50,13 +43,12 @@ def columns(
     The rig reads the language from the ``worker_language`` fixture, parametrized
     indirectly, and only such tests get that parameter.
 
-    ``restarts_only``: the Server restart on SQLite and on PostgreSQL, nothing else (a
-    Worker that lives through a restart and reclaims its attempt)."""
+    ``reclaim``: the node's failures only, each of them (the Server restart on SQLite and
+    on PostgreSQL, the Takeover): a Worker that lives through them reclaims its attempt."""
     python = [(WORKER_KILL, WORKER_KILL, "worker-kill")] if worker_kill else []
     python.append((SERVER_RESTART, SERVER_RESTART, "server-restart"))
-    if takeover or restarts_only:
+    if takeover or reclaim:
         python.append((SERVER_RESTART_POSTGRES, SERVER_RESTART, "server-restart-postgres"))
-    if takeover and not restarts_only:
         python.append((TAKEOVER, TAKEOVER, "takeover"))
     languages = [name for name, wanted in (("typescript", typescript), ("go", go)) if wanted]
     if not languages:
@@ -89,20 +81,14 @@ def columns(
 
 
 def interrupt(rig: Rig, column: str, worker: AnyWorker) -> AnyWorker:
-    """SIGKILL the Worker and start a new one; or SIGKILL the serving node and bring
-    service back: a restart on its storage, with the Worker killed too and a new one
-    started (``RESTARTS``), or a takeover, with the Worker running on.
+    """SIGKILL the Worker, and with a server-side failure the serving node too (service
+    comes back: a restart on its storage, or a takeover); start a new Worker.
 
     Returns the Worker that serves from now on."""
-    if column == WORKER_KILL:
-        worker.kill()
-        return rig.start_worker()
-    if column in RESTARTS:
-        worker.kill()
+    worker.kill()
+    if column in SERVER_SIDE:
         rig.restart_server()
-        return rig.start_worker()
-    rig.restart_server()
-    return worker
+    return rig.start_worker()
 
 
 def workers_connected(rig: Rig) -> int:
@@ -119,15 +105,11 @@ def interrupt_and_reconnect(rig: Rig, column: str, worker: AnyWorker) -> AnyWork
     killed Worker's connection is gone before the new one starts, and the new Worker (or,
     after a restart, the old one) is connected. From then on anything that was to run
     again has been handed out."""
+    worker.kill()
     if column == WORKER_KILL:
-        worker.kill()
         wait_until(lambda: workers_connected(rig) == 0, 10, what="the killed Worker's link closed")
-        worker = rig.start_worker()
-    elif column in RESTARTS:
-        worker.kill()
-        rig.restart_server()
-        worker = rig.start_worker()
     else:
         rig.restart_server()
+    worker = rig.start_worker()
     wait_until(lambda: workers_connected(rig) == 1, 20, what="a Worker connected")
     return worker

@@ -16,7 +16,7 @@ import pytest
 
 from dex.testing import wait_until
 from dex.testing.fake_providers import Entry, FakeAnthropic, Reply, ScriptedCall
-from tests.crash.helpers import columns, interrupt, survived
+from tests.crash.helpers import columns, interrupt
 from tests.support.rig import AnyWorker, Rig, attempts, make_rig
 
 CLAUDE_AGENTS = str(Path(__file__).parent.parent / "support" / "claude_agents.py")
@@ -155,14 +155,13 @@ def test_a_segment_repeats_with_its_cli_tools_and_not_its_deferred_calls(
     assert charged == json.dumps("charged 5")
     assert slept.startswith("slept")  # the CLI may append a reminder to a tool's output
     assert [c["name"] for c in t["tool_calls"]] == ["charge"]  # Dex never saw Bash
-    if not survived(column):
-        # the killed Worker's CLI outlives it until it finds its parent gone
-        try:
-            wait_until(lambda: all(gone(pid) for pid in clis), 20, what="the orphaned CLI exits")
-        finally:
-            for pid in clis:
-                if not gone(pid):
-                    os.kill(pid, signal.SIGKILL)
+    # the killed Worker's CLI outlives it until it finds its parent gone
+    try:
+        wait_until(lambda: all(gone(pid) for pid in clis), 20, what="the orphaned CLI exits")
+    finally:
+        for pid in clis:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @columns("single_attempt.running")

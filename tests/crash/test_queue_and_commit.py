@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dex.testing import wait_until
 from tests.crash.helpers import (
-    RESTARTS,
     SERVER_SIDE,
     WORKER_KILL,
     columns,
     workers_connected,
 )
-from tests.support.rig import TAKEOVER, Rig, attempts, model_calls, results
+from tests.support.rig import Rig, attempts, model_calls, results
 
 
 @columns("any_step.queued", takeover=True, typescript=True, go=True)
@@ -57,9 +56,9 @@ def test_queued_step_uses_no_attempt_and_runs_as_attempt_1(rig: Rig, column: str
     assert [e["attempt"] for e in rig.ledger.entries("lookup") if e["key"] == "q"] == [1]
     busy_attempts = attempts(rig.wait_turn(busy, busy_turn), "CallTool")
     busy_runs = [e["attempt"] for e in rig.ledger.entries("lookup") if e["key"] == "b"]
-    if column in RESTARTS:
-        # the Worker lived through the restart and reclaimed the held tool's attempt: its
-        # result was kept, and it ran once
+    if column in SERVER_SIDE:
+        # the Worker lived through the node's failure and reclaimed the held tool's
+        # attempt: its result was kept, and it ran once
         assert (busy_attempts, busy_runs) == ([[(1, "succeeded")]], [1])
     else:
         # the held tool's attempt was interrupted and ran again, once
@@ -91,10 +90,8 @@ def test_sent_result_is_committed_or_its_attempt_fails(rig: Rig, column: str) ->
     # read ran again. The ledger agrees with the record either way.
     assert tool_attempts in ([(1, "succeeded")], [(1, "failed"), (2, "succeeded")])
     assert ran == [a for a, _ in tool_attempts]
-    if column in RESTARTS:
-        # the Worker lived through the restart, reclaimed the attempt and sent its result
-        # again: committed by the node that came back
+    if column in SERVER_SIDE:
+        # the Worker lived through the node's failure, reclaimed the attempt and sent its
+        # result again: committed by the node that serves next
         assert tool_attempts == [(1, "succeeded")]
-    elif column == TAKEOVER:
-        assert tool_attempts == [(1, "failed"), (2, "succeeded")]  # never committed
     assert results(t)[0]["status"] == "succeeded"

@@ -21,7 +21,7 @@ def restart_and_reclaim(rig: Rig) -> None:
     wait_until(lambda: reclaimed(rig) == 1, 20, what="the Worker reclaimed its attempt")
 
 
-@columns("single_attempt.running", worker_kill=False, restarts_only=True, typescript=True, go=True)
+@columns("single_attempt.running", worker_kill=False, reclaim=True, typescript=True, go=True)
 def test_write_running_through_a_restart_is_reclaimed_and_its_result_kept(
     rig: Rig, column: str
 ) -> None:
@@ -45,7 +45,7 @@ def test_write_running_through_a_restart_is_reclaimed_and_its_result_kept(
 @columns(
     "single_attempt.before_heartbeat",
     worker_kill=False,
-    restarts_only=True,
+    reclaim=True,
     typescript=True,
     go=True,
 )
@@ -72,9 +72,7 @@ def test_write_not_yet_started_at_a_restart_starts_once_after_its_reclaim(
     assert "no longer runs this attempt" not in worker.output()
 
 
-@columns(
-    "idempotent_write.running", worker_kill=False, restarts_only=True, typescript=True, go=True
-)
+@columns("idempotent_write.running", worker_kill=False, reclaim=True, typescript=True, go=True)
 def test_idempotent_write_running_through_a_restart_runs_once(rig: Rig, column: str) -> None:
     rig.start_server()
     rig.start_worker()
@@ -92,7 +90,7 @@ def test_idempotent_write_running_through_a_restart_runs_once(rig: Rig, column: 
     assert [e["attempt"] for e in rig.ledger.entries("upsert")] == [1]
 
 
-@columns("read.running", worker_kill=False, restarts_only=True, typescript=True, go=True)
+@columns("read.running", worker_kill=False, reclaim=True, typescript=True, go=True)
 def test_read_running_through_a_restart_runs_once(rig: Rig, column: str) -> None:
     rig.start_server()
     rig.start_worker()
@@ -108,7 +106,7 @@ def test_read_running_through_a_restart_runs_once(rig: Rig, column: str) -> None
     assert [e["attempt"] for e in rig.ledger.entries("lookup")] == [1]
 
 
-@columns("run_model.before_output", worker_kill=False, restarts_only=True, typescript=True, go=True)
+@columns("run_model.before_output", worker_kill=False, reclaim=True, typescript=True, go=True)
 def test_model_call_through_a_restart_runs_once(rig: Rig, column: str) -> None:
     rig.start_server()
     rig.start_worker(failpoints="worker.run_model.before_output=pause")

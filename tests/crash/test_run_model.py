@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dex.testing import wait_until
-from tests.crash.helpers import columns, interrupt, survived
+from tests.crash.helpers import columns, interrupt
 from tests.support.rig import Rig, attempts, model_calls
 
 
@@ -26,7 +26,7 @@ def test_model_call_interrupted_before_output_runs_again(rig: Rig, column: str) 
     # that ran on through a takeover, released, made attempt 1's call late (its result was
     # refused: that attempt had failed) and then attempt 2's, each once.
     # (in a cluster, in either order: the new owner may hand attempt 2 to the paused Worker)
-    assert sorted(model_calls(rig, sid)) == ([1, 2] if survived(column) else [2])
+    assert sorted(model_calls(rig, sid)) == [2]
     history = rig.client.get_agent_snapshot(sid)["history"]
     assert [i["type"] for i in history] == ["user", "assistant"]  # no duplicate answer
 

@@ -123,3 +123,62 @@ def test_a_refused_result_s_attempt_a_reconnect_does_not_name_fails_and_never_go
     assert (stop, unnamed) == ([], [])
     (expired,) = expire_due(dispatcher)
     assert expired.refused == "the result does not fit"
+
+
+# --- in a cluster: a claim on another node's connection (``Dispatcher.claim``) --------
+
+
+def test_a_claim_with_the_token_it_was_handed_out_under_binds_it_to_the_claiming_connection() -> (
+    None
+):
+    dispatcher = left_running()
+    worker = conn()
+    dispatcher.connect(worker, [], "the-token-of-its-connection-to-this-node")
+
+    assert dispatcher.claim(worker, AID, TOKEN) is True
+
+    assert dispatcher.owned(worker, AID) is not None  # its heartbeats and result count here
+    assert dispatcher.reclaimed == 1
+    assert dispatcher.claim(worker, AID, TOKEN) is True  # asked again: still its own
+    assert dispatcher.reclaimed == 1
+    assert expire_due(dispatcher) == []
+
+
+def test_a_claim_with_another_token_or_from_another_worker_is_told_to_stop() -> None:
+    dispatcher = left_running()
+    worker, other = conn(), conn("other")
+    dispatcher.connect(worker, [], None)
+    dispatcher.connect(other, [], None)
+
+    assert dispatcher.claim(worker, AID, "a-token-of-another-process") is False
+    assert dispatcher.claim(other, AID, TOKEN) is False
+
+    assert dispatcher.owned(worker, AID) is None and dispatcher.owned(other, AID) is None
+    assert dispatcher.held[AID].proof == proof_of(TOKEN)  # it still waits for its own
+    assert dispatcher.claim(worker, AID, TOKEN) is True
+
+
+def test_a_claim_after_the_window_passed_is_told_to_stop() -> None:
+    dispatcher = left_running(window=0.0)
+    (expired,) = expire_due(dispatcher)
+    worker = conn()
+    dispatcher.connect(worker, [], None)
+
+    assert dispatcher.claim(worker, AID, TOKEN) is False  # failing: it may not go on
+    dispatcher.unhold(AID, expired)  # its failure committed
+    assert dispatcher.claim(worker, AID, TOKEN) is False
+    assert dispatcher.reclaimed == 0
+
+
+def test_a_claim_of_an_attempt_its_dropped_connection_here_holds_waits_for_that_grace() -> None:
+    dispatcher = Dispatcher(heartbeat_timeout=3600, reconnect_grace=3600)
+    first = conn()
+    dispatcher.connect(first, [], None)
+    first.reserved = 1
+    dispatcher.hold(first, AID, Held("s", "1.2", 1, first, deadline=float("inf")))
+    dispatcher.disconnect(first)
+    second = conn()
+    dispatcher.connect(second, [], None)  # not proven: the attempt stays with the first
+
+    assert dispatcher.claim(second, AID, first.resume) is None  # undecided: no answer
+    assert dispatcher.owned(second, AID) is None

@@ -56,8 +56,18 @@ from dex.wire import (
     worker_frames,
 )
 from dex.wire.outbox import Outbox
-from dex.wire.server_frames import Ack, HeartbeatReply, Members, ServerMessage, Welcome
-from dex.wire.worker_frames import Back, Delta, Done, Drain, Fail, Heartbeat, Hello, WorkerMessage
+from dex.wire.server_frames import Ack, Claimed, HeartbeatReply, Members, ServerMessage, Welcome
+from dex.wire.worker_frames import (
+    Back,
+    Claim,
+    Delta,
+    Done,
+    Drain,
+    Fail,
+    Heartbeat,
+    Hello,
+    WorkerMessage,
+)
 
 log = logging.getLogger("dex.workers")
 
@@ -141,6 +151,13 @@ class Link:
         if isinstance(message, Drain):
             worker.draining = True
             return
+        if isinstance(message, Claim):
+            if not self.lease_valid():
+                return  # as for a heartbeat: no "ok" from a node that may be replaced
+            status = self.attempts.claim(worker, message.attempts)
+            if status:
+                outbox.put(Claimed(status=status))
+            return
         assert isinstance(message, Done | Fail | Back)
         attempt = message.attempt_id
         if dispatcher.owned(worker, attempt) is None:
@@ -212,6 +229,10 @@ class Attempts:
         self.members: Callable[[], list[str]] = lambda: []
         """In a cluster: the base URLs of the nodes a Worker should be connected to, this
         one included (``welcome.members``); empty on a single node."""
+        self.recovered: Callable[[str], bool] = _every_session
+        """Whether this node owns the session, recovered: an attempt of it that the node
+        does not hold runs nowhere. In a cluster a Worker may ask about attempts of other
+        nodes' sessions (handed out by a node that died): those get no answer here."""
 
     # --- connections -----------------------------------------------------------------
 
@@ -248,6 +269,7 @@ class Attempts:
             stop, unreceived = self.dispatcher.connect(worker, hello.attempts, hello.resume)
         except WorkerIdInUse:
             return None
+        stop = [a for a in stop if self.recovered(_session_of(a))]  # others: claimed elsewhere
 
         def close_from_server(code: int, reason: str) -> None:
             outbox.closed = True
@@ -280,15 +302,30 @@ class Attempts:
         self, worker: WorkerConn, attempts: list[str]
     ) -> dict[str, Literal["ok", "stop"]]:
         """Extend each attempt this connection holds ("ok"); "stop" for the others (one
-        another connection holds is refused, and never extended)."""
+        another connection holds is refused, and never extended), but those of sessions
+        this node has not recovered (``recovered``), which are left out."""
         status: dict[str, Literal["ok", "stop"]] = {}
         for a in attempts:
             if self.dispatcher.heartbeat(worker, a):
                 status[a] = "ok"
-            else:
+            elif self.recovered(_session_of(a)):
                 status[a] = "stop"
                 if a in self.dispatcher.held:
                     self.dispatcher.refuse(worker, a, "hb")
+        return status
+
+    def claim(self, worker: WorkerConn, claims: dict[str, str]) -> dict[str, Literal["ok", "stop"]]:
+        """A Worker's claims of attempts handed out by another node, each with the resume
+        token it was handed out under (``Dispatcher.claim``): "ok" for those that are this
+        connection's now, "stop" for those that run nowhere; those of sessions this node
+        has not recovered, or not decided yet, are left out (the Worker asks again)."""
+        status: dict[str, Literal["ok", "stop"]] = {}
+        for a, resume in claims.items():
+            if not self.recovered(_session_of(a)):
+                continue
+            verdict = self.dispatcher.claim(worker, a, resume)
+            if verdict is not None:
+                status[a] = "ok" if verdict else "stop"
         return status
 
     # --- hand-outs ---------------------------------------------------------------------
@@ -509,3 +546,13 @@ def _parse(attempt: str) -> tuple[str, str, int]:
         return parse_attempt_id(attempt)
     except ValueError:
         raise NotFound(f"unknown attempt {attempt!r}") from None
+
+
+def _session_of(attempt: str) -> str:
+    """The session of an attempt id (of a malformed one, what precedes its last two
+    slashes, or itself: a session that holds no such attempt)."""
+    return attempt.rsplit("/", 2)[0]
+
+
+def _every_session(session_id: str) -> bool:
+    return True

@@ -136,6 +136,19 @@ RULES = """\
    attempts over all connections, and answer a `step` that comes while they are all
    taken with `back` at once (the Step queues again, for another Worker, and uses no
    attempt).
+14. **Strays.** In a cluster, when the node that handed an attempt out dies or gives its
+   session up, another node takes the session over and waits its reclaim window for
+   the attempt's Worker. Call an attempt a stray when its connection drops, or when the
+   reply to a heartbeat without `seq` leaves it out (that node no longer owns its
+   session; it answers nothing about attempts of other nodes' sessions, in `hb` or in
+   `welcome.stop`). Keep running a stray, and at each heartbeat send `claim` on every
+   connection, before that connection's `hb`, with each stray and the `resume` token of
+   the connection it was handed out on (keep that token with the attempt). The node
+   that took its session over answers `claimed`: `ok`, the attempt is that
+   connection's from now on (its heartbeats, text and result go there; send a result
+   you hold at once), or `stop`, stop it and drop its result. Nodes that do not own
+   the session leave it out. A single-attempt tool that waits for its start
+   acknowledgement asks for it only once its attempt is claimed.
 
 ## Close codes
 

@@ -42,7 +42,8 @@ class Welcome(_Message, tag="welcome"):
     """Give it in the next ``hello`` to re-claim this connection's attempts."""
     stop: list[AttemptId] = []
     """Attempts the ``hello`` named that this node does not run any more: stop them and
-    drop their results."""
+    drop their results. In a cluster only attempts of this node's own sessions are
+    listed; one of another node's is left out (claim it there: ``claim``)."""
     members: list[str] = []
     """In a cluster: the base URLs (``http://10.0.0.2:7450``) of every node this Worker
     should be connected to, this one included; each node hands out only the Steps of its
@@ -89,6 +90,9 @@ class HeartbeatReply(_Message, tag="hb", omit_defaults=True):
     replaced."""
 
     status: dict[str, Literal["ok", "stop"]]
+    """Per attempt: ``ok`` (go on) or ``stop``. In a cluster an attempt of a session this
+    node does not own (or still recovers) is left out: claim it on the other connections
+    (``claim``)."""
     seq: int | None = None
 
 
@@ -117,8 +121,27 @@ class Members(_Message, tag="members"):
     """As ``welcome.members``."""
 
 
-ServerMessage = Welcome | Step | HeartbeatReply | Ack | Cancel | Members
-MESSAGES: tuple[type[msgspec.Struct], ...] = (Welcome, Step, HeartbeatReply, Ack, Cancel, Members)
+class Claimed(_Message, tag="claimed"):
+    """The answer to ``claim``, about the attempts of sessions this node owns and has
+    recovered (the others are left out: ask again at the next heartbeat, their owner
+    will answer)."""
+
+    status: dict[str, Literal["ok", "stop"]]
+    """Per attempt: ``ok``, it is this connection's now (heartbeat it here, send its
+    result here); ``stop``, it runs nowhere any more (its reclaim window passed, or it
+    is not this process's): stop it and drop its result."""
+
+
+ServerMessage = Welcome | Step | HeartbeatReply | Ack | Cancel | Members | Claimed
+MESSAGES: tuple[type[msgspec.Struct], ...] = (
+    Welcome,
+    Step,
+    HeartbeatReply,
+    Ack,
+    Cancel,
+    Members,
+    Claimed,
+)
 """Every message the server sends, in the page's order."""
 
 _DECODER = msgspec.json.Decoder(list[ServerMessage])

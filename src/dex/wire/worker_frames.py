@@ -107,13 +107,38 @@ class Drain(_Message, tag="drain"):
     """Hand this Worker nothing new (it is stopping)."""
 
 
+class Claim(_Message, tag="claim"):
+    """In a cluster: attempts this Worker still runs (or holds the result of) that were
+    handed out on its connection to another node, which is gone or no longer runs them
+    (its connection dropped, or its heartbeat reply left them out). Sent on every
+    connection, before its heartbeat, until a node answers (``claimed``): the node that
+    took their sessions over binds each to this connection if the token proves that this
+    is the process it was handed to (``Dispatcher.await_reclaim``)."""
+
+    attempts: Annotated[
+        dict[AttemptId, Annotated[str, msgspec.Meta(max_length=200)]],
+        msgspec.Meta(max_length=MAX_ATTEMPTS_PER_MESSAGE),
+    ]
+    """Each attempt, with the ``resume`` token of the welcome of the connection it was
+    handed out on."""
+
+
 class HelloAgain(msgspec.Struct, tag_field="t", tag="hello"):
     """A ``hello`` after the first message: refused whatever it holds."""
 
 
-WorkerMessage = Heartbeat | Delta | Done | Fail | Back | Drain | HelloAgain
+WorkerMessage = Heartbeat | Delta | Done | Fail | Back | Drain | Claim | HelloAgain
 """What a frame after the ``hello`` may hold (a ``HelloAgain`` is refused by the server)."""
-MESSAGES: tuple[type[msgspec.Struct], ...] = (Hello, Heartbeat, Delta, Done, Fail, Back, Drain)
+MESSAGES: tuple[type[msgspec.Struct], ...] = (
+    Hello,
+    Heartbeat,
+    Delta,
+    Done,
+    Fail,
+    Back,
+    Drain,
+    Claim,
+)
 """Every message a Worker sends, in the page's order."""
 
 
@@ -132,7 +157,7 @@ def _payload(kind: type, value: Any) -> Any:
 
 _DECODER = msgspec.json.Decoder(list[WorkerMessage])
 _FIRST_DECODER = msgspec.json.Decoder(
-    list[Hello | Heartbeat | Delta | Done | Fail | Back | Drain], dec_hook=_payload
+    list[Hello | Heartbeat | Delta | Done | Fail | Back | Drain | Claim], dec_hook=_payload
 )
 
 

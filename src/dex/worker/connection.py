@@ -3,7 +3,8 @@
 It keeps one WebSocket to a node, tries its addresses in turn with backoff until one
 serves, says ``hello`` (re-claiming, after a reconnect, every attempt it was handed and
 the Worker still holds), sends again the results its node never acknowledged,
-heartbeats those attempts, and passes what the node sends to the ``Runner``. Messages
+heartbeats those attempts, claims the Worker's strays (``Runner.strays``), and passes
+what the node sends to the ``Runner``. Messages
 go out through the link's outbox (``dex.wire.outbox``): what is ready leaves as one
 frame. In a cluster the Worker holds one per node (``dex.worker.cluster``): the seed,
 on the configured addresses, and one per member the nodes list.
@@ -29,7 +30,7 @@ from dex.errors import AuthError
 from dex.wire import server_frames as frames
 from dex.wire.outbox import Outbox
 from dex.wire.protocol import CLOSE_FORBIDDEN
-from dex.wire.worker_frames import Done, Drain, Heartbeat, Hello, WorkerMessage
+from dex.wire.worker_frames import Claim, Done, Drain, Heartbeat, Hello, WorkerMessage
 from dex.worker.config import WorkerConfig
 from dex.worker.connection_log import ConnectionLog
 from dex.worker.history import HistoryCache
@@ -92,8 +93,9 @@ class Connection:
         """The history views this connection's node sent (``history_base`` counts on them)."""
         self.log = ConnectionLog(worker_id, [a.name for a in agents], config.capacity)
         self._auth = {"authorization": f"Bearer {token}"} if token else {}
-        self._resume: str | None = None
-        """The resume token of the last welcome: proves a reconnect is this process."""
+        self.resume: str | None = None
+        """The resume token of the last welcome: proves a reconnect is this process (and,
+        in a cluster, a ``claim`` of an attempt handed out under it, on another node)."""
 
     def send(self, message: WorkerMessage) -> None:
         """Put ``message`` on the live connection; without one it is dropped (a result is
@@ -125,7 +127,6 @@ class Connection:
         targets = itertools.cycle(self.addresses)
         while not self.stopping.is_set():
             if not self._wanted():
-                self._node_left()
                 if not self._idle_seed():
                     self.log.let_go(self.address)
                     return
@@ -167,21 +168,12 @@ class Connection:
             if link.welcomed:
                 reconnecting = self._wanted()
                 self.log.lost(base, link.ended, reconnecting=reconnecting)
-                if not reconnecting:
-                    self._node_left()
-                    if not self._idle_seed():
-                        return
+                if not reconnecting and not self._idle_seed():
+                    return
             else:  # accepted, then closed before its welcome: a standby, say
                 self.log.failed(base, link.ended)
             # a node that accepts and closes at once (a standby) is not asked again at once
             await self._pause(self.config.reconnect_initial * random.uniform(0.5, 1.0))
-
-    def _node_left(self) -> None:
-        """Its node left the cluster (no connected node lists it): the attempts it handed
-        out on this connection run nowhere any more (the node that took their sessions
-        failed them), so none of them starts or goes on here."""
-        for attempt_id in self.runner.held_by(self):
-            self.runner.abandon(attempt_id, self, "the server no longer runs this attempt")
 
     def _idle_seed(self) -> bool:
         """Whether it is the seed (which waits, unwanted, rather than stop)."""
@@ -233,7 +225,7 @@ class Connection:
                 capacity=self.config.capacity,
                 # on a reconnect: re-claim what this process still holds
                 attempts=runner.held_by(self),
-                resume=self._resume,
+                resume=self.resume,
                 history_cache=self.histories.sessions,
             )
         )
@@ -257,6 +249,7 @@ class Connection:
                     raise task.exception()  # type: ignore[misc]
         finally:
             self.link = None
+            self.runner.lost(self)
             link.outbox.closed = True
             for task in sides:
                 task.cancel()
@@ -265,6 +258,11 @@ class Connection:
     async def _heartbeat(self, link: Link) -> None:
         while True:
             await asyncio.sleep(link.heartbeat_interval)
+            strays = self.runner.strays()
+            if strays:
+                # before the heartbeat, in the same frame: this node may be the one that
+                # took a stray's session over, and it answers the claim first
+                link.outbox.put(Claim(strays))
             held = self.runner.held_by(self)
             if held:
                 link.outbox.put(Heartbeat(held))
@@ -292,7 +290,7 @@ class Connection:
         # four beats per timeout: one lost or late beat does not fail an attempt
         timeout = welcome.heartbeat_timeout or float("inf")
         link.heartbeat_interval = min(self.config.heartbeat_interval, timeout / 4)
-        self._resume = welcome.resume
+        self.resume = welcome.resume
         link.welcomed = True
         self.log.connected(link.address)
         self.runner.welcomed(welcome, self)

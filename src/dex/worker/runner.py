@@ -7,9 +7,11 @@ only on a timely ``ok`` to a heartbeat that asked for it.
 
 In a cluster a Worker holds a connection to each node (``dex.worker.cluster``), and
 every message about an attempt goes on the connection that handed it out (its
-``origin``). The connections share one capacity: a Step that comes while the Worker
-runs as many attempts as its capacity is handed back at once (``back``), and the node
-gives it to another Worker.
+``origin``). When that node dies or gives the session up, the attempt runs on as a
+stray, claimed on every connection (``claim``) until the node that took its session
+over answers: it is that connection's from then on, or it stops. The connections share
+one capacity: a Step that comes while the Worker runs as many attempts as its capacity
+is handed back at once (``back``), and the node gives it to another Worker.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class Origin(Protocol):
     histories: HistoryCache
     """The history views of the hand-outs on this connection (a node's ``history_base``
     counts on what it sent itself)."""
+    resume: str | None
+    """The resume token of its welcome: what a ``claim`` of an attempt it handed out
+    proves itself with."""
 
     def send(self, message: WorkerMessage) -> None: ...
 
@@ -82,6 +87,12 @@ class Attempt:
     start_sent: float = 0.0
     result: Result | None = None
     """Kept until the server acknowledges it."""
+    resume: str | None = None
+    """The resume token it was handed out under (its origin's then)."""
+    stray: bool = False
+    """Its origin may not run it any more: the connection dropped, or its node's
+    heartbeat reply left it out (in a cluster, the node that handed it out died or
+    gave its session up). Claimed on every connection (``strays``) until a node answers."""
 
 
 class Runner:
@@ -118,6 +129,21 @@ class Runner:
         """The attempts handed out on ``origin`` that this Worker holds."""
         return [a for a, held in self.attempts.items() if held.origin is origin]
 
+    def lost(self, origin: Origin) -> None:
+        """``origin``'s connection dropped: its attempts are strays until its node, back,
+        or the node that took their sessions over, answers for them."""
+        for held in self.attempts.values():
+            if held.origin is origin:
+                held.stray = True
+
+    def strays(self) -> dict[str, str]:
+        """What to ``claim``: each stray attempt, with the token it was handed out under."""
+        return {
+            a: held.resume
+            for a, held in self.attempts.items()
+            if held.stray and held.resume is not None
+        }
+
     def _mine(self, attempt_id: str, origin: Origin) -> Attempt | None:
         held = self.attempts.get(attempt_id)
         return held if held is not None and held.origin is origin else None
@@ -144,6 +170,25 @@ class Runner:
             cancelled = self._mine(message.attempt_id, origin)
             if cancelled is not None and cancelled.result is None:
                 self._abandon(cancelled, "cancelled by the server")
+        elif isinstance(message, frames.Claimed):
+            self._on_claimed(message, origin)
+
+    def _on_claimed(self, claimed: frames.Claimed, origin: Origin) -> None:
+        """``origin``'s node took over the sessions of strays it answers for: each is
+        ``origin``'s from now on (its result, if any, goes there), or runs nowhere."""
+        for attempt_id, status in claimed.status.items():
+            held = self.attempts.get(attempt_id)
+            if held is None or not held.stray:
+                continue
+            if status == "ok":
+                held.origin = origin
+                held.stray = False
+                if held.result is not None:
+                    origin.send(held.result)
+            elif held.result is None:
+                self._abandon(held, "the server no longer runs this attempt")
+            else:
+                self.forget(attempt_id)
 
     def welcomed(self, welcome: frames.Welcome, origin: Origin) -> None:
         self.start_window = min(5.0, (welcome.heartbeat_timeout or float("inf")) / 2)
@@ -154,10 +199,16 @@ class Runner:
 
     def _on_reply(self, reply: frames.HeartbeatReply, origin: Origin) -> None:
         seq = reply.seq
+        if seq is None:  # the beat of all that ``origin`` holds: one left out is a stray
+            for attempt_id, attempt in self.attempts.items():
+                if attempt.origin is origin and attempt_id not in reply.status:
+                    attempt.stray = True
         for attempt_id, status in reply.status.items():
             held = self._mine(attempt_id, origin)
             if held is None:
                 continue
+            if status == "ok":
+                held.stray = False
             if held.started is not None and not held.started.done():
                 if status != "ok":
                     held.started.set_result(False)
@@ -175,7 +226,7 @@ class Runner:
             return
         raw = handout.history
         handout.history = msgspec.UNSET  # the frame's buffer is not kept with the attempt
-        attempt = Attempt(handout, origin, handout.traceparent)
+        attempt = Attempt(handout, origin, handout.traceparent, resume=origin.resume)
         self.attempts[handout.attempt_id] = attempt
         self.none_held.clear()
         if raw is msgspec.UNSET:
@@ -216,12 +267,6 @@ class Runner:
         if not self.attempts:
             self.none_held.set()
         return attempt
-
-    def abandon(self, attempt_id: str, origin: Origin, why: str) -> None:
-        """Stop an attempt handed out on ``origin`` (its node left the cluster)."""
-        attempt = self._mine(attempt_id, origin)
-        if attempt is not None and attempt.result is None:
-            self._abandon(attempt, why)
 
     def _abandon(self, attempt: Attempt, why: str) -> None:
         log.info(
@@ -310,7 +355,7 @@ class Runner:
         return self.tracing.span(attempt.handout, attempt.traceparent, agent.model.spec())
 
     async def _run_model(self, agent: Agent, attempt: Attempt) -> dict[str, Any] | None:
-        h, history, send = attempt.handout, attempt.history, attempt.origin.send
+        h, history = attempt.handout, attempt.history
         request = ModelRequest(
             session_id=h.session_id,
             agent=agent.name,
@@ -325,7 +370,7 @@ class Runner:
             if isinstance(event, ModelResponse):
                 response = event
             else:
-                send(Delta(h.attempt_id, event))
+                attempt.origin.send(Delta(h.attempt_id, event))  # its origin may change
         if response is None:
             raise RuntimeError(f"model {agent.model.spec()} returned no response")
         for call in response.tool_calls:
@@ -407,7 +452,8 @@ class Runner:
         while not started.done():
             attempt.start_seq = next(self._seq)
             attempt.start_sent = time.monotonic()
-            attempt.origin.send(Heartbeat([attempt.handout.attempt_id], seq=attempt.start_seq))
+            if not attempt.stray:  # a stray asks its new origin, once a node claims it
+                attempt.origin.send(Heartbeat([attempt.handout.attempt_id], seq=attempt.start_seq))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(started), self.start_window)
         return started.result()

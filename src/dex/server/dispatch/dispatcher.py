@@ -267,14 +267,7 @@ class Dispatcher:
                 if held.proof is None and not proven:
                     continue
                 if attempt_id in wanted:
-                    held.conn.attempts.discard(attempt_id)
-                    held.conn = conn
-                    held.grace_until = None
-                    held.deadline = now + self.heartbeat_timeout
-                    conn.attempts.add(attempt_id)
-                    if held.proof is not None:
-                        held.proof = None
-                        self.reclaimed += 1
+                    self._bind(held, attempt_id, conn, now)
                 elif held.proof is not None or held.refused:
                     # not named, and its result was refused; or left running by a restart
                     # and not named: the process never received it, or let go of it (its
@@ -288,6 +281,38 @@ class Dispatcher:
         stop = [a for a in claimed if a not in conn.attempts]
         self._wake()
         return stop, unnamed
+
+    def claim(self, conn: WorkerConn, attempt_id: str, resume: str) -> bool | None:
+        """In a cluster: ``conn``'s Worker claims an attempt it was handed on its connection
+        to another node, now gone, whose partition this node took over (the attempt waits
+        to be reclaimed: ``await_reclaim``). True: it is ``conn``'s (now, or already);
+        False: it runs nowhere for this Worker (not held here, failing, another's, or the
+        token, ``resume``, is not the one it was handed out under); None: not decided yet
+        (it is held here by a connection of this Worker that dropped and may come back)."""
+        held = self.held.get(attempt_id)
+        if held is None or held.expiring or held.conn.id != conn.id:
+            return False
+        if held.conn is conn:
+            return True
+        if held.proof is None:
+            return None if held.conn.closed else False
+        if held.proof != proof_of(resume):
+            return False
+        self._bind(held, attempt_id, conn, time.monotonic())
+        self._wake()
+        return True
+
+    def _bind(self, held: Held, attempt_id: str, conn: WorkerConn, now: float) -> None:
+        """The attempt is ``conn``'s from now on: a Worker that reconnected, or reclaimed
+        it after a restart or takeover, named it."""
+        held.conn.attempts.discard(attempt_id)
+        held.conn = conn
+        held.grace_until = None
+        held.deadline = now + self.heartbeat_timeout
+        conn.attempts.add(attempt_id)
+        if held.proof is not None:
+            held.proof = None
+            self.reclaimed += 1
 
     def disconnect(self, conn: WorkerConn) -> None:
         """The connection closed: its attempts wait ``reconnect_grace`` for the Worker."""

@@ -127,6 +127,11 @@ class Cluster:
         p = partition_of(session_id, self.partition_count)
         return p in self.serving or p in self.recovering
 
+    def recovered(self, session_id: str) -> bool:
+        """Whether this node owns the session's partition and has recovered it: it holds
+        every attempt of the session that runs (``Attempts.recovered``)."""
+        return partition_of(session_id, self.partition_count) in self.serving
+
     def serves(self, session_id: str) -> bool:
         """Whether this node answers for the session (client calls, new ids)."""
         p = partition_of(session_id, self.partition_count)

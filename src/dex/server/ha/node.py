@@ -157,6 +157,7 @@ class Node:
         self.sessions.reads.serves = cluster.serves
         self.dispatcher.dispatches = cluster.dispatches
         self.sessions.attempts.members = lambda: list(self._members)
+        self.sessions.attempts.recovered = cluster.recovered
         self.role = "standby" if lease.standby else "starting"
         if lease.standby:
             log.info("standby: waiting for nodes to stand in for", extra={"action": "node.standby"})
