@@ -124,6 +124,30 @@ func (n *clusterNode) names(kind, id string) bool {
 	return false
 }
 
+// startAsk is the seq of the last hb of n that asks to start attempt id (nil: none).
+func (n *clusterNode) startAsk(id string) any {
+	var seq any
+	for _, m := range n.messages("hb") {
+		if ids, _ := m["attempts"].([]any); m["seq"] != nil && len(ids) == 1 && ids[0] == id {
+			seq = m["seq"]
+		}
+	}
+	return seq
+}
+
+// claimedWith is the token of the last claim of attempt id n got ("": none).
+func (n *clusterNode) claimedWith(id string) string {
+	token := ""
+	for _, m := range n.messages("claim") {
+		if attempts, ok := m["attempts"].(map[string]any); ok {
+			if t, ok := attempts[id].(string); ok {
+				token = t
+			}
+		}
+	}
+	return token
+}
+
 func callMessage(id string) map[string]any {
 	return map[string]any{
 		"t": "step", "attempt_id": id, "session_id": id, "step_id": id, "step_type": StepCallTool,
@@ -195,14 +219,7 @@ func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
 	single := callMessage("b2")
 	single["step_type"], single["tool"], single["needs_start_ack"] = StepCallSingleAttemptTool, "write", true
 	b.send(single)
-	eventually(t, "B's write asking to start", func() bool {
-		for _, m := range b.messages("hb") {
-			if ids, _ := m["attempts"].([]any); m["seq"] != nil && len(ids) == 1 && ids[0] == "b2" {
-				return true
-			}
-		}
-		return false
-	})
+	eventually(t, "B's write asking to start", func() bool { return b.startAsk("b2") != nil })
 
 	// B goes down, and the Worker tries it again; then A says B left: no more tries
 	gone := b.URL
@@ -210,18 +227,25 @@ func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
 	eventually(t, "B tried again", func() bool { return logs.count("action=worker.connect_failed address="+gone) > 0 })
 	a.send(map[string]any{"t": "members", "members": []string{a.URL}})
 	eventually(t, "B let go", func() bool { return logs.count("action=worker.node_left address="+gone) == 1 })
-	// the node that took B's sessions failed the write: it never starts here
-	abandoned := "the server no longer runs this attempt action=worker.attempt_abandoned attempt_id=b2"
-	eventually(t, "B's write abandoned", func() bool { return logs.count(abandoned) == 1 })
+	// B's write is a stray: claimed on A with the token B handed it out under
+	eventually(t, "B's write claimed on A", func() bool { return a.claimedWith("b2") == "r" })
 	tries := logs.count("action=worker.connect_failed address=" + gone)
-	for _, id := range []string{"a2", "a3", "a4"} { // meanwhile A serves on
+	if writes.Load() != 0 || a.startAsk("b2") != nil {
+		t.Fatal("a stray asks no node to start, and does not start")
+	}
+	// A took B's sessions over: the write is A's now, asks A to start, and runs
+	a.send(map[string]any{"t": "claimed", "status": map[string]any{"b2": "ok"}})
+	eventually(t, "B's write asking A to start", func() bool { return a.startAsk("b2") != nil })
+	a.send(map[string]any{"t": "hb", "seq": a.startAsk("b2"), "status": map[string]any{"b2": "ok"}})
+	eventually(t, "B's write done on A", func() bool { return a.names("done", "b2") })
+	if writes.Load() != 1 {
+		t.Fatalf("the claimed write ran %d times", writes.Load())
+	}
+	for _, id := range []string{"a2", "a3", "a4"} { // A serves on, with the slot freed
 		a.send(callMessage(id))
 		eventually(t, id+" done on A", func() bool { return a.names("done", id) })
 	}
 	if logs.count("action=worker.connect_failed address="+gone) != tries {
 		t.Fatalf("B is tried again after it left:\n%s", logs)
-	}
-	if writes.Load() != 0 {
-		t.Fatal("the abandoned write ran")
 	}
 }

@@ -23,16 +23,15 @@ import (
 // until the server refuses this Worker for good (ErrRefused) or the Worker stopped (ctx
 // done, and drained or out of time). In a cluster, while no connected node lists its
 // address and it is down, it does not reconnect: a member stops for good (the node
-// left), the seed waits until it is listed again or no node is connected; either way the
-// attempts handed out on n that have no result are abandoned (nodeLeft). It logs the
-// life of each connection.
+// left), the seed waits until it is listed again or no node is connected. The attempts
+// on n are strays once its connection drops (lostLocked), claimed on the other
+// connections. It logs the life of each connection.
 func (w *Worker) serveNode(ctx context.Context, n *node) error {
 	failures := 0
 	next := 0
 	for {
 		changed := w.changes() // before the check: a change right after it still wakes the wait
 		if !w.wanted(n) {
-			w.nodeLeft(n)
 			if !n.seed {
 				w.mu.Lock()
 				address := n.address
@@ -53,6 +52,7 @@ func (w *Worker) serveNode(ctx context.Context, n *node) error {
 		welcomed, err := w.session(ctx, n, address)
 		w.mu.Lock()
 		n.linked, n.members = false, nil
+		w.lostLocked(n)
 		w.changedLocked()
 		w.mu.Unlock()
 		if errors.Is(err, ErrRefused) {
@@ -73,11 +73,8 @@ func (w *Worker) serveNode(ctx context.Context, n *node) error {
 		if welcomed {
 			reconnecting := w.wanted(n)
 			n.log.lost(address, err, reconnecting)
-			if !reconnecting {
-				w.nodeLeft(n)
-				if !n.seed {
-					return nil
-				}
+			if !reconnecting && !n.seed {
+				return nil
 			}
 		} else { // unreachable, or closed before its welcome: a standby, say
 			n.log.failed(address, err)
@@ -347,16 +344,17 @@ func wakeWriter(n *node) {
 	}
 }
 
-// originLocked is the connection attempt id was handed out on (w.mu held).
+// originLocked is the connection attempt id is on: the one it was handed out on, or
+// claimed on (w.mu held).
 func (w *Worker) originLocked(id string) *node {
-	if n, ok := w.origins[id]; ok {
-		return n
+	if o, ok := w.origins[id]; ok {
+		return o.node
 	}
 	return w.seed
 }
 
 // sendLocked queues one message about an attempt for the next frame of the connection
-// that handed it out (w.mu held).
+// it is on now (w.mu held): a claim may have moved it since it was handed out.
 func (w *Worker) sendLocked(m message) {
 	w.sendOnLocked(w.originLocked(m.attempt()), m)
 }

@@ -1,5 +1,10 @@
 // The attempts a Worker runs: hand-outs, heartbeats and the start acknowledgement,
 // the frames the server sends about them, and running their models and tools.
+//
+// Every message about an attempt goes on the connection it is on (its origin). In a
+// cluster, when that node dies or gives the session up, the attempt runs on as a stray,
+// claimed on every connection until the node that took its session over answers: it is
+// that connection's from then on, or it stops (docs/worker-protocol.md, rule 14).
 
 package dex
 
@@ -23,8 +28,17 @@ type attempt struct {
 	start    chan bool // the start acknowledgement (needs_start_ack), buffered
 }
 
-// heartbeatLoop names every running attempt handed out on n each HeartbeatInterval, and
-// at least five times per heartbeat timeout.
+// origin is the connection a held attempt (running, or its result unacked) is on.
+type origin struct {
+	node   *node
+	resume string // the resume token it was handed out under (its node's then)
+	// stray: its node may not run it any more (the connection dropped, or its node's
+	// heartbeat reply left it out): claimed on every connection until a node answers
+	stray bool
+}
+
+// heartbeatLoop names every running attempt on n each HeartbeatInterval, and at least
+// five times per heartbeat timeout; before that, it claims the Worker's strays on n.
 func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 	for {
 		w.mu.Lock()
@@ -39,6 +53,11 @@ func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 		case <-time.After(interval):
 		}
 		w.mu.Lock()
+		if strays := w.straysLocked(); len(strays) > 0 {
+			// before the heartbeat, in the same frame: this node may be the one that took
+			// a stray's session over, and it answers the claim first
+			w.sendOnLocked(n, claim(strays))
+		}
 		ids := []string{}
 		for id, a := range w.running {
 			if w.originLocked(id) != n {
@@ -76,6 +95,8 @@ func (w *Worker) handleOn(ctx context.Context, n *node, frame []incoming) error 
 			w.handOutOn(n, s)
 		case "hb":
 			w.heartbeatReply(n, m)
+		case "claimed":
+			w.claimed(n, m.Status)
 		case "members":
 			w.mu.Lock()
 			w.listLocked(n, m.Members)
@@ -116,6 +137,14 @@ func deref(s *string) string {
 func (w *Worker) heartbeatReply(n *node, m incoming) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if m.Seq == nil { // the beat of all that runs on n: one it left out is a stray
+		for id := range w.running {
+			o, named := w.origins[id], m.Status[id] != ""
+			if _, sent := w.results[id]; o != nil && o.node == n && !named && !sent {
+				o.stray = true
+			}
+		}
+	}
 	for id, status := range m.Status {
 		a, ok := w.running[id]
 		if !ok || w.originLocked(id) != n {
@@ -125,12 +154,20 @@ func (w *Worker) heartbeatReply(n *node, m incoming) {
 			w.abandonLocked(id, "the server no longer runs this attempt")
 			continue
 		}
+		o := w.origins[id]
+		stray := o != nil && o.stray
+		if stray { // n's node answers for it again
+			o.stray = false
+		}
 		if a.start != nil && m.Seq != nil && *m.Seq == a.startSeq && time.Since(a.startAt) <= w.timeout/2 {
 			select {
 			case a.start <- true:
 			default:
 			}
 			a.start = nil
+		}
+		if stray && a.start != nil && a.startSeq != 0 {
+			w.askStartLocked(a) // a stray asked nothing: ask now
 		}
 	}
 }
@@ -153,15 +190,55 @@ func (w *Worker) abandonLocked(id, why string) {
 	w.forgetLocked(id)
 }
 
-// nodeLeft: n's node left the cluster (no connected node lists it, and n is down). The
-// attempts handed out on n run nowhere any more (the node that took their sessions failed
-// them), so none of those without a result starts or goes on here.
-func (w *Worker) nodeLeft(n *node) {
+// lostLocked: n's connection dropped: the attempts on it are strays until its node,
+// back, or the node that took their sessions over, answers for them (w.mu held).
+func (w *Worker) lostLocked(n *node) {
+	for _, o := range w.origins {
+		if o.node == n {
+			o.stray = true
+		}
+	}
+}
+
+// straysLocked is what to claim: each stray, with the token it was handed out under.
+func (w *Worker) straysLocked() map[string]string {
+	var strays map[string]string
+	for id, o := range w.origins {
+		if o.stray && o.resume != "" {
+			if strays == nil {
+				strays = map[string]string{}
+			}
+			strays[id] = o.resume
+		}
+	}
+	return strays
+}
+
+// claimed: n's node took over the sessions of the strays it answers for: each is n's
+// from now on (its result, if any, goes there at once), or runs nowhere. An answer about
+// an attempt that is not held, or not a stray, does nothing.
+func (w *Worker) claimed(n *node, status map[string]string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for id := range w.running {
-		if _, sent := w.results[id]; !sent && w.originLocked(id) == n {
+	for id, s := range status {
+		o := w.origins[id]
+		if o == nil || !o.stray {
+			continue
+		}
+		_, sent := w.results[id]
+		switch {
+		case s == "ok":
+			o.node, o.stray = n, false
+			if sent {
+				w.sendOnLocked(n, w.results[id])
+			} else if a := w.running[id]; a != nil && a.start != nil && a.startSeq != 0 {
+				w.askStartLocked(a) // it waits to start: ask its new node now
+			}
+		case s == "stop" && !sent:
 			w.abandonLocked(id, "the server no longer runs this attempt")
+		case s == "stop":
+			delete(w.results, id)
+			w.forgetLocked(id)
 		}
 	}
 }
@@ -173,11 +250,16 @@ func (w *Worker) forgetLocked(id string) {
 	}
 }
 
+// askStartLocked asks the attempt's node whether to start it; a stray asks nothing
+// (its node may not run it any more): its new node is asked once one claims it.
 func (w *Worker) askStartLocked(a *attempt) {
 	w.seq++
 	a.startSeq = w.seq
 	a.startAt = time.Now()
 	seq := a.startSeq
+	if o := w.origins[a.step.AttemptID]; o != nil && o.stray {
+		return
+	}
 	w.sendOnLocked(w.originLocked(a.step.AttemptID), heartbeat([]string{a.step.AttemptID}, &seq))
 }
 
@@ -194,7 +276,7 @@ func (w *Worker) handOutOn(n *node, s step) {
 	if _, dup := w.results[s.AttemptID]; dup {
 		return
 	}
-	w.origins[s.AttemptID] = n
+	w.origins[s.AttemptID] = &origin{node: n, resume: deref(n.resume)}
 	a := &attempt{step: s}
 	switch s.StepType {
 	case StepRunModel:
@@ -328,7 +410,7 @@ func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message
 	w.hitFailpoint("worker.run_model.before_output")
 	emit := func(text string) {
 		if text != "" {
-			w.send(delta(s.AttemptID, text))
+			w.send(delta(s.AttemptID, text)) // to its origin now: a claim may move it
 		}
 	}
 	response, err := agent.Model.Stream(ctx, req, emit)

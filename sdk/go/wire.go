@@ -162,7 +162,7 @@ type incoming struct {
 	Stop             []string `json:"stop"`
 	// welcome, members: the nodes of a cluster to be connected to
 	Members []string `json:"members"`
-	// hb reply
+	// hb reply; claimed (status only)
 	Seq    *int64            `json:"seq"`
 	Status map[string]string `json:"status"`
 	// ack, cancel, step
@@ -173,9 +173,9 @@ type incoming struct {
 }
 
 // message is one Worker → server message (docs/worker-protocol.md): a drainMessage,
-// heartbeatMessage, deltaMessage, doneMessage, failMessage or backMessage.
+// heartbeatMessage, deltaMessage, doneMessage, failMessage, backMessage or claimMessage.
 type message interface {
-	// attempt is the attempt the message is about ("" for drain and hb).
+	// attempt is the attempt the message is about ("" for drain, hb and claim).
 	attempt() string
 }
 
@@ -213,6 +213,13 @@ type backMessage struct {
 	Reason    string `json:"reason,omitempty"` // "history", or none
 }
 
+// claimMessage names the Worker's strays, each with the resume token it was handed out
+// under (docs/worker-protocol.md, rule 14).
+type claimMessage struct {
+	T        string            `json:"t"` // "claim"
+	Attempts map[string]string `json:"attempts"`
+}
+
 func drain() drainMessage { return drainMessage{T: "drain"} }
 
 func heartbeat(attempts []string, seq *int64) heartbeatMessage {
@@ -221,6 +228,10 @@ func heartbeat(attempts []string, seq *int64) heartbeatMessage {
 
 func delta(attemptID, text string) deltaMessage {
 	return deltaMessage{T: "delta", AttemptID: attemptID, Text: text}
+}
+
+func claim(attempts map[string]string) claimMessage {
+	return claimMessage{T: "claim", Attempts: attempts}
 }
 
 func handBack(attemptID, reason string) backMessage {
@@ -233,6 +244,7 @@ func (m deltaMessage) attempt() string   { return m.AttemptID }
 func (m doneMessage) attempt() string    { return m.AttemptID }
 func (m failMessage) attempt() string    { return m.AttemptID }
 func (m backMessage) attempt() string    { return m.AttemptID }
+func (claimMessage) attempt() string     { return "" }
 
 // decodeFrame reads a frame: a JSON array of messages, each with a t.
 func decodeFrame(data []byte) ([]incoming, error) {

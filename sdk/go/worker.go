@@ -99,7 +99,7 @@ type Worker struct {
 	mu      sync.Mutex
 	running map[string]*attempt // handed out, not settled
 	results map[string]message  // sent, waiting for an ack
-	origins map[string]*node    // the connection each held attempt was handed out on
+	origins map[string]*origin  // the connection each held attempt is on (runner.go)
 	// members are the connections to the nodes of a cluster the seed is not on
 	members map[string]*node
 	// change is closed (and replaced) at each change of the connections
@@ -133,7 +133,7 @@ func NewWorker(opts WorkerOptions) *Worker {
 		opts: opts, config: config, agents: map[string]*Agent{}, log: logger,
 		stopReason: "shutdown",
 		running:    map[string]*attempt{}, results: map[string]message{},
-		origins: map[string]*node{}, members: map[string]*node{},
+		origins: map[string]*origin{}, members: map[string]*node{},
 		change: make(chan struct{}), fatal: make(chan error, 1), timeout: 10 * time.Second,
 		slots: make(chan struct{}, opts.Capacity),
 	}

@@ -44,8 +44,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "Before any output reaches Dex",
         "That model call runs again, up to 3 attempts within 30 minutes. Then the turn fails. "
         "If tools already ran, a note in the history tells the next turn's model not to "
-        "repeat them. After a server restart, a Worker that lives on reclaims the attempt: "
-        "its result is kept and the call does not run again.",
+        "repeat them. After a server restart or a takeover, a Worker that lives on reclaims "
+        "the attempt: its result is kept and the call does not run again.",
     ),
     "run_model.after_output": ("RunModel", "After output reached Dex", "The same."),
     "idempotent_write.before_heartbeat": (
@@ -56,14 +56,14 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "idempotent_write.running": (
         "CallTool, for an idempotent write",
         "While the tool runs",
-        "The same; after a server restart, a Worker that lives on reclaims the attempt, and "
-        "the call runs once.",
+        "The same; after a server restart or a takeover, a Worker that lives on reclaims the "
+        "attempt, and the call runs once.",
     ),
     "read.running": (
         "CallTool, for a read",
         "While the tool runs",
-        "The call runs again; after a server restart, a Worker that lives on reclaims it, and "
-        "it runs once.",
+        "The call runs again; after a server restart or a takeover, a Worker that lives on "
+        "reclaims it, and it runs once.",
     ),
     "call_tool.every_attempt": (
         "CallTool",
@@ -74,8 +74,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "CallSingleAttemptTool",
         "Before the first heartbeat reaches Dex",
         "The call records outcome_unknown and does not run again. The model sees that the "
-        "outcome is unknown. After a server restart, a Worker that lives on reclaims the "
-        "attempt: the call runs once and its result is kept.",
+        "outcome is unknown. After a server restart or a takeover, a Worker that lives on "
+        "reclaims the attempt: the call runs once and its result is kept.",
     ),
     "single_attempt.running": ("CallSingleAttemptTool", "While the tool runs", "The same."),
     "await_tool_approval.waiting": (
@@ -162,9 +162,10 @@ PY = "dex.worker.runner.Runner."
 TS = "sdk/typescript/src/runner.ts:Runner."
 GO = "sdk/go/runner.go:(*Worker)."
 D = "dex.server.dispatch.dispatcher.Dispatcher."
-RECLAIM = (S + "_recover", D + "await_reclaim", D + "connect")
-"""A node that restarts holds an attempt for its Worker to reclaim; the Worker's hello
-reclaims it (``tests/crash/test_reclaim.py``)."""
+RECLAIM = (S + "_recover", D + "await_reclaim", D + "connect", D + "claim")
+"""A node that restarts or takes a partition over holds an attempt for its Worker to
+reclaim; the Worker's hello (after a restart) or its claim (in a cluster) reclaims it
+(``tests/crash/test_reclaim.py``)."""
 SINGLE_ATTEMPT = (
     E + "turn.queue_tool",
     E + "outcomes.settle_failed_call",
@@ -356,7 +357,9 @@ moment and checks the outcome against the tool's own ledger of side effects:
   ([cluster.md](cluster.md)); the node that owns the session's partition gets SIGKILL,
   the other two take its partitions over, and the one that took the session's recovers
   and serves it; the Worker (connected to every node) and the client (which any node
-  answers) follow by themselves.
+  answers) follow by themselves. The same two cases: the Worker is killed with the node
+  (the attempt fails, as the row says), or it lives on and claims the attempt on its
+  connection to the node that took the session over (`tests/crash/test_reclaim.py`).
 
 The Server restart cells are tested on SQLite and again on PostgreSQL (one node,
 `--database postgresql://...`).
@@ -388,10 +391,11 @@ match the tests' `crash` marks, and `scripts/test`, whose run includes every cra
 fails when the page its results would write differs from this one.
 
 A running Worker survives both server failures. After a restart it reconnects and
-reclaims the attempts it runs: each waited the reclaim window (3 s) for it, and runs on
-as if nothing happened (`tests/crash/test_reclaim.py`). An attempt not reclaimed in time
-fails (`NOT_COMPLETED`) and the row for that Step applies; so does every attempt a
-takeover in a cluster finds, for there the Worker cannot reclaim yet. The Worker's late
+reclaims the attempts it runs; after a takeover in a cluster it claims them on its
+connection to the node that took their sessions over. Each waited the reclaim window
+(3 s) for it, and runs on as if nothing happened (`tests/crash/test_reclaim.py`). An
+attempt not reclaimed in time fails (`NOT_COMPLETED`) and the row for that Step
+applies. The Worker's late
 result for a failed attempt is refused and dropped; its heartbeat is answered "stop", so
 the code still running for it is cancelled. Live model output of the failed node is
 gone; the durable history is not.

@@ -3,7 +3,8 @@
  * grows, hello and welcome, heartbeats and pings, the messages queued and sent as frames,
  * and the log of each connection's life (docs/worker-protocol.md, rules 6-7). What the
  * messages are about is the Runner's. In a cluster the Worker holds one per node
- * (cluster.ts, rule 13): the seed, on the configured addresses, and one per member.
+ * (cluster.ts, rule 13): the seed, on the configured addresses, and one per member; each
+ * claims the Worker's strays at every heartbeat (rule 14, Runner.strays).
  */
 import WebSocket from "ws";
 
@@ -43,7 +44,9 @@ export function backoff(
 
 export class Connection implements Origin {
   private link: Link | null = null;
-  private resume: string | null = null;
+  /** The resume token of the last welcome: proves a reconnect is this process (and, in a
+   * cluster, a ``claim`` of an attempt handed out under it, on another node). */
+  resume: string | null = null;
   /** Seconds between heartbeats: the longest gap, and four per heartbeat timeout. */
   private heartbeatInterval: number;
   private stopping = false;
@@ -99,14 +102,13 @@ export class Connection implements Origin {
    * WorkerRefusedError if the server refuses this Worker for good. In a cluster, while no
    * connected node lists its address and it is down, it does not reconnect: a member
    * stops for good (the node left), the seed waits until it is listed again or no node is
-   * connected; either way the attempts handed out on it that have no result are abandoned
-   * (Runner.nodeLeft). */
+   * connected. The attempts handed out on it are strays since its connection dropped
+   * (Runner.lost): the node that took their sessions over answers for them. */
   async serveUntilStopped(): Promise<void> {
     const counter = { next: 0 };
     let failures = 0;
     while (!this.stopping) {
       if (!this.wanted()) {
-        this.runner.nodeLeft(this);
         if (!this.seed) break;
         await this.cluster?.change();
         continue;
@@ -151,20 +153,14 @@ export class Connection implements Origin {
       if (welcomed) {
         const reconnecting = this.wanted();
         this.life.lost(base, ended, reconnecting);
-        if (!reconnecting) {
-          this.runner.nodeLeft(this);
-          if (!this.seed) return;
-        }
+        if (!reconnecting && !this.seed) return;
       } else {
         this.life.failed(base, ended); // accepted, then closed: a standby, say
       }
       // a node that accepts and closes at once (a standby) is not asked again at once
       await this.pause(this.settings.reconnectInitial * (0.5 + Math.random() / 2));
     }
-    if (this.letGo) {
-      this.runner.nodeLeft(this); // let go while it waited to try again
-      this.life.letGo(this.address);
-    }
+    if (this.letGo) this.life.letGo(this.address); // let go while it waited to try again
   }
 
   /** Stop: no new connection, and the live one closes. */
@@ -245,6 +241,12 @@ export class Connection implements Origin {
     let beat: NodeJS.Timeout | null = null;
     const heartbeat = (): void => {
       beat = setTimeout(heartbeat, this.heartbeatInterval * 1000);
+      const strays = link.welcomed ? this.runner.strays() : {}; // not with the hello
+      if (Object.keys(strays).length > 0) {
+        // before the heartbeat, in the same frame: this node may be the one that took a
+        // stray's session over, and it answers the claim first
+        this.put(link, { t: "claim", attempts: strays });
+      }
       const held = this.runner.heldBy(this);
       if (held.length > 0) this.put(link, { t: "hb", attempts: held });
     };
@@ -289,6 +291,7 @@ export class Connection implements Origin {
         clearInterval(ping);
         if (beat !== null) clearTimeout(beat);
         if (this.link === link) this.link = null;
+        this.runner.lost(this);
         resolve({ code, reason: reason.toString(), welcomed: link.welcomed });
       });
     });

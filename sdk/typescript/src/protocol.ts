@@ -153,7 +153,13 @@ export interface Back {
 export interface Drain {
   t: "drain";
 }
-export type WorkerMessage = Hello | Heartbeat | Delta | Done | Fail | Back | Drain;
+/** In a cluster: the Worker's strays, each with the ``resume`` token of the welcome of the
+ * connection it was handed out on (docs/worker-protocol.md, rule 14). */
+export interface Claim {
+  t: "claim";
+  attempts: Record<string, string>;
+}
+export type WorkerMessage = Hello | Heartbeat | Delta | Done | Fail | Back | Drain | Claim;
 export type Result = Done | Fail | Back;
 
 // --- server → Worker --------------------------------------------------------------
@@ -208,7 +214,13 @@ export interface Members {
   t: "members";
   members: string[];
 }
-export type ServerMessage = Welcome | StepMessage | HeartbeatReply | Ack | Cancel | Members;
+/** The answer to ``claim``, about the attempts of sessions this node owns (rule 14): ``ok``,
+ * it is this connection's now; ``stop``, it runs nowhere. Others are left out. */
+export interface Claimed {
+  t: "claimed";
+  status: Record<string, "ok" | "stop">;
+}
+export type ServerMessage = Welcome | StepMessage | HeartbeatReply | Ack | Cancel | Members | Claimed;
 
 export const PROTOCOL_VERSION = 1;
 export const CLOSE_BAD_FRAME = 4400;

@@ -3,7 +3,10 @@
  * and results, and running their models and tools (docs/worker-protocol.md, rules 1-5
  * and 8-11). The Connections carry the messages both ways: in a cluster one per node
  * (rule 13), all sharing this Runner and its capacity; every message about an attempt
- * goes on the connection that handed it out (its origin).
+ * goes on the connection that handed it out (its origin). When that node dies or gives the
+ * session up, the attempt runs on as a stray, claimed on every connection (``claim``) until
+ * the node that took its session over answers: it is that connection's from then on, or it
+ * stops (rule 14).
  */
 import { Agent, Interrupt, ModelRequest, PENDING, ToolContext, ToolError } from "./agent";
 import * as failpoints from "./failpoints";
@@ -19,6 +22,9 @@ export interface Origin {
   readonly address: string;
   /** The history views its node sent (``history_base`` counts on them). */
   readonly histories: HistoryCache;
+  /** The resume token of its welcome: what a ``claim`` of an attempt it handed out proves
+   * itself with. */
+  readonly resume: string | null;
   send(message: p.WorkerMessage): void;
 }
 
@@ -33,6 +39,12 @@ export interface Attempt {
   startDecided: ((started: boolean) => void) | null;
   startSeq: number;
   startSentAt: number;
+  /** The resume token it was handed out under (its origin's then). */
+  resume: string | null;
+  /** Its origin may not run it any more: the connection dropped, or its node's heartbeat
+   * reply left it out (in a cluster, the node that handed it out died or gave its session
+   * up). Claimed on every connection (``strays``) until a node answers. */
+  stray: boolean;
 }
 
 export class Runner {
@@ -76,6 +88,21 @@ export class Runner {
     );
   }
 
+  /** ``origin``'s connection dropped: its attempts are strays until its node, back, or the
+   * node that took their sessions over, answers for them. */
+  lost(origin: Origin): void {
+    for (const attempt of this.attempts.values()) if (attempt.origin === origin) attempt.stray = true;
+  }
+
+  /** What to ``claim``: each stray attempt, with the token it was handed out under. */
+  strays(): Record<string, string> {
+    const strays: Record<string, string> = {};
+    for (const [id, attempt] of this.attempts) {
+      if (attempt.stray && attempt.resume !== null) strays[id] = attempt.resume;
+    }
+    return strays;
+  }
+
   private mine(id: string, origin: Origin): Attempt | undefined {
     const held = this.attempts.get(id);
     return held?.origin === origin ? held : undefined;
@@ -114,16 +141,23 @@ export class Runner {
   }
 
   /** A message from ``origin``'s node about the attempts (anything but its welcome); about
-   * an attempt another node handed out, it does nothing. */
-  onMessage(message: p.HeartbeatReply | p.Ack | p.Cancel | p.StepMessage, origin: Origin): void {
+   * an attempt another node handed out, it does nothing, but a ``claimed`` of a stray. */
+  onMessage(message: Exclude<p.ServerMessage, p.Welcome | p.Members>, origin: Origin): void {
     switch (message.t) {
       case "step":
         this.onStep(message, origin);
         break;
       case "hb":
+        if (message.seq == null) {
+          // the beat of all that ``origin`` holds: one left out is a stray
+          for (const [id, attempt] of this.attempts) {
+            if (attempt.origin === origin && !(id in message.status)) attempt.stray = true;
+          }
+        }
         for (const [id, status] of Object.entries(message.status)) {
           const held = this.mine(id, origin);
           if (held === undefined) continue;
+          if (status === "ok") held.stray = false;
           if (held.startDecided !== null) {
             if (status !== "ok") held.startDecided(false);
             else if (
@@ -155,6 +189,27 @@ export class Runner {
         }
         break;
       }
+      case "claimed":
+        this.onClaimed(message, origin);
+        break;
+    }
+  }
+
+  /** ``origin``'s node took over the sessions of strays it answers for: each is ``origin``'s
+   * from now on (its result, if any, goes there), or runs nowhere. */
+  private onClaimed(claimed: p.Claimed, origin: Origin): void {
+    for (const [id, status] of Object.entries(claimed.status)) {
+      const held = this.attempts.get(id);
+      if (held === undefined || !held.stray) continue;
+      if (status === "ok") {
+        held.origin = origin;
+        held.stray = false;
+        if (held.result !== null) origin.send(held.result);
+      } else if (held.result === null) {
+        this.abandon(held, "the server no longer runs this attempt");
+      } else {
+        this.attempts.delete(id);
+      }
     }
   }
 
@@ -170,6 +225,8 @@ export class Runner {
       startDecided: null,
       startSeq: -1,
       startSentAt: 0,
+      resume: origin.resume,
+      stray: false,
     };
     this.attempts.set(step.attempt_id, attempt);
     try {
@@ -235,17 +292,6 @@ export class Runner {
       const next = this.slotWaiters.shift();
       if (next !== undefined) next();
       else this.slotsTaken--;
-    }
-  }
-
-  /** ``origin``'s node left the cluster (no connected node lists it, and ``origin`` is
-   * down): the attempts handed out on it run nowhere any more (the node that took their
-   * sessions failed them), so none of those without a result starts or goes on here. */
-  nodeLeft(origin: Origin): void {
-    for (const attempt of [...this.attempts.values()]) {
-      if (attempt.origin === origin && attempt.result === null) {
-        this.abandon(attempt, "the server no longer runs this attempt");
-      }
     }
   }
 
@@ -323,6 +369,7 @@ export class Runner {
     for await (const event of agent.model.stream(request)) {
       if (attempt.abandoned) throw attempt.abort.signal.reason;
       if (typeof event === "string") {
+        // to its origin now: a stray's may change
         attempt.origin.send({ t: "delta", attempt_id: step.attempt_id, text: event });
       } else {
         response = event;
@@ -442,7 +489,10 @@ export class Runner {
     while (decided === null) {
       attempt.startSeq = this.seq++;
       attempt.startSentAt = Date.now();
-      attempt.origin.send({ t: "hb", attempts: [attempt.step.attempt_id], seq: attempt.startSeq });
+      if (!attempt.stray) {
+        // a stray asks its new origin, once a node claims it
+        attempt.origin.send({ t: "hb", attempts: [attempt.step.attempt_id], seq: attempt.startSeq });
+      }
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([
         verdict,

@@ -21,6 +21,8 @@ export class FakeNode {
   readonly frames: p.WorkerMessage[][] = [];
   /** Sent in the welcome when set (a cluster's nodes). */
   members: string[] | null = null;
+  /** The welcome's resume token. */
+  resume = "r1";
   private socket: WebSocket | null = null;
   private waiters: (() => void)[] = [];
 
@@ -37,7 +39,7 @@ export class FakeNode {
           const welcome = {
             t: "welcome",
             worker_id: "w",
-            resume: "r1",
+            resume: this.resume,
             stop: [],
             ...(this.members === null ? {} : { members: this.members }),
           };

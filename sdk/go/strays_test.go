@@ -1,0 +1,180 @@
+package dex
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+// In a cluster an attempt outlives the node that handed it out: the Worker runs it on as a
+// stray and claims it on every connection until the node that took its session over
+// answers (docs/worker-protocol.md, rule 14; tests/unit/test_strays.py for Python's).
+
+const strayID = "s/1.2/1"
+const strayToken = "the-token-of-the-dead-node-s-connection"
+
+// holdingStray is a Worker connected to nodes a and b that holds attempt strayID, handed
+// out by a under strayToken (result: it has its result, not yet acknowledged).
+func holdingStray(result bool) (w *Worker, a, b *node) {
+	w = testWorker()
+	a, b = w.newNode([]string{"http://a"}, false), w.newNode([]string{"http://b"}, false)
+	tokenA, tokenB := strayToken, "b-token"
+	a.resume, b.resume = &tokenA, &tokenB
+	w.running[strayID] = &attempt{step: step{AttemptID: strayID, SessionID: "s", StepType: StepCallTool}, cancel: func() {}}
+	w.origins[strayID] = &origin{node: a, resume: *a.resume}
+	if result {
+		w.results[strayID] = doneMessage{T: "done", AttemptID: strayID, Result: json.RawMessage(`{"status":"succeeded"}`)}
+	}
+	return w, a, b
+}
+
+func (w *Worker) strays() map[string]string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.straysLocked()
+}
+
+func (w *Worker) lost(n *node) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lostLocked(n)
+}
+
+// sent is what waits to be sent on n, as one frame (and empties its outbox).
+func sent(t *testing.T, w *Worker, n *node) []map[string]any {
+	t.Helper()
+	w.mu.Lock()
+	data, _ := n.box.take()
+	w.mu.Unlock()
+	var frame []map[string]any
+	if data != nil {
+		if err := json.Unmarshal(data, &frame); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return frame
+}
+
+func on(t *testing.T, w *Worker, n *node, m incoming) {
+	t.Helper()
+	if err := w.handleOn(context.Background(), n, []incoming{m}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAnAttemptWhoseConnectionDroppedIsClaimedAndMovesToTheNodeThatSaysOK(t *testing.T) {
+	w, a, b := holdingStray(true)
+	if len(w.strays()) != 0 {
+		t.Fatalf("no stray yet: %v", w.strays())
+	}
+
+	w.lost(a)
+	if got := w.strays(); len(got) != 1 || got[strayID] != strayToken {
+		t.Fatalf("claimed with the token it was handed out under: %v", got)
+	}
+	on(t, w, b, incoming{T: "claimed", Status: map[string]string{strayID: "ok"}})
+
+	w.mu.Lock()
+	moved := w.originLocked(strayID) == b
+	w.mu.Unlock()
+	if !moved || len(w.strays()) != 0 {
+		t.Fatalf("the attempt is b's now, and no stray: %v", w.strays())
+	}
+	if frame := sent(t, w, b); len(frame) != 1 || frame[0]["t"] != "done" || frame[0]["attempt_id"] != strayID {
+		t.Fatalf("its result goes to its new node at once: %v", frame)
+	}
+}
+
+func TestAnAttemptLeftOutOfItsNodesHeartbeatReplyIsAStray(t *testing.T) {
+	w, a, _ := holdingStray(false)
+
+	on(t, w, a, incoming{T: "hb", Status: map[string]string{}}) // a gave the session up
+	if got := w.strays(); got[strayID] != strayToken {
+		t.Fatalf("left out of the beat's reply: a stray, %v", got)
+	}
+	on(t, w, a, incoming{T: "hb", Status: map[string]string{strayID: "ok"}}) // a (back) holds it again
+	if len(w.strays()) != 0 {
+		t.Fatalf("an ok from its node: no stray, %v", w.strays())
+	}
+	seq := int64(7)
+	on(t, w, a, incoming{T: "hb", Seq: &seq, Status: map[string]string{}}) // a start answer names only its own
+	if len(w.strays()) != 0 {
+		t.Fatalf("a reply with a seq makes no stray: %v", w.strays())
+	}
+}
+
+func TestAStrayToldToStopIsDroppedAndAnswersFromOthersDoNotCount(t *testing.T) {
+	for _, result := range []bool{false, true} {
+		w, a, b := holdingStray(result)
+		w.lost(a)
+
+		on(t, w, b, incoming{T: "claimed", Status: map[string]string{"t/1.1/1": "ok"}}) // not one it holds
+		on(t, w, b, incoming{T: "hb", Status: map[string]string{strayID: "stop"}})      // not b's attempt
+		if _, held := w.running[strayID]; !held || len(w.strays()) != 1 {
+			t.Fatal("answers about other attempts, or from a node it is not on, change nothing")
+		}
+		on(t, w, b, incoming{T: "claimed", Status: map[string]string{strayID: "stop"}})
+
+		_, running := w.running[strayID]
+		_, kept := w.results[strayID]
+		if running || kept || len(w.strays()) != 0 || len(sent(t, w, b)) != 0 {
+			t.Fatalf("stopped, its result (%v) dropped, and nothing sent", result)
+		}
+	}
+}
+
+func TestAWelcomeOfTheNodeBackStopsOnlyWhatItLists(t *testing.T) {
+	w, a, _ := holdingStray(false)
+	w.lost(a)
+
+	w.welcomeOn(a, incoming{T: "welcome", Resume: "x", HeartbeatTimeout: 10})
+
+	if got := w.strays(); got[strayID] != strayToken {
+		t.Fatalf("still claimed (another node may own it): %v", got)
+	}
+}
+
+func TestEachConnectionClaimsTheStraysBeforeItsHeartbeatAndAStrayAsksNoNodeToStart(t *testing.T) {
+	w, a, b := holdingStray(false)
+	w.opts.HeartbeatInterval = 5 * time.Millisecond
+	w.running["b1"] = &attempt{step: step{AttemptID: "b1"}, cancel: func() {}}
+	w.origins["b1"] = &origin{node: b, resume: *b.resume}
+	start := make(chan bool, 1)
+	w.mu.Lock()
+	w.lostLocked(a)
+	held := w.running[strayID]
+	held.start = start
+	w.askStartLocked(held) // waits for its start acknowledgement
+	w.mu.Unlock()
+	if frame := sent(t, w, a); len(frame) != 0 {
+		t.Fatalf("a stray asks no node to start: %v", frame)
+	}
+
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		w.heartbeatLoop(b, done)
+		close(finished)
+	}()
+	var frame []map[string]any
+	eventually(t, "a beat on b", func() bool {
+		frame = append(frame, sent(t, w, b)...)
+		return len(frame) >= 2
+	})
+	close(done)
+	<-finished
+	claims, _ := frame[0]["attempts"].(map[string]any)
+	if frame[0]["t"] != "claim" || claims[strayID] != strayToken || frame[1]["t"] != "hb" {
+		t.Fatalf("the claim of every stray, then b's own beat: %v", frame)
+	}
+
+	on(t, w, b, incoming{T: "claimed", Status: map[string]string{strayID: "ok"}})
+	asked := false
+	for _, m := range sent(t, w, b) { // after what the last ticks left
+		ids, _ := m["attempts"].([]any)
+		asked = asked || m["t"] == "hb" && m["seq"] != nil && len(ids) == 1 && ids[0] == strayID
+	}
+	if !asked {
+		t.Fatal("claimed, it asks its new node to start at once")
+	}
+}
