@@ -241,12 +241,9 @@ export class Connection implements Origin {
     let beat: NodeJS.Timeout | null = null;
     const heartbeat = (): void => {
       beat = setTimeout(heartbeat, this.heartbeatInterval * 1000);
-      const strays = link.welcomed ? this.runner.strays() : {}; // not with the hello
-      if (Object.keys(strays).length > 0) {
-        // before the heartbeat, in the same frame: this node may be the one that took a
-        // stray's session over, and it answers the claim first
-        this.put(link, { t: "claim", attempts: strays });
-      }
+      // before the heartbeat, in the same frame: this node may be the one that took a
+      // stray's session over, and it answers the claim first
+      this.claim();
       const held = this.runner.heldBy(this);
       if (held.length > 0) this.put(link, { t: "hb", attempts: held });
     };
@@ -292,12 +289,24 @@ export class Connection implements Origin {
         if (beat !== null) clearTimeout(beat);
         if (this.link === link) this.link = null;
         this.runner.lost(this);
+        // its attempts are strays: claimed at once on the others, not a heartbeat later (a
+        // Worker that was blocked sees the drop after its overdue heartbeats, and the
+        // node that took their sessions over waits only its reclaim window)
+        for (const other of this.cluster?.connections() ?? []) other.claim();
         resolve({ code, reason: reason.toString(), welcomed: link.welcomed });
       });
     });
   }
 
   // --- sending ------------------------------------------------------------------------
+
+  /** Claim the Worker's strays on the live link, once welcomed (rule 14; the hello
+   * re-claims this connection's own). */
+  claim(): void {
+    if (this.link === null || !this.link.welcomed) return;
+    const strays = this.runner.strays();
+    if (Object.keys(strays).length > 0) this.put(this.link, { t: "claim", attempts: strays });
+  }
 
   /** Queue a message on the live link; whatever is queued in one tick leaves in one frame. */
   send(message: p.WorkerMessage): void {

@@ -142,7 +142,8 @@ RULES = """\
    reply to a heartbeat without `seq` leaves it out (that node no longer owns its
    session; it answers nothing about attempts of other nodes' sessions, in `hb` or in
    `welcome.stop`). Keep running a stray, and at each heartbeat send `claim` on every
-   connection, before that connection's `hb`, with each stray and the `resume` token of
+   connection whose node listed members (a single node needs none: a `hello` reclaims),
+   before that connection's `hb`, with each stray and the `resume` token of
    the connection it was handed out on (keep that token with the attempt). The node
    that took its session over answers `claimed`: `ok`, the attempt is that
    connection's from now on (its heartbeats, text and result go there; send a result

@@ -258,7 +258,7 @@ class Connection:
     async def _heartbeat(self, link: Link) -> None:
         while True:
             await asyncio.sleep(link.heartbeat_interval)
-            strays = self.runner.strays()
+            strays = self.runner.strays() if self.members else {}  # in a cluster only
             if strays:
                 # before the heartbeat, in the same frame: this node may be the one that
                 # took a stray's session over, and it answers the claim first
