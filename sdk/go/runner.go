@@ -38,7 +38,8 @@ type origin struct {
 }
 
 // heartbeatLoop names every running attempt on n each HeartbeatInterval, and at least
-// five times per heartbeat timeout; before that, it claims the Worker's strays on n.
+// five times per heartbeat timeout; before that, in a cluster, it claims the Worker's
+// strays on n.
 func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 	for {
 		w.mu.Lock()
@@ -53,9 +54,10 @@ func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 		case <-time.After(interval):
 		}
 		w.mu.Lock()
-		if strays := w.straysLocked(); len(strays) > 0 {
-			// before the heartbeat, in the same frame: this node may be the one that took
-			// a stray's session over, and it answers the claim first
+		// in a cluster only (a single node needs no claim: a hello reclaims; an older node
+		// would refuse the frame); before the heartbeat, in the same frame: this node may
+		// be the one that took a stray's session over, and it answers the claim first
+		if strays := w.straysLocked(); len(strays) > 0 && len(n.members) > 0 {
 			w.sendOnLocked(n, claim(strays))
 		}
 		ids := []string{}

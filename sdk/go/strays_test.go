@@ -151,18 +151,32 @@ func TestEachConnectionClaimsTheStraysBeforeItsHeartbeatAndAStrayAsksNoNodeToSta
 		t.Fatalf("a stray asks no node to start: %v", frame)
 	}
 
-	done, finished := make(chan struct{}), make(chan struct{})
-	go func() {
-		w.heartbeatLoop(b, done)
-		close(finished)
-	}()
-	var frame []map[string]any
-	eventually(t, "a beat on b", func() bool {
-		frame = append(frame, sent(t, w, b)...)
-		return len(frame) >= 2
-	})
-	close(done)
-	<-finished
+	// beat runs b's heartbeat loop until it sent two messages, and returns them
+	beat := func() []map[string]any {
+		done, finished := make(chan struct{}), make(chan struct{})
+		go func() {
+			w.heartbeatLoop(b, done)
+			close(finished)
+		}()
+		var frame []map[string]any
+		eventually(t, "two messages on b", func() bool {
+			frame = append(frame, sent(t, w, b)...)
+			return len(frame) >= 2
+		})
+		close(done)
+		<-finished
+		sent(t, w, b) // what a last tick left
+		return frame
+	}
+	for _, m := range beat() { // b's node is a single node: it listed no members
+		if m["t"] != "hb" {
+			t.Fatalf("a single node gets no claim (a hello reclaims): %v", m)
+		}
+	}
+	w.mu.Lock()
+	w.listLocked(b, []string{"http://a", "http://b"})
+	w.mu.Unlock()
+	frame := beat()
 	claims, _ := frame[0]["attempts"].(map[string]any)
 	if frame[0]["t"] != "claim" || claims[strayID] != strayToken || frame[1]["t"] != "hb" {
 		t.Fatalf("the claim of every stray, then b's own beat: %v", frame)

@@ -300,10 +300,11 @@ export class Connection implements Origin {
 
   // --- sending ------------------------------------------------------------------------
 
-  /** Claim the Worker's strays on the live link, once welcomed (rule 14; the hello
-   * re-claims this connection's own). */
+  /** Claim the Worker's strays on the live link, once welcomed, if its node is a cluster's
+   * (it listed members): a single node or a standby needs none, its hello re-claims what
+   * this connection holds, and an older node would refuse the frame (rule 14). */
   claim(): void {
-    if (this.link === null || !this.link.welcomed) return;
+    if (this.link === null || !this.link.welcomed || !this.members?.length) return;
     const strays = this.runner.strays();
     if (Object.keys(strays).length > 0) this.put(this.link, { t: "claim", attempts: strays });
   }

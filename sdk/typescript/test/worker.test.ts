@@ -45,6 +45,7 @@ const pay = defineTool<{ amount: number }>({
 });
 
 const hold = heldTool("hold", "held");
+const gate = heldTool("gate", "opened");
 
 /** Returns what JSON cannot carry. */
 const hugeTool = defineTool({
@@ -56,7 +57,7 @@ const hugeTool = defineTool({
 
 const node = new FakeNode();
 node.serveWorker({
-  agents: [defineAgent({ name: "a", model: viewer, tools: [pay, hold.tool, hugeTool] })],
+  agents: [defineAgent({ name: "a", model: viewer, tools: [pay, hold.tool, gate.tool, hugeTool] })],
   capacity: 3,
 });
 
@@ -168,6 +169,20 @@ test("no more attempts run at once than the capacity, a stopped one's code inclu
     assert.deepEqual(done.result, { status: "succeeded", result: "held" });
   }
   assert.equal(hold.most, 3);
+});
+
+test("a single node gets no claim: its heartbeat reply leaving an attempt out makes a stray", async () => {
+  const call = { t: "step", session_id: "s7", attempt: 1, agent: "a", tool: "gate", arguments: {} };
+  node.send([{ ...call, step_type: "CallTool", attempt_id: "g1", step_id: "g1", call_id: "g1" }]);
+  await until("the call running", () => gate.running === 1);
+  const from = node.frames.length;
+  node.send([{ t: "hb", status: {} }]); // g1 is a stray now
+  // the next heartbeat beats it on, with no claim before it (the node lists no members)
+  const beat = await node.frameWith((m) => m.t === "hb" && m.attempts.includes("g1"), from);
+  assert.deepEqual(beat.map((m) => m.t), ["hb"]);
+  gate.release();
+  assert.deepEqual(((await node.result("g1")) as p.Done).result, { status: "succeeded", result: "opened" });
+  assert.ok(node.frames.every((f) => f.every((m) => m.t !== "claim")));
 });
 
 test("the reconnect backoff grows exponentially to its cap, with full jitter", () => {
