@@ -108,13 +108,37 @@ def test_an_attempt_whose_connection_dropped_is_claimed_and_moves_to_the_node_th
     assert [type(m) for m in b.sent] == [Done]  # its result goes to its new node at once
 
 
-def test_an_attempt_left_out_of_its_node_s_heartbeat_reply_is_a_stray() -> None:
+def test_an_attempt_left_out_of_the_reply_to_its_node_s_beat_is_a_stray() -> None:
     runner, a, _ = holding(result=False)
 
-    runner.on_message(HeartbeatReply(status={}), a)  # a gave the session up
+    beat = runner.beat(a)
+    assert beat is not None and beat.attempts == [AID] and beat.seq is not None
+    runner.on_message(HeartbeatReply(status={}, seq=beat.seq), a)  # a gave the session up
     assert runner.strays() == {AID: TOKEN}
     runner.on_message(HeartbeatReply(status={AID: "ok"}), a)  # a (back) holds it again
     assert runner.strays() == {}
+
+
+def test_replies_to_other_heartbeats_that_leave_it_out_do_not_make_a_stray() -> None:
+    runner, a, _ = holding(result=False)
+    beat = runner.beat(a)
+    assert beat is not None
+
+    runner.on_message(HeartbeatReply(status={"s/1.5/1": "ok"}), a)  # a tool's own beat
+    runner.on_message(HeartbeatReply(status={}, seq=beat.seq + 1), a)  # another's ask
+
+    assert runner.strays() == {}
+
+
+def test_a_stray_s_result_waits_for_the_node_that_takes_it() -> None:
+    runner, a, b = holding(result=True)
+    runner.lost(a)
+
+    runner.on_message(HeartbeatReply(status={AID: "ok"}), b)  # not b's: changes nothing
+    assert a.sent == [] and b.sent == []
+    runner.on_message(HeartbeatReply(status={AID: "ok"}), a)  # a, back, runs it again
+
+    assert runner.strays() == {} and [type(m) for m in a.sent] == [Done]
 
 
 def test_a_stray_told_to_stop_is_dropped_and_answers_from_others_do_not_count() -> None:

@@ -138,18 +138,22 @@ RULES = """\
    attempt).
 14. **Strays.** In a cluster, when the node that handed an attempt out dies or gives its
    session up, another node takes the session over and waits its reclaim window for
-   the attempt's Worker. Call an attempt a stray when its connection drops, or when the
-   reply to a heartbeat without `seq` leaves it out (that node no longer owns its
-   session; it answers nothing about attempts of other nodes' sessions, in `hb` or in
-   `welcome.stop`). Keep running a stray, and at each heartbeat send `claim` on every
-   connection whose node listed members (a single node needs none: a `hello` reclaims),
-   before that connection's `hb`, with each stray and the `resume` token of
-   the connection it was handed out on (keep that token with the attempt). The node
-   that took its session over answers `claimed`: `ok`, the attempt is that
-   connection's from now on (its heartbeats, text and result go there; send a result
-   you hold at once), or `stop`, stop it and drop its result. Nodes that do not own
-   the session leave it out. A single-attempt tool that waits for its start
-   acknowledgement asks for it only once its attempt is claimed.
+   the attempt's Worker. Beat every attempt a connection holds in one `hb` with a `seq`
+   of its own, at each heartbeat. Call an attempt a stray when its connection to a node
+   that listed members drops, or when the reply to that beat leaves it out (the node no
+   longer owns its session; it answers nothing about attempts of other nodes'
+   sessions, in `hb` or in `welcome.stop`). Keep running a stray, and send `claim` on
+   every connection whose node listed members (a single node needs none: a `hello`
+   reclaims), when a connection drops and at each heartbeat before that connection's
+   `hb`, with each stray and the `resume` token of the connection it was handed out on
+   (keep that token with the attempt). The node that took its session over answers
+   `claimed`: `ok`, the attempt is that connection's from now on (its heartbeats, text
+   and result go there), or `stop`, stop it and drop its result. Nodes that do not own
+   the session leave it out. An `ok` to a stray in an `hb` reply of its own
+   connection's node (back, and owning it again) takes it too. Send a stray's result
+   to no node: keep it, and send it on the connection that takes the stray, at once. A
+   single-attempt tool that waits for its start acknowledgement asks for it only once
+   its attempt is taken.
 
 ## Close codes
 

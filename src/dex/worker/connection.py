@@ -30,7 +30,7 @@ from dex.errors import AuthError
 from dex.wire import server_frames as frames
 from dex.wire.outbox import Outbox
 from dex.wire.protocol import CLOSE_FORBIDDEN
-from dex.wire.worker_frames import Claim, Done, Drain, Heartbeat, Hello, WorkerMessage
+from dex.wire.worker_frames import Claim, Done, Drain, Hello, WorkerMessage
 from dex.worker.config import WorkerConfig
 from dex.worker.connection_log import ConnectionLog
 from dex.worker.history import HistoryCache
@@ -231,9 +231,10 @@ class Connection:
         )
         if runner.draining:
             link.outbox.put(Drain())
-        # results the last node never acknowledged: send them again
+        # results the last node never acknowledged: send them again (a stray's waits for
+        # the node that answers for it)
         for attempt in runner.attempts.values():
-            if attempt.origin is self and attempt.result is not None:
+            if attempt.origin is self and attempt.result is not None and not attempt.stray:
                 link.outbox.put(attempt.result)
         self.link = link
         sides = [
@@ -249,7 +250,12 @@ class Connection:
                     raise task.exception()  # type: ignore[misc]
         finally:
             self.link = None
-            self.runner.lost(self)
+            if self.members and self.cluster is not None:
+                # a cluster's node may be gone for good: its attempts are strays, and the
+                # other nodes are asked at once (a single node's are reclaimed by a hello)
+                self.runner.lost(self)
+                for connection in self.cluster.connections:
+                    connection.claim()
             link.outbox.closed = True
             for task in sides:
                 task.cancel()
@@ -258,14 +264,22 @@ class Connection:
     async def _heartbeat(self, link: Link) -> None:
         while True:
             await asyncio.sleep(link.heartbeat_interval)
-            strays = self.runner.strays() if self.members else {}  # in a cluster only
-            if strays:
-                # before the heartbeat, in the same frame: this node may be the one that
-                # took a stray's session over, and it answers the claim first
-                link.outbox.put(Claim(strays))
-            held = self.runner.held_by(self)
-            if held:
-                link.outbox.put(Heartbeat(held))
+            # the claim goes before the heartbeat, in the same frame: this node may be the
+            # one that took a stray over, and it answers the claim first
+            self.claim()
+            beat = self.runner.beat(self)
+            if beat is not None:
+                link.outbox.put(beat)
+
+    def claim(self) -> None:
+        """Claim the Worker's strays on this connection, if its node is in a cluster (a
+        single node needs no claim: a ``hello`` reclaims)."""
+        link = self.link
+        if link is None or not self.members:
+            return
+        strays = self.runner.strays()
+        if strays:
+            link.outbox.put(Claim(strays))
 
     async def _read(self, link: Link) -> None:
         while True:

@@ -122,6 +122,9 @@ class Runner:
         """How soon a start acknowledgement must answer (half the heartbeat timeout)."""
         self.draining = False
         self._seq = itertools.count(1)
+        self._beats: dict[Origin, tuple[int, list[str]]] = {}
+        """Per connection, its last beat of all it holds (``beat``): its ``seq`` and what
+        it named."""
 
     # --- the server's messages -------------------------------------------------------------
 
@@ -129,9 +132,20 @@ class Runner:
         """The attempts handed out on ``origin`` that this Worker holds."""
         return [a for a, held in self.attempts.items() if held.origin is origin]
 
+    def beat(self, origin: Origin) -> Heartbeat | None:
+        """The heartbeat of every attempt ``origin`` holds (None if it holds none), with a
+        ``seq`` of its own: an attempt it names that the reply leaves out is a stray."""
+        held = self.held_by(origin)
+        if not held:
+            return None
+        seq = next(self._seq)
+        self._beats[origin] = (seq, held)
+        return Heartbeat(held, seq=seq)
+
     def lost(self, origin: Origin) -> None:
         """``origin``'s connection dropped: its attempts are strays until its node, back,
         or the node that took their sessions over, answers for them."""
+        self._beats.pop(origin, None)
         for held in self.attempts.values():
             if held.origin is origin:
                 held.stray = True
@@ -173,6 +187,13 @@ class Runner:
         elif isinstance(message, frames.Claimed):
             self._on_claimed(message, origin)
 
+    def _taken(self, held: Attempt, origin: Origin) -> None:
+        """A stray is ``origin``'s: the result it kept while no node ran it goes there."""
+        held.origin = origin
+        held.stray = False
+        if held.result is not None:
+            origin.send(held.result)
+
     def _on_claimed(self, claimed: frames.Claimed, origin: Origin) -> None:
         """``origin``'s node took over the sessions of strays it answers for: each is
         ``origin``'s from now on (its result, if any, goes there), or runs nowhere."""
@@ -181,10 +202,7 @@ class Runner:
             if held is None or not held.stray:
                 continue
             if status == "ok":
-                held.origin = origin
-                held.stray = False
-                if held.result is not None:
-                    origin.send(held.result)
+                self._taken(held, origin)
             elif held.result is None:
                 self._abandon(held, "the server no longer runs this attempt")
             else:
@@ -199,16 +217,18 @@ class Runner:
 
     def _on_reply(self, reply: frames.HeartbeatReply, origin: Origin) -> None:
         seq = reply.seq
-        if seq is None:  # the beat of all that ``origin`` holds: one left out is a stray
-            for attempt_id, attempt in self.attempts.items():
-                if attempt.origin is origin and attempt_id not in reply.status:
-                    attempt.stray = True
+        beat = self._beats.get(origin)
+        if beat is not None and seq == beat[0]:  # the beat of all it held: one left out
+            for attempt_id in beat[1]:  # is a stray (its node gave its session up)
+                held = self._mine(attempt_id, origin)
+                if held is not None and attempt_id not in reply.status:
+                    held.stray = True
         for attempt_id, status in reply.status.items():
             held = self._mine(attempt_id, origin)
             if held is None:
                 continue
-            if status == "ok":
-                held.stray = False
+            if status == "ok" and held.stray:
+                self._taken(held, origin)
             if held.started is not None and not held.started.done():
                 if status != "ok":
                     held.started.set_result(False)
@@ -346,7 +366,7 @@ class Runner:
             attempt.result = _fail(
                 h, f"{type(e).__name__}: {e}", retryable=getattr(e, "retryable", True)
             )
-        if attempt.result is not None:
+        if attempt.result is not None and not attempt.stray:  # a stray's waits (``_taken``)
             attempt.origin.send(attempt.result)
 
     def _span(self, attempt: Attempt, agent: Agent) -> AbstractContextManager[None]:
