@@ -32,6 +32,7 @@ type node struct {
 	history *historyCache // each session's model view, as last handed out on it
 	members []string      // what its node listed last, while connected (nil: nothing)
 	linked  bool          // a welcomed connection is up
+	beat    *beat         // its last beat of all it holds, while connected (nil: none)
 	letGo   bool          // no connected node lists it any more: it stops once down
 	release chan struct{} // closed when it is let go
 }

@@ -23,9 +23,9 @@ import (
 // until the server refuses this Worker for good (ErrRefused) or the Worker stopped (ctx
 // done, and drained or out of time). In a cluster, while no connected node lists its
 // address and it is down, it does not reconnect: a member stops for good (the node
-// left), the seed waits until it is listed again or no node is connected. The attempts
-// on n are strays once its connection drops (lostLocked), claimed on the other
-// connections. It logs the life of each connection.
+// left), the seed waits until it is listed again or no node is connected. In a cluster,
+// the attempts on n are strays once its connection drops (droppedLocked), claimed at once
+// on the other connections. It logs the life of each connection.
 func (w *Worker) serveNode(ctx context.Context, n *node) error {
 	failures := 0
 	next := 0
@@ -51,8 +51,7 @@ func (w *Worker) serveNode(ctx context.Context, n *node) error {
 		address := w.nextAddress(n, &next)
 		welcomed, err := w.session(ctx, n, address)
 		w.mu.Lock()
-		n.linked, n.members = false, nil
-		w.lostLocked(n)
+		w.droppedLocked(n)
 		w.changedLocked()
 		w.mu.Unlock()
 		if errors.Is(err, ErrRefused) {
@@ -281,17 +280,7 @@ func (w *Worker) helloFrameOf(n *node) []byte {
 	for i := range w.opts.Agents {
 		agents = append(agents, w.opts.Agents[i].spec())
 	}
-	held := []string{}
-	for id := range w.running {
-		if w.originLocked(id) == n {
-			held = append(held, id)
-		}
-	}
-	for id := range w.results {
-		if _, ok := w.running[id]; !ok && w.originLocked(id) == n {
-			held = append(held, id)
-		}
-	}
+	held := w.heldLocked(n)
 	data, err := json.Marshal([]hello{{
 		T: "hello", WorkerID: w.opts.WorkerID, Agents: agents, Capacity: w.opts.Capacity,
 		Attempts: held, Resume: n.resume, Protocol: ProtocolVersion,
@@ -307,7 +296,8 @@ func (w *Worker) helloFrameOf(n *node) []byte {
 func (w *Worker) welcome(m incoming) { w.welcomeOn(w.seed, m) }
 
 // welcomeOn applies n's node's answer: its heartbeat timeout, resume token and the
-// attempts it no longer runs; then everything unacked of n is sent again. The history
+// attempts it no longer runs; then everything unacked of n is sent again (a stray's
+// result waits for the node that takes it: a claim, or n's node's hb ok). The history
 // views of n's last connection are dropped: the server sends each session's whole view
 // first on a new connection.
 func (w *Worker) welcomeOn(n *node, m incoming) {
@@ -330,7 +320,7 @@ func (w *Worker) welcomeOn(n *node, m incoming) {
 		n.box.add(drain())
 	}
 	for id, r := range w.results {
-		if w.originLocked(id) == n {
+		if o := w.origins[id]; w.originLocked(id) == n && (o == nil || !o.stray) {
 			n.box.add(r)
 		}
 	}

@@ -4,7 +4,8 @@
 // Every message about an attempt goes on the connection it is on (its origin). In a
 // cluster, when that node dies or gives the session up, the attempt runs on as a stray,
 // claimed on every connection until the node that took its session over answers: it is
-// that connection's from then on, or it stops (docs/worker-protocol.md, rule 14).
+// that connection's from then on, or it stops (docs/worker-protocol.md, rule 14). A
+// stray's result waits for the node that takes it.
 
 package dex
 
@@ -32,14 +33,23 @@ type attempt struct {
 type origin struct {
 	node   *node
 	resume string // the resume token it was handed out under (its node's then)
-	// stray: its node may not run it any more (the connection dropped, or its node's
-	// heartbeat reply left it out): claimed on every connection until a node answers
+	// stray: its node may not run it any more (in a cluster, the connection dropped, or
+	// the reply to its node's beat left it out): claimed on every connection until a
+	// node answers; its result, if any, waits for the node that takes it (takeLocked)
 	stray bool
 }
 
-// heartbeatLoop names every running attempt on n each HeartbeatInterval, and at least
-// five times per heartbeat timeout; before that, in a cluster, it claims the Worker's
-// strays on n.
+// beat is a connection's last beat of all it holds: its seq, and the attempts it named.
+// Only the reply with that seq marks strays: a named attempt, still held on that
+// connection, that the reply leaves out.
+type beat struct {
+	seq int64
+	ids []string
+}
+
+// heartbeatLoop beats every attempt held on n (running, or its result unacked) in one hb
+// with a seq of its own each HeartbeatInterval, and at least five times per heartbeat
+// timeout; before that, in a cluster, it claims the Worker's strays on n.
 func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 	for {
 		w.mu.Lock()
@@ -54,26 +64,19 @@ func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 		case <-time.After(interval):
 		}
 		w.mu.Lock()
-		// in a cluster only (a single node needs no claim: a hello reclaims; an older node
-		// would refuse the frame); before the heartbeat, in the same frame: this node may
-		// be the one that took a stray's session over, and it answers the claim first
-		if strays := w.straysLocked(); len(strays) > 0 && len(n.members) > 0 {
-			w.sendOnLocked(n, claim(strays))
-		}
-		ids := []string{}
+		// before the heartbeat, in the same frame: this node may be the one that took a
+		// stray's session over, and it answers the claim first
+		w.claimOnLocked(n)
 		for id, a := range w.running {
-			if w.originLocked(id) != n {
-				continue
-			}
-			if _, sent := w.results[id]; !sent {
-				ids = append(ids, id)
-			}
-			if a.start != nil && a.startSeq != 0 && time.Since(a.startAt) > w.timeout/2 {
+			if w.originLocked(id) == n && a.start != nil && a.startSeq != 0 && time.Since(a.startAt) > w.timeout/2 {
 				w.askStartLocked(a) // the answer came too late, or not at all: ask again
 			}
 		}
-		if len(ids) > 0 {
-			w.sendOnLocked(n, heartbeat(ids, nil))
+		if ids := w.heldLocked(n); len(ids) > 0 {
+			w.seq++
+			seq := w.seq
+			n.beat = &beat{seq: seq, ids: ids}
+			w.sendOnLocked(n, heartbeat(ids, &seq))
 		}
 		w.mu.Unlock()
 	}
@@ -136,40 +139,45 @@ func deref(s *string) string {
 	return *s
 }
 
+// heartbeatReply applies n's node's answer to a heartbeat of n: an ok extends, and a
+// timely ok to a start ask starts; a stop stops (an attempt whose result is kept waits
+// for its ack). Only the reply to n's last beat of all it held marks strays: each attempt
+// it named, still held on n, that it leaves out (n's node gave its session up); replies
+// to other heartbeats (a start ask) never do. An ok to a stray of n takes it back: its
+// node, back, owns it again.
 func (w *Worker) heartbeatReply(n *node, m incoming) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if m.Seq == nil { // the beat of all that runs on n: one it left out is a stray
-		for id := range w.running {
-			o, named := w.origins[id], m.Status[id] != ""
-			if _, sent := w.results[id]; o != nil && o.node == n && !named && !sent {
-				o.stray = true
+	if b := n.beat; b != nil && m.Seq != nil && *m.Seq == b.seq {
+		for _, id := range b.ids {
+			if _, named := m.Status[id]; !named && w.holdsLocked(id) && w.originLocked(id) == n {
+				if o := w.origins[id]; o != nil {
+					o.stray = true
+				}
 			}
 		}
 	}
 	for id, status := range m.Status {
-		a, ok := w.running[id]
-		if !ok || w.originLocked(id) != n {
+		if !w.holdsLocked(id) || w.originLocked(id) != n {
 			continue
 		}
-		if status == "stop" {
-			w.abandonLocked(id, "the server no longer runs this attempt")
+		a := w.running[id]
+		_, kept := w.results[id]
+		if status != "ok" {
+			if !kept {
+				w.abandonLocked(id, "the server no longer runs this attempt")
+			}
 			continue
 		}
-		o := w.origins[id]
-		stray := o != nil && o.stray
-		if stray { // n's node answers for it again
-			o.stray = false
-		}
-		if a.start != nil && m.Seq != nil && *m.Seq == a.startSeq && time.Since(a.startAt) <= w.timeout/2 {
+		if a != nil && a.start != nil && m.Seq != nil && *m.Seq == a.startSeq && time.Since(a.startAt) <= w.timeout/2 {
 			select {
 			case a.start <- true:
 			default:
 			}
 			a.start = nil
 		}
-		if stray && a.start != nil && a.startSeq != 0 {
-			w.askStartLocked(a) // a stray asked nothing: ask now
+		if o := w.origins[id]; o != nil && o.stray { // n's node answers for it again
+			w.takeLocked(id, n)
 		}
 	}
 }
@@ -192,14 +200,68 @@ func (w *Worker) abandonLocked(id, why string) {
 	w.forgetLocked(id)
 }
 
-// lostLocked: n's connection dropped: the attempts on it are strays until its node,
-// back, or the node that took their sessions over, answers for them (w.mu held).
+// droppedLocked: n's connection dropped (w.mu held). Its last beat is forgotten. If its
+// node listed members (a cluster's, which may be gone for good) its attempts are strays,
+// claimed at once on every other connection whose node listed members; a single node's
+// are reclaimed by the hello when it reconnects.
+func (w *Worker) droppedLocked(n *node) {
+	cluster := len(n.members) > 0
+	n.linked, n.members, n.beat = false, nil, nil
+	if !cluster {
+		return
+	}
+	w.lostLocked(n)
+	for _, other := range w.nodesLocked() {
+		w.claimOnLocked(other)
+	}
+}
+
+// lostLocked: n's connection to a cluster's node dropped: the attempts on it are strays
+// until its node, back, or the node that took their sessions over, answers for them
+// (w.mu held).
 func (w *Worker) lostLocked(n *node) {
+	n.beat = nil
 	for _, o := range w.origins {
 		if o.node == n {
 			o.stray = true
 		}
 	}
+}
+
+// claimOnLocked claims the Worker's strays on n, if n is up and its node listed members
+// (w.mu held): a single node needs no claim (a hello reclaims), and an older node would
+// refuse the frame.
+func (w *Worker) claimOnLocked(n *node) {
+	if !n.linked || len(n.members) == 0 {
+		return
+	}
+	if strays := w.straysLocked(); len(strays) > 0 {
+		w.sendOnLocked(n, claim(strays))
+	}
+}
+
+// holdsLocked: the Worker holds attempt id (it runs, or its result is kept; w.mu held).
+func (w *Worker) holdsLocked(id string) bool {
+	_, running := w.running[id]
+	_, kept := w.results[id]
+	return running || kept
+}
+
+// heldLocked is what is held on n: the attempts it handed out (or that were claimed on
+// it) that run, then those whose result is kept (w.mu held).
+func (w *Worker) heldLocked(n *node) []string {
+	held := []string{}
+	for id := range w.running {
+		if w.originLocked(id) == n {
+			held = append(held, id)
+		}
+	}
+	for id := range w.results {
+		if _, ok := w.running[id]; !ok && w.originLocked(id) == n {
+			held = append(held, id)
+		}
+	}
+	return held
 }
 
 // straysLocked is what to claim: each stray, with the token it was handed out under.
@@ -227,21 +289,29 @@ func (w *Worker) claimed(n *node, status map[string]string) {
 		if o == nil || !o.stray {
 			continue
 		}
-		_, sent := w.results[id]
+		_, kept := w.results[id]
 		switch {
 		case s == "ok":
-			o.node, o.stray = n, false
-			if sent {
-				w.sendOnLocked(n, w.results[id])
-			} else if a := w.running[id]; a != nil && a.start != nil && a.startSeq != 0 {
-				w.askStartLocked(a) // it waits to start: ask its new node now
-			}
-		case s == "stop" && !sent:
+			w.takeLocked(id, n)
+		case s == "stop" && !kept:
 			w.abandonLocked(id, "the server no longer runs this attempt")
 		case s == "stop":
 			delete(w.results, id)
 			w.forgetLocked(id)
 		}
+	}
+}
+
+// takeLocked: stray id is n's from now on (a claimed ok from n's node, or an hb ok from
+// its own node, back): the result it kept while no node ran it goes there at once; one
+// that waits to start asks n's node now (w.mu held).
+func (w *Worker) takeLocked(id string, n *node) {
+	o := w.origins[id]
+	o.node, o.stray = n, false
+	if r, kept := w.results[id]; kept {
+		w.sendOnLocked(n, r)
+	} else if a := w.running[id]; a != nil && a.start != nil && a.startSeq != 0 {
+		w.askStartLocked(a) // a stray asked nothing: ask now
 	}
 }
 
@@ -339,6 +409,15 @@ func (w *Worker) liveLocked() int {
 // until its ack (w.mu held).
 func (w *Worker) settleLocked(m message) {
 	w.results[m.attempt()] = m
+	w.sendResultLocked(m)
+}
+
+// sendResultLocked sends an attempt's result on the connection it is on, but a stray's:
+// that waits for the node that takes it (takeLocked; w.mu held).
+func (w *Worker) sendResultLocked(m message) {
+	if o := w.origins[m.attempt()]; o != nil && o.stray {
+		return
+	}
 	w.sendLocked(m)
 }
 
@@ -364,7 +443,7 @@ func (w *Worker) run(ctx context.Context, a *attempt) {
 		return // stopped or cancelled meanwhile, or forgotten: no result is wanted
 	}
 	w.results[s.AttemptID] = result
-	w.sendLocked(result)
+	w.sendResultLocked(result) // a stray's waits for the node that takes it
 }
 
 // execute runs a hand-out and returns the message that settles it (nil: none).

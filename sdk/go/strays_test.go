@@ -86,21 +86,139 @@ func TestAnAttemptWhoseConnectionDroppedIsClaimedAndMovesToTheNodeThatSaysOK(t *
 	}
 }
 
-func TestAnAttemptLeftOutOfItsNodesHeartbeatReplyIsAStray(t *testing.T) {
-	w, a, _ := holdingStray(false)
+// beatOnce runs n's heartbeat loop until it beat, and returns that beat's seq and what
+// it named (what else the loop sent stays in n's outbox, before the beat).
+func beatOnce(t *testing.T, w *Worker, n *node) (int64, []string) {
+	t.Helper()
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		w.heartbeatLoop(n, done)
+		close(finished)
+	}()
+	eventually(t, "a beat on "+n.address, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return n.beat != nil
+	})
+	close(done)
+	<-finished
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return n.beat.seq, n.beat.ids
+}
 
-	on(t, w, a, incoming{T: "hb", Status: map[string]string{}}) // a gave the session up
+func TestAnAttemptLeftOutOfTheReplyToItsNodesBeatIsAStray(t *testing.T) {
+	w, a, _ := holdingStray(false)
+	w.opts.HeartbeatInterval = time.Millisecond
+
+	seq, ids := beatOnce(t, w, a)
+	frame := sent(t, w, a)
+	if len(ids) != 1 || ids[0] != strayID || len(frame) == 0 || frame[len(frame)-1]["t"] != "hb" ||
+		frame[len(frame)-1]["seq"] != float64(seq) {
+		t.Fatalf("the beat names all a holds, with a seq of its own: %v %v", ids, frame)
+	}
+	on(t, w, a, incoming{T: "hb", Seq: &seq, Status: map[string]string{}}) // a gave the session up
 	if got := w.strays(); got[strayID] != strayToken {
-		t.Fatalf("left out of the beat's reply: a stray, %v", got)
+		t.Fatalf("left out of the reply to the beat: a stray, %v", got)
 	}
 	on(t, w, a, incoming{T: "hb", Status: map[string]string{strayID: "ok"}}) // a (back) holds it again
 	if len(w.strays()) != 0 {
 		t.Fatalf("an ok from its node: no stray, %v", w.strays())
 	}
-	seq := int64(7)
-	on(t, w, a, incoming{T: "hb", Seq: &seq, Status: map[string]string{}}) // a start answer names only its own
+}
+
+func TestRepliesToOtherHeartbeatsThatLeaveItOutDoNotMakeAStray(t *testing.T) {
+	w, a, b := holdingStray(true) // a result, kept until its ack, is held too
+	w.opts.HeartbeatInterval = time.Millisecond
+	seq, ids := beatOnce(t, w, a)
+	if len(ids) != 1 || ids[0] != strayID {
+		t.Fatalf("the beat names the attempt whose result is unacked: %v", ids)
+	}
+
+	on(t, w, a, incoming{T: "hb", Status: map[string]string{"s/1.5/1": "ok"}}) // a tool's own beat
+	other := seq + 1
+	on(t, w, a, incoming{T: "hb", Seq: &other, Status: map[string]string{}}) // another's start ask
+	on(t, w, b, incoming{T: "hb", Seq: &seq, Status: map[string]string{}})   // b's, not a's, beat
 	if len(w.strays()) != 0 {
-		t.Fatalf("a reply with a seq makes no stray: %v", w.strays())
+		t.Fatalf("only the reply to a's own beat marks strays: %v", w.strays())
+	}
+
+	w.mu.Lock()
+	w.droppedLocked(a) // a single node: the hello reclaims
+	w.mu.Unlock()
+	on(t, w, a, incoming{T: "hb", Seq: &seq, Status: map[string]string{}}) // a forgot that beat
+	if len(w.strays()) != 0 {
+		t.Fatalf("a connection forgets its beat when it drops: %v", w.strays())
+	}
+}
+
+func TestAStraysResultWaitsForTheNodeThatTakesIt(t *testing.T) {
+	release := make(chan struct{})
+	wait := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+		<-release
+		return "waited", nil
+	}
+	w := NewWorker(WorkerOptions{Address: "http://127.0.0.1:1", Agents: []Agent{{
+		Name: "a", Model: echoModel{}, Tools: []Tool{{Name: "wait", Kind: Read, Func: wait}},
+	}}})
+	a, b := w.newNode([]string{"http://a"}, false), w.newNode([]string{"http://b"}, false)
+	tokenA, tokenB := strayToken, "b-token"
+	a.resume, b.resume = &tokenA, &tokenB
+	tool := "wait"
+	w.handOutOn(a, step{AttemptID: strayID, SessionID: "s", StepType: StepCallTool, Agent: "a",
+		Tool: &tool, Arguments: json.RawMessage(`{}`)})
+	w.lost(a)
+
+	close(release) // it ends while a stray: its result goes nowhere
+	eventually(t, "the stray's result kept", func() bool { return w.result(strayID) != nil })
+	if fa, fb := sent(t, w, a), sent(t, w, b); len(fa) != 0 || len(fb) != 0 {
+		t.Fatalf("a stray's result is sent to no node: %v %v", fa, fb)
+	}
+	w.welcomeOn(a, incoming{T: "welcome", Resume: "a2", HeartbeatTimeout: 10}) // a is back
+	if fa, fb := sent(t, w, a), sent(t, w, b); len(fa) != 0 || len(fb) != 0 {
+		t.Fatalf("nor again when its connection is back: %v %v", fa, fb)
+	}
+	on(t, w, b, incoming{T: "hb", Status: map[string]string{strayID: "ok"}}) // not b's
+	if fa, fb := sent(t, w, a), sent(t, w, b); len(fa) != 0 || len(fb) != 0 || len(w.strays()) != 1 {
+		t.Fatalf("an ok from a node it is not on changes nothing: %v %v", fa, fb)
+	}
+
+	on(t, w, a, incoming{T: "hb", Status: map[string]string{strayID: "ok"}}) // a, back, owns it
+	frame := sent(t, w, a)
+	if len(w.strays()) != 0 || len(frame) != 1 || frame[0]["t"] != "done" || frame[0]["attempt_id"] != strayID {
+		t.Fatalf("taken by its own node's ok: its result goes there at once: %v", frame)
+	}
+}
+
+func TestOnlyAClusterNodesDropMakesStraysClaimedAtOnceOnTheOtherNodes(t *testing.T) {
+	w, a, b := holdingStray(false)
+	c := w.newNode([]string{"http://c"}, false) // up, a single node: it needs no claim
+	w.mu.Lock()
+	w.members["http://b"], w.members["http://c"] = b, c
+	a.linked, b.linked, c.linked = true, true, true
+	w.listLocked(b, []string{"http://a", "http://b"})
+	w.listLocked(c, nil)
+	w.droppedLocked(a) // a listed no members: a single node
+	w.mu.Unlock()
+	if len(w.strays()) != 0 || len(sent(t, w, b)) != 0 {
+		t.Fatalf("a single node's drop makes no stray (the hello reclaims): %v", w.strays())
+	}
+
+	w.mu.Lock()
+	a.linked = true
+	w.listLocked(a, []string{"http://a", "http://b"})
+	w.droppedLocked(a) // a cluster's node
+	w.mu.Unlock()
+	if got := w.strays(); got[strayID] != strayToken {
+		t.Fatalf("a cluster node's drop makes its attempts strays: %v", got)
+	}
+	frame := sent(t, w, b)
+	claims, _ := frame[0]["attempts"].(map[string]any)
+	if len(frame) != 1 || frame[0]["t"] != "claim" || claims[strayID] != strayToken {
+		t.Fatalf("claimed at once on the other cluster node: %v", frame)
+	}
+	if got := sent(t, w, c); len(got) != 0 {
+		t.Fatalf("no claim to a single node: %v", got)
 	}
 }
 
@@ -140,6 +258,7 @@ func TestEachConnectionClaimsTheStraysBeforeItsHeartbeatAndAStrayAsksNoNodeToSta
 	w.opts.HeartbeatInterval = 5 * time.Millisecond
 	w.running["b1"] = &attempt{step: step{AttemptID: "b1"}, cancel: func() {}}
 	w.origins["b1"] = &origin{node: b, resume: *b.resume}
+	b.linked = true
 	start := make(chan bool, 1)
 	w.mu.Lock()
 	w.lostLocked(a)
@@ -178,8 +297,8 @@ func TestEachConnectionClaimsTheStraysBeforeItsHeartbeatAndAStrayAsksNoNodeToSta
 	w.mu.Unlock()
 	frame := beat()
 	claims, _ := frame[0]["attempts"].(map[string]any)
-	if frame[0]["t"] != "claim" || claims[strayID] != strayToken || frame[1]["t"] != "hb" {
-		t.Fatalf("the claim of every stray, then b's own beat: %v", frame)
+	if frame[0]["t"] != "claim" || claims[strayID] != strayToken || frame[1]["t"] != "hb" || frame[1]["seq"] == nil {
+		t.Fatalf("the claim of every stray, then b's own beat, with a seq: %v", frame)
 	}
 
 	on(t, w, b, incoming{T: "claimed", Status: map[string]string{strayID: "ok"}})
