@@ -49,8 +49,8 @@ class Link:
     ws: aiohttp.ClientWebSocketResponse
     address: str
     heartbeat_interval: float
-    welcomed: bool = False
-    """Whether the node answered hello: a standby closes the connection before that."""
+    welcome: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the node answered hello (a standby closes the connection before that)."""
     ended: str = "the connection closed"
     """How it ended, as the node or the network said."""
     outbox: Outbox[Hello | WorkerMessage] = field(init=False)
@@ -165,7 +165,7 @@ class Connection:
                     self.cluster.changed()
             if self.stopping.is_set() and not self.let_go:
                 return  # shutting down
-            if link.welcomed:
+            if link.welcome.is_set():
                 reconnecting = self._wanted()
                 self.log.lost(base, link.ended, reconnecting=reconnecting)
                 if not reconnecting and not self._idle_seed():
@@ -262,14 +262,18 @@ class Connection:
             await asyncio.gather(*sides, return_exceptions=True)
 
     async def _heartbeat(self, link: Link) -> None:
+        await link.welcome.wait()  # it beats at once, and sets the interval
         while True:
             await asyncio.sleep(link.heartbeat_interval)
-            # the claim goes before the heartbeat, in the same frame: this node may be the
-            # one that took a stray over, and it answers the claim first
-            self.claim()
-            beat = self.runner.beat(self)
-            if beat is not None:
-                link.outbox.put(beat)
+            self._beat(link)
+
+    def _beat(self, link: Link) -> None:
+        # the claim goes before the heartbeat, in the same frame: this node may be the one
+        # that took a stray over, and it answers the claim first
+        self.claim()
+        beat = self.runner.beat(self)
+        if beat is not None:
+            link.outbox.put(beat)
 
     def claim(self) -> None:
         """Claim the Worker's strays on this connection, if its node is in a cluster (a
@@ -305,10 +309,13 @@ class Connection:
         timeout = welcome.heartbeat_timeout or float("inf")
         link.heartbeat_interval = min(self.config.heartbeat_interval, timeout / 4)
         self.resume = welcome.resume
-        link.welcomed = True
+        link.welcome.set()
         self.log.connected(link.address)
         self.runner.welcomed(welcome, self)
         self._listed(welcome.members)
+        # at once, not a heartbeat later: a stray the hello reclaimed is taken by the
+        # reply, and the result it kept goes out (the first beat may be due before then)
+        self._beat(link)
 
     def _listed(self, members: list[str]) -> None:
         """The nodes this one says the Worker should be connected to."""
