@@ -4,7 +4,8 @@
  * and the log of each connection's life (docs/worker-protocol.md, rules 6-7). What the
  * messages are about is the Runner's. In a cluster the Worker holds one per node
  * (cluster.ts, rule 13): the seed, on the configured addresses, and one per member; each
- * claims the Worker's strays at every heartbeat (rule 14, Runner.strays).
+ * claims the Worker's strays at every heartbeat and when another connection drops (rule 14,
+ * Runner.strays).
  */
 import WebSocket from "ws";
 
@@ -26,6 +27,8 @@ interface Link {
   address: string;
   /** Whether the node answered hello: a standby closes the connection before that. */
   welcomed: boolean;
+  /** The next heartbeat, once welcomed. */
+  beat: NodeJS.Timeout | null;
   pending: p.WorkerMessage[];
   flushing: boolean;
 }
@@ -221,7 +224,7 @@ export class Connection implements Origin {
     ws: WebSocket,
     address: string,
   ): Promise<{ code: number; reason: string; welcomed: boolean }> {
-    const link: Link = { ws, address, welcomed: false, pending: [], flushing: false };
+    const link: Link = { ws, address, welcomed: false, beat: null, pending: [], flushing: false };
     ws.on("error", () => undefined); // the close event follows and says how it ended
     this.link = link;
     this.put(link, {
@@ -236,18 +239,9 @@ export class Connection implements Origin {
       protocol: p.PROTOCOL_VERSION,
     });
     if (this.runner.draining) this.put(link, { t: "drain" });
-    // results the last node never acknowledged: send them again
+    // results the last node never acknowledged: send them again (a stray's waits for the
+    // node that takes it)
     for (const result of this.runner.unacknowledged(this)) this.put(link, result);
-    let beat: NodeJS.Timeout | null = null;
-    const heartbeat = (): void => {
-      beat = setTimeout(heartbeat, this.heartbeatInterval * 1000);
-      // before the heartbeat, in the same frame: this node may be the one that took a
-      // stray's session over, and it answers the claim first
-      this.claim();
-      const held = this.runner.heldBy(this);
-      if (held.length > 0) this.put(link, { t: "hb", attempts: held });
-    };
-    heartbeat();
     // a node that hung keeps the TCP connection open: a ping it does not answer ends it
     let answered = true;
     let lastTick = Date.now();
@@ -286,13 +280,15 @@ export class Connection implements Origin {
       });
       ws.once("close", (code, reason) => {
         clearInterval(ping);
-        if (beat !== null) clearTimeout(beat);
+        if (link.beat !== null) clearTimeout(link.beat);
         if (this.link === link) this.link = null;
-        this.runner.lost(this);
-        // its attempts are strays: claimed at once on the others, not a heartbeat later (a
-        // Worker that was blocked sees the drop after its overdue heartbeats, and the
-        // node that took their sessions over waits only its reclaim window)
-        for (const other of this.cluster?.connections() ?? []) other.claim();
+        // a cluster's node may be gone for good: its attempts are strays, claimed at once on
+        // the others, not a heartbeat later (a Worker that was blocked sees the drop after
+        // its overdue heartbeats, and the node that took their sessions over waits only its
+        // reclaim window); a single node's are re-claimed by the next hello
+        const cluster = this.cluster !== null && (this.members?.length ?? 0) > 0;
+        this.runner.lost(this, cluster);
+        if (cluster) for (const other of this.cluster?.connections() ?? []) other.claim();
         resolve({ code, reason: reason.toString(), welcomed: link.welcomed });
       });
     });
@@ -307,6 +303,20 @@ export class Connection implements Origin {
     if (this.link === null || !this.link.welcomed || !this.members?.length) return;
     const strays = this.runner.strays();
     if (Object.keys(strays).length > 0) this.put(this.link, { t: "claim", attempts: strays });
+  }
+
+  /** Claim the strays and beat every attempt this connection holds, and again every
+   * heartbeat interval (the welcome's): at once on the welcome, so that a stray the hello
+   * re-claimed is taken by the reply and the result it kept goes out. */
+  private heartbeat(link: Link): void {
+    if (link.beat !== null) clearTimeout(link.beat);
+    link.beat = setTimeout(() => this.heartbeat(link), this.heartbeatInterval * 1000);
+    // before the heartbeat, in the same frame: this node may be the one that took a
+    // stray's session over, and it answers the claim first
+    this.claim();
+    // every attempt it holds, with a seq of its own: only the reply to it makes strays
+    const beat = this.runner.beat(this);
+    if (beat !== null) this.put(link, beat);
   }
 
   /** Queue a message on the live link; whatever is queued in one tick leaves in one frame. */
@@ -380,6 +390,7 @@ export class Connection implements Origin {
     this.histories.clear(); // the server sends each session's whole view first
     this.runner.welcome(message, this);
     this.listed(message.members ?? []);
+    this.heartbeat(link); // at once, not a heartbeat later
   }
 
   /** The nodes this one says the Worker should be connected to. */

@@ -6,7 +6,7 @@
  * goes on the connection that handed it out (its origin). When that node dies or gives the
  * session up, the attempt runs on as a stray, claimed on every connection (``claim``) until
  * the node that took its session over answers: it is that connection's from then on, or it
- * stops (rule 14).
+ * stops (rule 14). A stray's result waits for the node that takes it.
  */
 import { Agent, Interrupt, ModelRequest, PENDING, ToolContext, ToolError } from "./agent";
 import * as failpoints from "./failpoints";
@@ -41,9 +41,10 @@ export interface Attempt {
   startSentAt: number;
   /** The resume token it was handed out under (its origin's then). */
   resume: string | null;
-  /** Its origin may not run it any more: the connection dropped, or its node's heartbeat
-   * reply left it out (in a cluster, the node that handed it out died or gave its session
-   * up). Claimed on every connection (``strays``) until a node answers. */
+  /** Its origin may not run it any more: its connection to a cluster's node dropped, or the
+   * reply to its connection's beat (``beat``) left it out (the node that handed it out died
+   * or gave its session up). Claimed on every connection (``strays``) until a node takes it
+   * (``taken``); its result, if it ends meanwhile, waits for that node. */
   stray: boolean;
 }
 
@@ -63,7 +64,10 @@ export class Runner {
   private readonly slotWaiters: (() => void)[] = [];
   /** How long a start acknowledgement may take, in seconds: half the heartbeat timeout. */
   private startWindow = 5;
+  /** Numbers the heartbeats that expect a reply of their own: start asks and beats. */
   private seq = 0;
+  /** Per connection, its last beat of all it holds (``beat``): its ``seq`` and what it named. */
+  private readonly beats = new Map<Origin, { seq: number; attempts: string[] }>();
 
   constructor(
     agents: Agent[],
@@ -81,16 +85,31 @@ export class Runner {
     return [...this.attempts.values()].filter((a) => a.origin === origin).map((a) => a.step.attempt_id);
   }
 
-  /** The results sent on ``origin`` and not yet acknowledged: sent again on its next connection. */
+  /** The heartbeat of every attempt ``origin`` holds (null if it holds none), with a ``seq``
+   * of its own: an attempt it names that the reply leaves out is a stray. */
+  beat(origin: Origin): p.Heartbeat | null {
+    const held = this.heldBy(origin);
+    if (held.length === 0) return null;
+    const seq = this.seq++;
+    this.beats.set(origin, { seq, attempts: held });
+    return { t: "hb", attempts: held, seq };
+  }
+
+  /** The results sent on ``origin`` and not yet acknowledged: sent again on its next
+   * connection (a stray's waits for the node that takes it). */
   unacknowledged(origin: Origin): p.Result[] {
     return [...this.attempts.values()].flatMap((a) =>
-      a.result === null || a.origin !== origin ? [] : [a.result],
+      a.result === null || a.origin !== origin || a.stray ? [] : [a.result],
     );
   }
 
-  /** ``origin``'s connection dropped: its attempts are strays until its node, back, or the
-   * node that took their sessions over, answers for them. */
-  lost(origin: Origin): void {
+  /** ``origin``'s connection dropped: no reply to its last beat will come. If its node is a
+   * cluster's (``cluster``: it listed members), its attempts are strays until its node,
+   * back, or the node that took their sessions over, answers for them; a single node's are
+   * re-claimed by the hello of the next connection. */
+  lost(origin: Origin, cluster: boolean): void {
+    this.beats.delete(origin);
+    if (!cluster) return;
     for (const attempt of this.attempts.values()) if (attempt.origin === origin) attempt.stray = true;
   }
 
@@ -147,17 +166,20 @@ export class Runner {
       case "step":
         this.onStep(message, origin);
         break;
-      case "hb":
-        if (message.seq == null) {
-          // the beat of all that ``origin`` holds: one left out is a stray
-          for (const [id, attempt] of this.attempts) {
-            if (attempt.origin === origin && !(id in message.status)) attempt.stray = true;
+      case "hb": {
+        const beat = this.beats.get(origin);
+        if (beat !== undefined && message.seq != null && message.seq === beat.seq) {
+          // the reply to the beat of all it held: one it leaves out is a stray (its node gave
+          // the session up); a reply to a tool's own beat or a start ask names only those
+          for (const id of beat.attempts) {
+            const held = this.mine(id, origin);
+            if (held !== undefined && !(id in message.status)) held.stray = true;
           }
         }
         for (const [id, status] of Object.entries(message.status)) {
           const held = this.mine(id, origin);
           if (held === undefined) continue;
-          if (status === "ok") held.stray = false;
+          if (status === "ok" && held.stray) this.taken(held, origin); // its node, back, owns it
           if (held.startDecided !== null) {
             if (status !== "ok") held.startDecided(false);
             else if (
@@ -172,6 +194,7 @@ export class Runner {
           }
         }
         break;
+      }
       case "ack": {
         const acked = this.mine(message.attempt_id, origin);
         if (acked !== undefined) this.attempts.delete(message.attempt_id);
@@ -195,6 +218,13 @@ export class Runner {
     }
   }
 
+  /** A stray is ``origin``'s: the result it kept while no node ran it goes there now. */
+  private taken(held: Attempt, origin: Origin): void {
+    held.origin = origin;
+    held.stray = false;
+    if (held.result !== null) origin.send(held.result);
+  }
+
   /** ``origin``'s node took over the sessions of strays it answers for: each is ``origin``'s
    * from now on (its result, if any, goes there), or runs nowhere. */
   private onClaimed(claimed: p.Claimed, origin: Origin): void {
@@ -202,9 +232,7 @@ export class Runner {
       const held = this.attempts.get(id);
       if (held === undefined || !held.stray) continue;
       if (status === "ok") {
-        held.origin = origin;
-        held.stray = false;
-        if (held.result !== null) origin.send(held.result);
+        this.taken(held, origin);
       } else if (held.result === null) {
         this.abandon(held, "the server no longer runs this attempt");
       } else {
@@ -358,7 +386,7 @@ export class Runner {
     }
     if (attempt.abandoned) return; // stopped or cancelled meanwhile: no result is wanted
     attempt.result = result;
-    attempt.origin.send(result);
+    if (!attempt.stray) attempt.origin.send(result); // a stray's waits (``taken``)
   }
 
   private async runModel(agent: Agent, attempt: Attempt): Promise<p.ModelResponse> {
@@ -416,7 +444,7 @@ export class Runner {
         if (attempt.abandoned) return null;
         if (this.draining) {
           attempt.result = { t: "back", attempt_id: step.attempt_id };
-          attempt.origin.send(attempt.result);
+          if (!attempt.stray) attempt.origin.send(attempt.result); // a stray's waits (``taken``)
         } else {
           this.log.info("worker.start_refused", "the server no longer runs this attempt: not starting it", {
             attempt_id: step.attempt_id,

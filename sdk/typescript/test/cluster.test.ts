@@ -64,7 +64,9 @@ test("seeded with one node, the Worker connects to every member; one capacity ov
   b.send([call("b1")]);
   assert.deepEqual(await b.result("b1"), { t: "back", attempt_id: "b1" }); // at once, on B
   const beat = await a.frameWith((m) => m.t === "hb");
-  assert.deepEqual(beat.find((m) => m.t === "hb"), { t: "hb", attempts: ["a1"] });
+  const hb = beat.find((m) => m.t === "hb") as p.Heartbeat;
+  assert.deepEqual(hb.attempts, ["a1"]);
+  assert.equal(typeof hb.seq, "number"); // the periodic beat has a seq of its own
   gate.release();
   assert.deepEqual(await a.result("a1"), {
     t: "done",

@@ -72,6 +72,11 @@ export class FakeNode {
     this.server.close();
   }
 
+  /** The node drops the Worker's connection (after what it sent) and goes on listening. */
+  drop(): void {
+    this.socket?.close(1001, "going away");
+  }
+
   send(messages: unknown[]): void {
     assert.ok(this.socket !== null, "no Worker connected");
     this.socket.send(JSON.stringify(messages));

@@ -1,6 +1,8 @@
 /** In a cluster an attempt outlives the node that handed it out: the Worker keeps running
  * it as a stray and claims it on every connection until the node that took its session
- * over answers (docs/worker-protocol.md, rule 14; Runner.strays, Runner.lost). */
+ * over answers, or its own node, back, says ok; only the reply to a connection's periodic
+ * beat makes strays, and a stray's result waits for the node that takes it
+ * (docs/worker-protocol.md, rule 14; Runner.beat, Runner.strays, Runner.lost). */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
@@ -74,7 +76,7 @@ test("an attempt whose connection dropped is claimed and moves to the node that 
   const { runner, a, b } = holding(true);
   assert.deepEqual(runner.strays(), {});
 
-  runner.lost(a);
+  runner.lost(a, true);
   assert.deepEqual(runner.strays(), { [AID]: TOKEN }); // with the token it was handed out under
   runner.onMessage({ t: "claimed", status: { [AID]: "ok" } }, b);
 
@@ -85,20 +87,105 @@ test("an attempt whose connection dropped is claimed and moves to the node that 
   assert.deepEqual(runner.heldBy(a), []);
 });
 
-test("an attempt left out of its node's heartbeat reply is a stray", () => {
+test("an attempt left out of the reply to its node's beat is a stray", () => {
   const { runner, a } = holding(false);
 
-  runner.onMessage({ t: "hb", status: {} }, a); // a gave the session up
+  const beat = runner.beat(a);
+  assert.ok(beat !== null && beat.seq != null);
+  assert.deepEqual(beat.attempts, [AID]);
+  runner.onMessage({ t: "hb", status: {}, seq: beat.seq }, a); // a gave the session up
   assert.deepEqual(runner.strays(), { [AID]: TOKEN });
   runner.onMessage({ t: "hb", status: { [AID]: "ok" } }, a); // a (back) holds it again
   assert.deepEqual(runner.strays(), {});
-  runner.onMessage({ t: "hb", status: {}, seq: 7 }, a); // an answer to a start ask only
+  assert.equal(runner.attempts.get(AID)?.origin, a);
+});
+
+test("replies to other heartbeats that leave it out do not make a stray", () => {
+  const { runner, a, b } = holding(false);
+  const beat = runner.beat(a);
+  assert.ok(beat !== null && beat.seq != null);
+
+  runner.onMessage({ t: "hb", status: { "s/1.5/1": "ok" } }, a); // a tool's own beat
+  runner.onMessage({ t: "hb", status: {} }, a); // one without seq, naming nothing
+  runner.onMessage({ t: "hb", status: {}, seq: beat.seq + 1 }, a); // a start ask's
+  runner.onMessage({ t: "hb", status: {}, seq: beat.seq }, b); // another connection's
   assert.deepEqual(runner.strays(), {});
+});
+
+test("a beat is forgotten when its connection drops: a late reply to it makes no stray", () => {
+  const { runner, a } = holding(false);
+  const beat = runner.beat(a);
+  assert.ok(beat !== null);
+
+  runner.lost(a, false); // a single node: the hello of the next connection re-claims
+  runner.onMessage({ t: "hb", status: {}, seq: beat.seq }, a);
+
+  assert.deepEqual(runner.strays(), {});
+});
+
+test("a single node's dropped connection makes no stray; its result is sent again", () => {
+  const { runner, a } = holding(true);
+
+  runner.lost(a, false);
+
+  assert.deepEqual(runner.strays(), {});
+  assert.deepEqual(runner.unacknowledged(a).map((m) => m.t), ["done"]);
+});
+
+test("a stray's result waits for the node that takes it: its own, back, with an hb ok", () => {
+  const { runner, a, b } = holding(true);
+  runner.lost(a, true);
+  assert.deepEqual(runner.unacknowledged(a), []); // not sent again on a's next connection
+
+  runner.onMessage({ t: "hb", status: { [AID]: "ok" } }, b); // not b's: changes nothing
+  assert.deepEqual(runner.strays(), { [AID]: TOKEN });
+  assert.equal(a.sent.length + b.sent.length, 0);
+  runner.onMessage({ t: "hb", status: { [AID]: "ok" } }, a); // a, back, runs it again
+
+  assert.deepEqual(runner.strays(), {});
+  assert.deepEqual(a.sent.map((m) => m.t), ["done"]);
+  assert.deepEqual(b.sent, []);
+});
+
+test("an attempt that ends while a stray sends its result only once it is taken", async () => {
+  const held = runner();
+  const a = new FakeOrigin("http://a", TOKEN);
+  const b = new FakeOrigin("http://b", "b-token");
+  held.welcome({ t: "welcome", worker_id: "w", heartbeat_timeout: 10, reconnect_grace: 1, resume: TOKEN }, a);
+  let open = (): void => undefined;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  const gated = defineTool({
+    name: "gated",
+    kind: "read",
+    parameters: { type: "object", properties: {} },
+    async run() {
+      await opened;
+      return "opened";
+    },
+  });
+  const agent = defineAgent({ name: "g", model: new Scripted(() => say("x")), tools: [gated] });
+  held.agents.set(agent.name, agent);
+  held.onMessage(step("CallTool", { agent: "g", tool: "gated" }), a);
+  await until("the call running", () => held.attempts.has(AID));
+
+  const beat = held.beat(a);
+  assert.ok(beat !== null);
+  held.onMessage({ t: "hb", status: {}, seq: beat.seq }, a); // a gave the session up
+  open();
+  await until("its result kept", () => held.attempts.get(AID)?.result != null);
+  await new Promise((resolve) => setTimeout(resolve, 20));
+  assert.deepEqual(a.sent.filter((m) => m.t === "done"), []); // sent to no node
+  assert.deepEqual(b.sent, []);
+
+  held.onMessage({ t: "claimed", status: { [AID]: "ok" } }, b); // b took its session over
+  assert.deepEqual(b.sent, [{ t: "done", attempt_id: AID, result: { status: "succeeded", result: "opened" } }]);
+  assert.deepEqual(a.sent.filter((m) => m.t === "done"), []);
+  assert.deepEqual(held.heldBy(b), [AID]);
 });
 
 test("a stray told to stop is dropped, and answers from others do not count", () => {
   const { runner, a, b } = holding(false);
-  runner.lost(a);
+  runner.lost(a, true);
 
   runner.onMessage({ t: "claimed", status: { "t/1.1/1": "ok" } }, b); // not one it holds
   runner.onMessage({ t: "hb", status: { [AID]: "stop" } }, b); // not b's attempt
@@ -111,7 +198,7 @@ test("a stray told to stop is dropped, and answers from others do not count", ()
 
 test("a stray told to stop after its result is forgotten, its result not sent", () => {
   const { runner, a, b } = holding(true);
-  runner.lost(a);
+  runner.lost(a, true);
 
   runner.onMessage({ t: "claimed", status: { [AID]: "stop" } }, b);
 
@@ -129,7 +216,7 @@ test("an attempt that is not a stray ignores a claim answer", () => {
 
 test("a welcome of the node back stops only what it lists", () => {
   const { runner, a } = holding(false);
-  runner.lost(a);
+  runner.lost(a, true);
 
   const welcome = { t: "welcome", worker_id: "w", heartbeat_timeout: 10, reconnect_grace: 1, resume: "x" } as const;
   runner.welcome(welcome, a);
@@ -148,7 +235,7 @@ test("a single-attempt tool asks to start only its attempt's origin, and no node
   held.onMessage(step("CallSingleAttemptTool", { needs_start_ack: true }), a);
   await until("the start ask on a", () => asks(a).length > 0);
 
-  held.lost(a); // a died before it answered
+  held.lost(a, true); // a died before it answered
   const asked = asks(a).length;
   await new Promise((resolve) => setTimeout(resolve, 350));
   assert.equal(asks(a).length, asked, "a stray asked its dead node again");

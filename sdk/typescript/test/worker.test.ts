@@ -46,6 +46,7 @@ const pay = defineTool<{ amount: number }>({
 
 const hold = heldTool("hold", "held");
 const gate = heldTool("gate", "opened");
+const keep = heldTool("keep", "kept");
 
 /** Returns what JSON cannot carry. */
 const hugeTool = defineTool({
@@ -57,7 +58,7 @@ const hugeTool = defineTool({
 
 const node = new FakeNode();
 node.serveWorker({
-  agents: [defineAgent({ name: "a", model: viewer, tools: [pay, hold.tool, gate.tool, hugeTool] })],
+  agents: [defineAgent({ name: "a", model: viewer, tools: [pay, hold.tool, gate.tool, keep.tool, hugeTool] })],
   capacity: 3,
 });
 
@@ -171,18 +172,53 @@ test("no more attempts run at once than the capacity, a stopped one's code inclu
   assert.equal(hold.most, 3);
 });
 
-test("a single node gets no claim: its heartbeat reply leaving an attempt out makes a stray", async () => {
-  const call = { t: "step", session_id: "s7", attempt: 1, agent: "a", tool: "gate", arguments: {} };
-  node.send([{ ...call, step_type: "CallTool", attempt_id: "g1", step_id: "g1", call_id: "g1" }]);
+function gateCall(id: string, tool: string): p.StepMessage {
+  const call = { t: "step", session_id: `s-${id}`, attempt: 1, agent: "a", tool, arguments: {} };
+  return { ...call, step_type: "CallTool", attempt_id: id, step_id: id, call_id: id } as p.StepMessage;
+}
+
+test("a single node: a tool's heartbeat reply and a dropped connection make no stray", async () => {
+  node.send([gateCall("g1", "gate")]);
   await until("the call running", () => gate.running === 1);
+  // the reply to a tool's own heartbeat (no seq) names only that attempt: it leaves g1 out
+  node.send([{ t: "hb", status: {} }]);
   const from = node.frames.length;
-  node.send([{ t: "hb", status: {} }]); // g1 is a stray now
-  // the next heartbeat beats it on, with no claim before it (the node lists no members)
-  const beat = await node.frameWith((m) => m.t === "hb" && m.attempts.includes("g1"), from);
-  assert.deepEqual(beat.map((m) => m.t), ["hb"]);
+  node.drop(); // after the reply: its close follows what was sent
+  // a single node's dropped connection makes no stray: the hello re-claims g1
+  const hello = await node.frameWith((m) => m.t === "hello", from);
+  assert.deepEqual((hello.find((m) => m.t === "hello") as p.Hello).attempts, ["g1"]);
+  // the welcome is answered at once with a beat (a seq of its own), not a heartbeat (1 s) later
+  const welcomed = Date.now();
+  const next = node.frames.indexOf(hello) + 1;
+  const beat = await node.frameWith((m) => m.t === "hb", next);
+  assert.ok(Date.now() - welcomed < 600, "no beat at once on the welcome");
+  assert.equal(node.frames.indexOf(beat), next);
+  assert.deepEqual(beat, [{ t: "hb", attempts: ["g1"], seq: (beat[0] as p.Heartbeat).seq }]);
+  assert.equal(typeof (beat[0] as p.Heartbeat).seq, "number");
   gate.release();
+  // not a stray: its result goes to its node at once
   assert.deepEqual(((await node.result("g1")) as p.Done).result, { status: "succeeded", result: "opened" });
-  assert.ok(node.frames.every((f) => f.every((m) => m.t !== "claim")));
+  assert.ok(node.frames.every((f) => f.every((m) => m.t !== "claim")), "a claim to a single node");
+});
+
+test("the reply to the periodic beat makes a stray; its result waits until its node takes it", async () => {
+  node.send([gateCall("k1", "keep")]);
+  await until("the call running", () => keep.running === 1);
+  // each heartbeat beats all it holds with a seq of its own, and no claim (no members)
+  const beats = (m: p.WorkerMessage): boolean => m.t === "hb" && m.seq != null && m.attempts.includes("k1");
+  const frame = await node.frameWith(beats, node.frames.length);
+  assert.deepEqual(frame.map((m) => m.t), ["hb"]);
+  const beat = frame.find(beats) as p.Heartbeat;
+  assert.deepEqual(beat.attempts, ["k1"]);
+  node.send([{ t: "hb", status: {}, seq: beat.seq }]); // the node gave k1's session up
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  keep.release();
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  const settles = (m: p.WorkerMessage): boolean => m.t === "done" && m.attempt_id === "k1";
+  assert.ok(node.frames.every((f) => !f.some(settles)), "a stray's result was sent");
+  node.send([{ t: "hb", status: { k1: "ok" } }]); // the node owns it again: it takes it
+  assert.deepEqual(((await node.result("k1")) as p.Done).result, { status: "succeeded", result: "kept" });
+  assert.ok(node.frames.every((f) => f.every((m) => m.t !== "claim")), "a claim to a single node");
 });
 
 test("the reconnect backoff grows exponentially to its cap, with full jitter", () => {
