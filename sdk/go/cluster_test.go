@@ -28,14 +28,24 @@ func webSocketServer(serve func(conn *websocket.Conn)) *httptest.Server {
 	}))
 }
 
-// clusterNode is a fake node of a cluster: it welcomes a Worker listing members, acks
-// every result and keeps every message it gets.
+// clusterNode is a fake node of a cluster: it welcomes a Worker listing members (once
+// gate, if set, is closed), acks every result and keeps every message it gets, and each
+// frame with when it came.
 type clusterNode struct {
 	*httptest.Server
-	mu      sync.Mutex
-	members []string
-	conn    *websocket.Conn
-	got     []map[string]any
+	mu       sync.Mutex
+	members  []string
+	gate     chan struct{}
+	conn     *websocket.Conn
+	got      []map[string]any
+	frames   []timedFrame
+	welcomed []time.Time // when it sent each welcome
+}
+
+// timedFrame is a frame a fake node got, and when.
+type timedFrame struct {
+	at       time.Time
+	messages []map[string]any
 }
 
 func newClusterNode(t *testing.T) *clusterNode {
@@ -56,9 +66,16 @@ func newClusterNode(t *testing.T) *clusterNode {
 			}
 			n.mu.Lock()
 			n.got = append(n.got, frame...)
-			members := n.members
+			n.frames = append(n.frames, timedFrame{at: time.Now(), messages: frame})
+			members, gate := n.members, n.gate
 			n.mu.Unlock()
 			if first {
+				if gate != nil {
+					<-gate
+				}
+				n.mu.Lock()
+				n.welcomed = append(n.welcomed, time.Now())
+				n.mu.Unlock()
 				n.send(map[string]any{
 					"t": "welcome", "worker_id": "w", "resume": "r", "stop": []string{},
 					"heartbeat_timeout": 10, "reconnect_grace": 5, "members": members,
@@ -92,6 +109,39 @@ func (n *clusterNode) stop() {
 	}
 	n.mu.Unlock()
 	n.Server.Close()
+}
+
+// drop: the node drops the Worker's connection, and takes the next one.
+func (n *clusterNode) drop() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn != nil {
+		n.conn.Close()
+	}
+}
+
+// frameCount is how many frames it got.
+func (n *clusterNode) frameCount() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.frames)
+}
+
+// framesSince are the frames it got from the i-th on.
+func (n *clusterNode) framesSince(i int) []timedFrame {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if i > len(n.frames) {
+		return nil
+	}
+	return append([]timedFrame(nil), n.frames[i:]...)
+}
+
+// lastWelcome is when it sent its last welcome.
+func (n *clusterNode) lastWelcome() time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.welcomed[len(n.welcomed)-1]
 }
 
 // messages are those it got whose t is kind.

@@ -203,6 +203,10 @@ func (w *Worker) session(ctx context.Context, n *node, address string) (welcomed
 	n.log.connected(address)
 	w.mu.Lock()
 	w.listLocked(n, frame[0].Members)
+	// at once, not a heartbeat later: a stray the hello reclaimed is taken by the reply,
+	// and the result it kept goes out; the heartbeat loop beats on from here, on the
+	// welcome's interval
+	w.beatLocked(n)
 	w.mu.Unlock()
 	if err := w.handleOn(ctx, n, frame[1:]); err != nil {
 		return true, err

@@ -47,9 +47,9 @@ type beat struct {
 	ids []string
 }
 
-// heartbeatLoop beats every attempt held on n (running, or its result unacked) in one hb
-// with a seq of its own each HeartbeatInterval, and at least five times per heartbeat
-// timeout; before that, in a cluster, it claims the Worker's strays on n.
+// heartbeatLoop beats on n every heartbeat interval from its welcome on (beatLocked; the
+// welcome itself was answered with a beat at once): HeartbeatInterval, and at least five
+// times per the welcome's heartbeat timeout.
 func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 	for {
 		w.mu.Lock()
@@ -64,21 +64,31 @@ func (w *Worker) heartbeatLoop(n *node, done <-chan struct{}) {
 		case <-time.After(interval):
 		}
 		w.mu.Lock()
-		// before the heartbeat, in the same frame: this node may be the one that took a
-		// stray's session over, and it answers the claim first
-		w.claimOnLocked(n)
-		for id, a := range w.running {
-			if w.originLocked(id) == n && a.start != nil && a.startSeq != 0 && time.Since(a.startAt) > w.timeout/2 {
-				w.askStartLocked(a) // the answer came too late, or not at all: ask again
-			}
-		}
-		if ids := w.heldLocked(n); len(ids) > 0 {
-			w.seq++
-			seq := w.seq
-			n.beat = &beat{seq: seq, ids: ids}
-			w.sendOnLocked(n, heartbeat(ids, &seq))
-		}
+		w.beatLocked(n)
 		w.mu.Unlock()
+	}
+}
+
+// beatLocked beats every attempt held on n (running, or its result unacked) in one hb
+// with a seq of its own; before that, in a cluster, it claims the Worker's strays on n,
+// and asks again to start what got no timely answer (w.mu held). The heartbeat loop's
+// tick, and the answer to a welcome, at once: a stray the hello reclaimed is taken by
+// the reply, and the result it kept goes out (a first beat an interval later may come
+// after the heartbeat timeout).
+func (w *Worker) beatLocked(n *node) {
+	// before the heartbeat, in the same frame: this node may be the one that took a
+	// stray's session over, and it answers the claim first
+	w.claimOnLocked(n)
+	for id, a := range w.running {
+		if w.originLocked(id) == n && a.start != nil && a.startSeq != 0 && time.Since(a.startAt) > w.timeout/2 {
+			w.askStartLocked(a) // the answer came too late, or not at all: ask again
+		}
+	}
+	if ids := w.heldLocked(n); len(ids) > 0 {
+		w.seq++
+		seq := w.seq
+		n.beat = &beat{seq: seq, ids: ids}
+		w.sendOnLocked(n, heartbeat(ids, &seq))
 	}
 }
 
