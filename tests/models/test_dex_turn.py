@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -121,21 +122,71 @@ async def test_a_turn_with_parallel_tool_calls(dex_address: str, provider: Provi
     assert history[1]["text"] == "Checking."
 
 
-async def test_a_429_then_success_retries_inside_the_step(
+async def test_a_429_goes_back_unattempted_and_runs_again_after_its_retry_after(
     dex_address: str, provider: Provider
 ) -> None:
-    script: list[Entry] = [
-        Fail(429, "rate limited"),
+    entries: list[Entry] = [
+        Fail(429, "rate limited", headers={"retry-after": "0.5"}),
         Reply("Here you go.", input_tokens=5, output_tokens=3),
     ]
+    asked: list[float] = []
+
+    def script(body: dict[str, Any]) -> Entry:
+        asked.append(time.monotonic())
+        return entries[len(asked) - 1]
+
     async with provider.server(script) as server:
         turn, _ = await run_turn(dex_address, provider, server)
     assert turn["status"] == "completed" and turn["text"] == "Here you go."
     (step,) = model_steps(turn)
-    assert [a["outcome"] for a in step["attempts"]] == ["failed", "succeeded"]
-    assert "HTTP 429" in step["attempts"][0]["error"]["message"]
+    assert [a["outcome"] for a in step["attempts"]] == ["succeeded"]  # the 429 used none
+    assert step["rate_limited"] == 1 and step["attempts"][0]["number"] == 1
     assert step["usage"] == {"input_tokens": 5, "output_tokens": 3}
     assert len(server.requests) == 2
+    assert asked[1] - asked[0] >= 0.5  # the provider's Retry-After was honoured
+
+
+async def test_rate_limits_beyond_the_retry_policy_never_fail_the_turn(
+    dex_address: str, provider: Provider
+) -> None:
+    # five refusals, more than the three attempts the policy allows a failing call
+    script: list[Entry] = [Fail(429, "slow down", headers={"retry-after": "0.05"})] * 5
+    script.append(Reply("Finally."))
+    async with provider.server(script) as server:
+        turn, _ = await run_turn(dex_address, provider, server)
+    assert turn["status"] == "completed" and turn["text"] == "Finally."
+    (step,) = model_steps(turn)
+    assert [a["outcome"] for a in step["attempts"]] == ["succeeded"]
+    assert step["rate_limited"] == 5
+    assert len(server.requests) == 6
+
+
+async def test_a_step_held_by_a_rate_limit_says_so_in_the_snapshot(
+    dex_address: str, provider: Provider
+) -> None:
+    script: list[Entry] = [Fail(429, "slow down", headers={"retry-after": "30"}), Reply("ok")]
+    async with (
+        provider.server(script) as server,
+        serving(dex_address, provider.model(server)) as client,
+    ):
+        session = await client.create_session("weather")
+        sid = session["id"]
+        await client.send_message(sid, "Weather?")
+
+        async def held() -> bool:
+            snapshot = await client.get_agent_snapshot(sid)
+            return [w["waiting_for"] for w in snapshot["waiting"]] == [
+                "the model provider's rate limit"
+            ]
+
+        await wait_until_async(held, what="the Step waits for the rate limit")
+        snapshot = await client.get_agent_snapshot(sid)
+        (waiting,) = snapshot["waiting"]
+        assert waiting["not_before"] >= time.time() + 20  # the provider's 30 s
+        (step,) = snapshot["current_turn"]["steps"]
+        assert step["status"] == "queued" and step["attempts"] == []
+        assert len(server.requests) == 1
+        await client.cancel_turn(sid)
 
 
 async def test_a_500_until_the_attempts_run_out_fails_the_turn(

@@ -12,7 +12,7 @@ import pytest
 from pydantic import Field
 
 import dex
-from dex.models import Anthropic, ModelError, OpenAI
+from dex.models import Anthropic, ModelError, OpenAI, RateLimited
 from dex.models import _translate as tr
 from dex.testing.fake_providers import Entry, Fail, Reply, ScriptedCall
 from dex.wire import (
@@ -132,12 +132,14 @@ async def test_text_deltas_reach_dex_while_the_model_still_runs(provider: Provid
     assert response.text == "Hello, streaming world!"
 
 
-async def test_a_429_is_retryable_and_the_sdk_does_not_retry_it(provider: Provider) -> None:
-    script: list[Entry] = [Fail(429, "slow down", headers={"retry-after": "0"}), Reply("fine now")]
+async def test_a_429_is_a_rate_limit_with_its_retry_after_and_the_sdk_does_not_retry_it(
+    provider: Provider,
+) -> None:
+    script: list[Entry] = [Fail(429, "slow down", headers={"retry-after": "7"}), Reply("fine now")]
     async with provider.server(script) as server, provider.model(server) as model:
-        with pytest.raises(ModelError) as caught:
+        with pytest.raises(RateLimited) as caught:
             await collect(model, model_request())
-        assert caught.value.retryable is True
+        assert caught.value.retryable is True and caught.value.retry_after == 7
         assert "HTTP 429" in caught.value.message and "slow down" in caught.value.message
         assert len(server.requests) == 1  # max_retries=0: Dex's policy is the only one
         _, response = await collect(model, model_request(attempt=2))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import email.utils
 import itertools
 import json
+import time
 from typing import Any
 
 import pytest
 
+from dex.models import RateLimited
 from dex.models import _translate as tr
 from dex.wire import (
     AssistantItem,
@@ -269,3 +272,38 @@ def test_in_stream_errors_retry_unless_the_request_is_at_fault() -> None:
     assert tr.stream_error("openai", None, "x").retryable
     assert not tr.stream_error("anthropic", "invalid_request_error", "x").retryable
     assert not tr.stream_error("openai", "context_length_exceeded", "x").retryable
+
+
+@pytest.mark.parametrize(
+    ("headers", "wait"),
+    [
+        ({"retry-after": "7"}, 7.0),
+        ({"retry-after": "0.25"}, 0.25),
+        ({"retry-after-ms": "1500", "retry-after": "9"}, 1.5),  # OpenAI's, more precise
+        ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),  # a date gone by
+        ({"retry-after": "86400"}, 3600.0),  # at most an hour
+        ({"retry-after": "soon"}, None),
+        ({}, None),
+    ],
+)
+def test_a_429_is_a_rate_limit_that_carries_the_provider_s_retry_after(
+    headers: dict[str, str], wait: float | None
+) -> None:
+    error = tr.http_error("openai", 429, "slow down", headers)
+    assert isinstance(error, RateLimited) and error.retryable
+    assert error.retry_after == wait
+    assert "rate limited" in error.message and "slow down" in error.message
+
+
+def test_a_retry_after_date_counts_from_now() -> None:
+    when = email.utils.formatdate(time.time() + 30, usegmt=True)
+    error = tr.http_error("anthropic", 429, "x", {"retry-after": when})
+    assert isinstance(error, RateLimited) and error.retry_after is not None
+    assert 25 <= error.retry_after <= 31
+
+
+def test_overloaded_is_a_rate_limit_and_an_exhausted_quota_is_not() -> None:
+    assert isinstance(tr.http_error("anthropic", 529, "overloaded"), RateLimited)
+    quota = tr.http_error("openai", 429, "no credit", error_type="insufficient_quota")
+    assert not isinstance(quota, RateLimited) and quota.retryable  # an attempt, as before
+    assert not isinstance(tr.http_error("openai", 503, "down"), RateLimited)

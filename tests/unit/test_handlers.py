@@ -250,6 +250,26 @@ def test_attempts_are_numbered_from_1_and_a_queued_step_uses_none() -> None:
     assert [a.number for a in step.attempts] == [1, 2]
 
 
+def test_a_rate_limited_call_goes_back_unattempted_after_its_retry_after_or_a_backoff() -> None:
+    state, spec = new_state(), make_spec()
+    send(state, spec, "hi")
+    step = model_step(state)
+    waits = []
+    for refusal, retry_after in enumerate([12.5, None, None, None, None, None, None, None]):
+        now = T0 + 100 * refusal
+        number = handlers.assign(state, step.id, "w1", now).number
+        t = handlers.rate_limited(state, step.id, number, now, retry_after)
+        assert t.ready == [step] and step.status == StepStatus.QUEUED
+        assert step.attempts == []  # the refusal used no attempt
+        assert step.not_before is not None
+        waits.append(step.not_before - now)
+
+    # the provider's Retry-After, then 1 s doubling per refusal, at most 60 s
+    assert waits == [12.5, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert step.rate_limited == 8
+    assert handlers.assign(state, step.id, "w1", T0 + 900).number == 1
+
+
 # --- tool calls -------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dex.models.base import Model, ModelError, ModelRequest
+from dex.models.base import Model, ModelError, ModelRequest, RateLimited
 from dex.models.scripted import Scripted, call, say
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ __all__ = [
     "ModelError",
     "ModelRequest",
     "OpenAI",
+    "RateLimited",
     "Scripted",
     "call",
     "say",

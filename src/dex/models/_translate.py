@@ -22,12 +22,14 @@ The choices, documented in docs/models.md:
 
 from __future__ import annotations
 
+import email.utils
 import json
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dex.models.base import ModelError
+from dex.models.base import ModelError, RateLimited
 from dex.wire import (
     AssistantItem,
     Item,
@@ -451,8 +453,58 @@ def status_retryable(status: int) -> bool:
     return status in RETRYABLE_STATUS or status >= 500
 
 
-def http_error(provider: str, status: int, message: str, **details: Any) -> ModelError:
-    """An HTTP error status from the provider."""
+RATE_LIMITED_STATUS = frozenset({429, 529})
+"""The provider's rate limit (429) or its load (Anthropic's 529 overloaded): nothing ran."""
+NOT_RATE_LIMITS = frozenset({"insufficient_quota"})
+"""429s that no wait cures (OpenAI's exhausted quota): a failed attempt, as before."""
+MAX_RETRY_AFTER = 3600.0
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds the provider asks to wait: ``retry-after-ms`` (OpenAI), else ``retry-after``
+    in seconds or as an HTTP date; None when it says nothing usable. At most an hour."""
+    if not headers:
+        return None
+    seconds: float | None = None
+    ms = headers.get("retry-after-ms")
+    value = headers.get("retry-after")
+    try:
+        if ms is not None:
+            seconds = float(ms) / 1000
+        elif value is not None:
+            seconds = float(value)
+    except ValueError:
+        seconds = None
+    if seconds is None and value:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    if seconds is None or seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def http_error(
+    provider: str,
+    status: int,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    **details: Any,
+) -> ModelError:
+    """An HTTP error status from the provider (``headers``: its response's, for
+    ``Retry-After``)."""
+    if status in RATE_LIMITED_STATUS and details.get("error_type") not in NOT_RATE_LIMITS:
+        wait = retry_after(headers)
+        said = f", retry after {wait:g}s" if wait is not None else ""
+        return RateLimited(
+            f"{provider}: HTTP {status} (rate limited{said}): {message}",
+            retry_after=wait,
+            provider=provider,
+            status=status,
+            **details,
+        )
     retryable = status_retryable(status)
     verdict = "retryable" if retryable else "not retryable"
     return ModelError(

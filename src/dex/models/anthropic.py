@@ -150,7 +150,12 @@ class Anthropic(SDKModel[anthropic.AsyncAnthropic]):
             if e.status_code < 400:  # an ``error`` event inside a stream that began with 200
                 raise tr.stream_error(PROVIDER, e.type, message) from e
             raise tr.http_error(
-                PROVIDER, e.status_code, message, error_type=e.type, request_id=e.request_id
+                PROVIDER,
+                e.status_code,
+                message,
+                e.response.headers,
+                error_type=e.type,
+                request_id=e.request_id,
             ) from e
         except anthropic.APIResponseValidationError as e:
             raise ModelError(f"{PROVIDER}: unexpected response: {e}", retryable=False) from e

@@ -17,6 +17,20 @@ class ModelError(DexError):
     code = "model_error"
 
 
+class RateLimited(ModelError):
+    """The provider refused the call for its rate limit or for load (HTTP 429, Anthropic's
+    529 overloaded): nothing ran. The Worker hands the Step back, and the server queues
+    it again without using an attempt, after ``retry_after`` seconds (the provider's
+    ``Retry-After``) or else a backoff that doubles with each refusal in a row. A model of
+    your own raises it the same way."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **details: Any) -> None:
+        super().__init__(message, retryable=True, **details)
+        self.retry_after = retry_after
+
+
 @dataclass(frozen=True)
 class ModelRequest:
     session_id: str

@@ -185,6 +185,7 @@ class OpenAI(SDKModel[openai.AsyncOpenAI]):
                 PROVIDER,
                 e.status_code,
                 message,
+                e.response.headers,
                 error_type=error_type,
                 request_id=e.request_id,
             ) from e

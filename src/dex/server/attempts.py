@@ -175,9 +175,12 @@ class Link:
                 if message.reason == "history":  # it lacks the prefix: send the whole view next
                     held = dispatcher.held[attempt]
                     worker.history_sent.pop(held.session_id, None)
+                elif message.reason == "rate_limited":  # the provider's limit, not the Worker
+                    dispatcher.lift(worker)
                 elif not worker.draining:  # full: its capacity is taken on other nodes
                     dispatcher.back_off(worker)
-                done = self.attempts.hand_back(attempt)
+                limited = message.reason == "rate_limited"
+                done = self.attempts.hand_back(attempt, limited, message.retry_after)
         except Exception as e:
             _answer(attempt, outbox, worker.id, e)
             self._refused(message, e)
@@ -397,12 +400,18 @@ class Attempts:
 
         return self._settling(session_id, build, attempt, ended)
 
-    def hand_back(self, attempt: str) -> asyncio.Future[Transition]:
+    def hand_back(
+        self, attempt: str, rate_limited: bool = False, retry_after: float | None = None
+    ) -> asyncio.Future[Transition]:
+        """The Worker hands an unstarted attempt back (with ``rate_limited``, the model
+        provider refused the call: it goes out again after ``retry_after`` or a backoff)."""
         session_id, step_id, number = _parse(attempt)
-        ended = _Ended("handed_back", None)
+        ended = _Ended("rate_limited" if rate_limited else "handed_back", None)
 
         def build(actor: Actor) -> Handle:
             ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
+            if rate_limited:
+                return lambda s, now: handlers.rate_limited(s, step_id, number, now, retry_after)
             return lambda s, now: handlers.hand_back(s, step_id, number)
 
         # The Step goes out again under this very attempt id: not in this commit, whose

@@ -91,8 +91,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.attempts = Counts(
             "dex_attempts",
-            "Attempts that ended, by Step type, outcome (succeeded, failed, handed_back) and, "
-            "for a failure, attempt_progress.",
+            "Attempts that ended, by Step type, outcome (succeeded, failed, handed_back, "
+            "rate_limited) and, for a failure, attempt_progress.",
             ("step_type", "outcome", "attempt_progress"),
         )
         self.turns = Counts("dex_turns", "Turns that ended, by status.", ("status",))

@@ -36,6 +36,15 @@ def plain(record: Any) -> Any:
     return msgspec.to_builtins(record)
 
 
+def _waiting_for(step: Step, serving: bool) -> str:
+    """What a queued Step waits for, in words."""
+    if step.not_before and step.rate_limited:
+        return "the model provider's rate limit"
+    if step.not_before:
+        return "backoff"
+    return "a free Worker" if serving else "a Worker that serves " + step.queue
+
+
 def snapshot(
     state: SessionState,
     history: list[dict[str, Any]],
@@ -52,9 +61,7 @@ def snapshot(
                 "step_id": step.id,
                 "queue": step.queue,
                 "not_before": step.not_before,
-                "waiting_for": "backoff"
-                if step.not_before
-                else ("a free Worker" if serving else "a Worker that serves " + step.queue),
+                "waiting_for": _waiting_for(step, serving),
             }
         )
     return {

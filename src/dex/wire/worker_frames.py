@@ -97,10 +97,15 @@ class Back(_Message, tag="back"):
     """The Worker hands back an attempt it never started: the Step queues again and the
     attempt is not counted. Answered by an ``ack``. ``reason: "history"``: the Worker does
     not have the history the hand-out builds on (``history_base``); the next hand-out of
-    that session to this connection carries the whole history."""
+    that session to this connection carries the whole history. ``reason:
+    "rate_limited"``: the model provider refused the call for its rate limit or its load
+    (nothing ran); the Step is handed out again after ``retry_after`` seconds, or after a
+    backoff that doubles with each refusal in a row (1 s to 60 s)."""
 
     attempt_id: AttemptId
-    reason: Literal["history"] | None = None
+    reason: Literal["history", "rate_limited"] | None = None
+    retry_after: Annotated[float, msgspec.Meta(ge=0, le=3600)] | None = None
+    """With ``rate_limited``: the provider's ``Retry-After``, in seconds."""
 
 
 class Drain(_Message, tag="drain"):

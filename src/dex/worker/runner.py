@@ -33,7 +33,7 @@ from pydantic_core import to_jsonable_python
 from dex import _failpoints as failpoints
 from dex.agent import Agent
 from dex.errors import ToolError
-from dex.models.base import ModelRequest
+from dex.models.base import ModelRequest, RateLimited
 from dex.tools import PENDING, Interrupt, ToolContext
 from dex.wire import ITEMS, AttemptProgress, Item, ModelResponse, StepType, ToolOutcome
 from dex.wire import server_frames as frames
@@ -334,7 +334,7 @@ class Runner:
         except Interrupt as pause:  # ctx.ask or ctx.sleep: the call goes on later
             attempt.result = _done(h, pause.outcome.model_dump(mode="json"))
         except ToolError as e:
-            if h.step_type in (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT):
+            if h.step_type in _MODEL_STEPS:
                 attempt.result = _fail(h, str(e), retryable=False)
             else:
                 outcome = (
@@ -344,30 +344,44 @@ class Runner:
                 )
                 attempt.result = _done(h, outcome.model_dump(mode="json"))
         except Exception as e:
-            log.warning(
-                "%s attempt %d of %s failed: %s: %s",
-                h.step_type.value,
-                h.attempt,
-                h.tool or h.agent,
-                type(e).__name__,
-                e,
-                exc_info=True,
-                extra={
-                    "action": "worker.attempt_failed",
-                    "session_id": h.session_id,
-                    "step_id": h.step_id,
-                    "attempt_id": h.attempt_id,
-                    "agent": h.agent,
-                    "tool": h.tool,
-                    "call_id": h.call_id,
-                    "worker_id": self.worker_id,
-                },
-            )
-            attempt.result = _fail(
-                h, f"{type(e).__name__}: {e}", retryable=getattr(e, "retryable", True)
-            )
+            if isinstance(e, RateLimited) and h.step_type in _MODEL_STEPS:
+                # the provider refused the call, and nothing ran: the Step goes back, and
+                # is handed out again after the wait (no attempt used)
+                log.info(
+                    "%s",
+                    e.message,
+                    extra={"action": "worker.rate_limited", "attempt_id": h.attempt_id},
+                )
+                attempt.result = Back(
+                    h.attempt_id, reason="rate_limited", retry_after=e.retry_after
+                )
+            else:
+                attempt.result = self._failed(h, e)
         if attempt.result is not None and not attempt.stray:  # a stray's waits (``_taken``)
             attempt.origin.send(attempt.result)
+
+    def _failed(self, h: frames.Step, e: Exception) -> Fail:
+        """The failure of an attempt whose code raised ``e`` (logged)."""
+        log.warning(
+            "%s attempt %d of %s failed: %s: %s",
+            h.step_type.value,
+            h.attempt,
+            h.tool or h.agent,
+            type(e).__name__,
+            e,
+            exc_info=True,
+            extra={
+                "action": "worker.attempt_failed",
+                "session_id": h.session_id,
+                "step_id": h.step_id,
+                "attempt_id": h.attempt_id,
+                "agent": h.agent,
+                "tool": h.tool,
+                "call_id": h.call_id,
+                "worker_id": self.worker_id,
+            },
+        )
+        return _fail(h, f"{type(e).__name__}: {e}", retryable=getattr(e, "retryable", True))
 
     def _span(self, attempt: Attempt, agent: Agent) -> AbstractContextManager[None]:
         if self.tracing is None:
@@ -482,6 +496,7 @@ class Runner:
         attempt.origin.send(Heartbeat([attempt.handout.attempt_id]))
 
 
+_MODEL_STEPS = (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT)
 _SUCCEEDED = ToolOutcome(status="succeeded").model_dump(mode="json")
 _PENDING = ToolOutcome(status="pending").model_dump(mode="json")
 

@@ -166,7 +166,10 @@ class QueuedStep(BaseModel):
     step_id: str
     queue: str
     not_before: float | None
-    waiting_for: str = Field(description="`backoff`, `a free Worker`, or the queue nobody serves.")
+    waiting_for: str = Field(
+        description="`backoff`, `the model provider's rate limit`, `a free Worker`, or the queue "
+        "nobody serves."
+    )
 
 
 class WaitInfo(BaseModel):

@@ -413,6 +413,28 @@ def hand_back(state: SessionState, step_id: str, number: int) -> Transition:
     return Transition(ready=[step])
 
 
+RATE_LIMIT_BACKOFF = (1.0, 60.0)
+"""Without the provider's ``Retry-After``: the wait after a model call's first refusal,
+doubled at each further one of the same Step, up to the second figure."""
+
+
+def rate_limited(
+    state: SessionState, step_id: str, number: int, now: float, retry_after: float | None
+) -> Transition:
+    """The model provider refused the call for its rate limit or its load, and nothing
+    ran: the Step queues again and uses no attempt (``hand_back``), and is handed out
+    again after ``retry_after`` seconds (the provider's ``Retry-After``), or a backoff that
+    doubles with each refusal of the Step's call. A rate limit never fails a turn."""
+    t = hand_back(state, step_id, number)
+    step = t.ready[0]
+    step.rate_limited += 1
+    if retry_after is None:
+        first, most = RATE_LIMIT_BACKOFF
+        retry_after = min(most, first * 2 ** (step.rate_limited - 1))
+    step.not_before = now + retry_after
+    return t
+
+
 def recover(
     state: SessionState,
     spec: AgentSpec,

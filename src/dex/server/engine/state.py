@@ -121,6 +121,9 @@ class Step(msgspec.Struct, kw_only=True):
     tool_call_id: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
     handed_back: int = 0
+    rate_limited: int = 0
+    """RunModel and CompactContext: how many times the model provider refused the call for
+    its rate limit (each handed the Step back: ``handlers.rate_limited``)."""
     ended_at: float | None = None
     error: AttemptError | None = None
     usage: dict[str, int] | None = None
