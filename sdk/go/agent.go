@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // ToolKind says what a tool does, and so how Dex retries it after a crash.
@@ -149,6 +150,42 @@ type ModelError struct {
 }
 
 func (e *ModelError) Error() string { return e.Message }
+
+// RateLimitedError is a model provider's refusal of a call for its rate limit or its
+// load (HTTP 429, Anthropic's 529 overloaded): nothing ran. A model returns it (or an
+// error that wraps it) from Stream or Summarize, and the Worker hands the RunModel or
+// CompactContext Step back: the server queues it again without using an attempt, and
+// hands it out once the wait is over. A tool that returns it fails its attempt as any
+// other error does (its body may have run). As Python's dex.models.RateLimited.
+type RateLimitedError struct {
+	Message string
+	// RetryAfter is the wait the provider asked for (its Retry-After), when HasRetryAfter
+	// is set; sent clamped to 0..1 hour. Without one the server waits 1 s, doubling with
+	// each refusal of the same Step in a row, at most 60 s.
+	RetryAfter    time.Duration
+	HasRetryAfter bool
+}
+
+func (e *RateLimitedError) Error() string { return e.Message }
+
+// maxRetryAfter is the longest wait a back frame names (the protocol's bound).
+const maxRetryAfter = time.Hour
+
+// retryAfterSeconds is the wait to send in the back frame, in seconds, clamped to
+// 0..3600 (nil: the provider named none).
+func (e *RateLimitedError) retryAfterSeconds() *float64 {
+	if !e.HasRetryAfter {
+		return nil
+	}
+	wait := e.RetryAfter
+	if wait < 0 {
+		wait = 0
+	} else if wait > maxRetryAfter {
+		wait = maxRetryAfter
+	}
+	seconds := wait.Seconds()
+	return &seconds
+}
 
 func (a *Agent) tool(name string) *Tool {
 	for i := range a.Tools {

@@ -1,4 +1,4 @@
-// The messages that settle an attempt (done, fail), built from what its code returned.
+// The messages that settle an attempt (done, fail, back), built from what its code returned.
 
 package dex
 
@@ -103,7 +103,19 @@ func toolError(s step, err error) message {
 	return failed(s, err.Error(), true)
 }
 
-func modelFailure(s step, err error) message {
+// modelFailure settles a model call that returned err: a provider's rate limit goes back
+// (no attempt used; logged), any other error fails the attempt.
+func (w *Worker) modelFailure(s step, err error) message {
+	var limited *RateLimitedError
+	if errors.As(err, &limited) {
+		fields := []field{{"attempt_id", s.AttemptID}, {"session_id", s.SessionID}}
+		back := rateLimited(s.AttemptID, limited)
+		if back.RetryAfter != nil {
+			fields = append(fields, field{"retry_after", *back.RetryAfter})
+		}
+		w.log.info("worker.rate_limited", limited.Message, fields...)
+		return back
+	}
 	var me *ModelError
 	if errors.As(err, &me) {
 		return failed(s, me.Message, me.Retryable)

@@ -494,7 +494,7 @@ func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message
 		w.hitFailpoint("worker.compact_context.running")
 		summary, err := agent.Model.Summarize(ctx, req)
 		if err != nil {
-			return modelFailure(s, err)
+			return w.modelFailure(s, err)
 		}
 		return done(s, summary)
 	}
@@ -506,7 +506,7 @@ func (w *Worker) runModel(ctx context.Context, agent *Agent, a *attempt) message
 	}
 	response, err := agent.Model.Stream(ctx, req, emit)
 	if err != nil {
-		return modelFailure(s, err)
+		return w.modelFailure(s, err)
 	}
 	if response.ToolCalls == nil {
 		response.ToolCalls = []ModelToolCall{}

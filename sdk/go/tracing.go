@@ -95,9 +95,9 @@ func specText(spec map[string]any, key string) string {
 	return fmt.Sprint(value)
 }
 
-// endSpan ends an attempt's span with how it ended: a failed attempt, or a tool's known
-// failure (a ToolError), sets the status to error, the former recorded as an exception
-// event; a pause (Ask, Sleep) sets dex.paused, and an attempt the server stopped or
+// endSpan ends an attempt's span with how it ended: a failed attempt, a model's rate
+// limit (handed back), or a tool's known failure (a ToolError), sets the status to error,
+// the first two recorded as an exception event; a pause (Ask, Sleep) sets dex.paused, and an attempt the server stopped or
 // cancelled meanwhile (its ctx done) dex.cancelled.
 func endSpan(ctx context.Context, span trace.Span, s step, result message) {
 	defer span.End()
@@ -109,6 +109,11 @@ func endSpan(ctx context.Context, span trace.Span, s step, result message) {
 	case failMessage:
 		span.RecordError(errors.New(result.Error.Message))
 		span.SetStatus(codes.Error, result.Error.Message)
+	case backMessage:
+		if result.Reason == "rate_limited" { // as the Python Worker's span of RateLimited
+			span.RecordError(errors.New(result.why))
+			span.SetStatus(codes.Error, result.why)
+		}
 	case doneMessage:
 		if s.StepType == StepRunModel || s.StepType == StepCompactContext {
 			return

@@ -210,7 +210,12 @@ type failMessage struct {
 type backMessage struct {
 	T         string `json:"t"` // "back"
 	AttemptID string `json:"attempt_id"`
-	Reason    string `json:"reason,omitempty"` // "history", or none
+	Reason    string `json:"reason,omitempty"` // "history", "rate_limited", or none
+	// RetryAfter: with rate_limited, the wait the provider asked for, in seconds
+	// (0..3600); left out when it named none
+	RetryAfter *float64 `json:"retry_after,omitempty"`
+	// why is what the model said, for the attempt's span (not sent)
+	why string
 }
 
 // claimMessage names the Worker's strays, each with the resume token it was handed out
@@ -236,6 +241,15 @@ func claim(attempts map[string]string) claimMessage {
 
 func handBack(attemptID, reason string) backMessage {
 	return backMessage{T: "back", AttemptID: attemptID, Reason: reason}
+}
+
+// rateLimited hands back an attempt whose model the provider refused for its rate limit
+// or its load: nothing ran, and the server hands the Step out again after the wait.
+func rateLimited(attemptID string, e *RateLimitedError) backMessage {
+	return backMessage{
+		T: "back", AttemptID: attemptID, Reason: "rate_limited",
+		RetryAfter: e.retryAfterSeconds(), why: e.Message,
+	}
 }
 
 func (drainMessage) attempt() string     { return "" }

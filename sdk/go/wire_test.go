@@ -191,7 +191,7 @@ func TestCloseCodesThatRetryingCannotFixAreRefusals(t *testing.T) {
 }
 
 // The messages a Worker writes carry the fields of docs/worker-protocol.md, and leave
-// out an hb's seq and a back's reason when they have none.
+// out an hb's seq and a back's reason and retry_after when they have none.
 func TestWorkerMessagesEncodeAsTheProtocolNamesThem(t *testing.T) {
 	seq := int64(7)
 	s := step{AttemptID: "a"}
@@ -207,6 +207,9 @@ func TestWorkerMessagesEncodeAsTheProtocolNamesThem(t *testing.T) {
 		{failed(s, "boom", false), `{"t":"fail","attempt_id":"a","error":{"message":"boom","attempt_progress":"NOT_COMPLETED","retryable":false}}`},
 		{handBack("a", ""), `{"t":"back","attempt_id":"a"}`},
 		{handBack("a", "history"), `{"t":"back","attempt_id":"a","reason":"history"}`},
+		{rateLimited("a", &RateLimitedError{Message: "429", RetryAfter: 2 * time.Second, HasRetryAfter: true}),
+			`{"t":"back","attempt_id":"a","reason":"rate_limited","retry_after":2}`},
+		{rateLimited("a", &RateLimitedError{Message: "529"}), `{"t":"back","attempt_id":"a","reason":"rate_limited"}`},
 	} {
 		data, err := json.Marshal(c.m)
 		if err != nil || string(data) != c.want {

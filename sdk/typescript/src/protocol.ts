@@ -145,10 +145,18 @@ export interface Fail {
   attempt_id: string;
   error: RecoveryError;
 }
+/** The Worker hands back an attempt it never started (or whose model the provider
+ * refused): the Step queues again and the attempt is not counted. ``reason: "history"``:
+ * the Worker lacks the history the hand-out builds on. ``reason: "rate_limited"``: the
+ * model provider refused the call for its rate limit or its load (nothing ran); the Step
+ * is handed out again after ``retry_after`` seconds (0 to 3600), or, without it, after a
+ * backoff that doubles with each refusal in a row (1 s to 60 s). */
 export interface Back {
   t: "back";
   attempt_id: string;
-  reason?: "history" | null;
+  reason?: "history" | "rate_limited" | null;
+  /** With ``rate_limited``: the provider's ``Retry-After``, in seconds (0 to 3600). */
+  retry_after?: number | null;
 }
 export interface Drain {
   t: "drain";

@@ -8,7 +8,16 @@
  * the node that took its session over answers: it is that connection's from then on, or it
  * stops (rule 14). A stray's result waits for the node that takes it.
  */
-import { Agent, Interrupt, ModelRequest, PENDING, ToolContext, ToolError } from "./agent";
+import {
+  Agent,
+  Interrupt,
+  MAX_RETRY_AFTER,
+  ModelRequest,
+  PENDING,
+  RateLimitedError,
+  ToolContext,
+  ToolError,
+} from "./agent";
 import * as failpoints from "./failpoints";
 import { HistoryCache, HistoryError, checkItems } from "./history";
 import type { Log } from "./log";
@@ -362,8 +371,17 @@ export class Runner {
       if (attempt.abandoned) return;
       if (e instanceof Interrupt) {
         result = { t: "done", attempt_id: step.attempt_id, result: e.outcome };
+      } else if (e instanceof RateLimitedError && isModelStep(step)) {
+        // the provider refused the call, and nothing ran: the Step goes back, and is
+        // handed out again after the wait (no attempt used)
+        result = rateLimited(step, e);
+        this.log.info("worker.rate_limited", e.message, {
+          attempt_id: step.attempt_id,
+          session_id: step.session_id,
+          retry_after: result.retry_after,
+        });
       } else if (e instanceof ToolError) {
-        if (step.step_type === "RunModel" || step.step_type === "CompactContext") {
+        if (isModelStep(step)) {
           result = fail(step, e.message, false);
         } else {
           const outcome: p.ToolOutcome =
@@ -546,6 +564,22 @@ function modelRequest(agent: Agent, attempt: Attempt, tools: p.ToolSpec[]): Mode
     signal: attempt.abort.signal,
     traceparent: step.traceparent ?? null,
   };
+}
+
+/** Whether ``step`` runs the agent's model (a rate limit hands it back) rather than a tool. */
+function isModelStep(step: p.StepMessage): boolean {
+  return step.step_type === "RunModel" || step.step_type === "CompactContext";
+}
+
+/** The ``back`` of a model Step the provider refused: its wait, if any, within 0..3600 s
+ * (one that is no number is left out, and the server's backoff applies). */
+function rateLimited(step: p.StepMessage, e: RateLimitedError): p.Back {
+  const back: p.Back = { t: "back", attempt_id: step.attempt_id, reason: "rate_limited" };
+  const wait = e.retryAfter;
+  if (typeof wait === "number" && !Number.isNaN(wait)) {
+    back.retry_after = Math.min(Math.max(wait, 0), MAX_RETRY_AFTER);
+  }
+  return back;
 }
 
 function fail(step: p.StepMessage, message: string, retryable: boolean): p.Fail {
