@@ -4,10 +4,10 @@ It keeps one WebSocket to a node, tries its addresses in turn with backoff until
 serves, says ``hello`` (re-claiming, after a reconnect, every attempt it was handed and
 the Worker still holds), sends again the results its node never acknowledged,
 heartbeats those attempts, claims the Worker's strays (``Runner.strays``), and passes
-what the node sends to the ``Runner``. Messages
-go out through the link's outbox (``dex.wire.outbox``): what is ready leaves as one
-frame. In a cluster the Worker holds one per node (``dex.worker.cluster``): the seed,
-on the configured addresses, and one per member the nodes list.
+what the node sends to the ``Runner``. Messages go out through the link's outbox
+(``dex.wire.outbox``): what is ready leaves as one frame. In a cluster the Worker holds
+one per node (``dex.worker.cluster``): the seed, on the configured addresses, and one per
+member the nodes list.
 """
 
 from __future__ import annotations

@@ -443,7 +443,8 @@ class Runner:
             if not await self.start_acknowledged(attempt):
                 if self.draining:
                     attempt.result = Back(h.attempt_id)
-                    attempt.origin.send(attempt.result)
+                    if not attempt.stray:  # a stray's waits (``_taken``)
+                        attempt.origin.send(attempt.result)
                 else:
                     log.info(
                         "the server no longer runs this attempt: not starting it",
