@@ -35,6 +35,12 @@ export interface Model {
   summarize?(request: ModelRequest): Promise<Summary>;
 }
 
+/**
+ * The start of the error of a tool call that never ran: it is safe to call again. Compare
+ * a call's `error` with it (the same text in every Dex SDK).
+ */
+export const toolCallNotRunErrorPrefix = "the tool did not run, so it is safe to call again";
+
 /** A known outcome: the tool failed and running it again will not help. */
 export class ToolError extends Error {
   override name = "ToolError";
@@ -46,6 +52,31 @@ export class RetryableError extends Error {
   constructor(
     message: string,
     readonly retryable: boolean = true,
+  ) {
+    super(message);
+  }
+}
+
+/** The longest wait a ``RateLimitedError`` may ask for, in seconds (an hour), as the
+ * protocol's ``back`` allows. */
+export const MAX_RETRY_AFTER = 3600;
+
+/**
+ * Thrown by a model when its provider refused the call for its rate limit or its load
+ * (HTTP 429, Anthropic's 529 overloaded): nothing ran. The Worker hands a RunModel or
+ * CompactContext Step back, and the server queues it again without using an attempt,
+ * after ``retryAfter`` seconds (the provider's ``Retry-After``; at most an hour) or else a
+ * backoff that doubles with each refusal in a row. Thrown by a tool, it is an ordinary
+ * failure: a tool's body may have run, and handing it back could run a write twice.
+ */
+export class RateLimitedError extends Error {
+  override name = "RateLimitedError";
+  /** Thrown by a tool, the failure may be retried (its retry policy decides). */
+  readonly retryable = true;
+  constructor(
+    message: string,
+    /** The wait the provider asked for, in seconds; left out when it named none. */
+    readonly retryAfter?: number,
   ) {
     super(message);
   }

@@ -4,8 +4,10 @@ export {
   defineTool,
   Interrupt,
   PENDING,
+  RateLimitedError,
   RetryableError,
   ToolError,
+  toolCallNotRunErrorPrefix,
 } from "./agent";
 export type {
   Agent,
