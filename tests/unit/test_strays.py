@@ -122,7 +122,7 @@ def test_an_attempt_left_out_of_the_reply_to_its_node_s_beat_is_a_stray() -> Non
 def test_replies_to_other_heartbeats_that_leave_it_out_do_not_make_a_stray() -> None:
     runner, a, _ = holding(result=False)
     beat = runner.beat(a)
-    assert beat is not None
+    assert beat is not None and beat.seq is not None
 
     runner.on_message(HeartbeatReply(status={"s/1.5/1": "ok"}), a)  # a tool's own beat
     runner.on_message(HeartbeatReply(status={}, seq=beat.seq + 1), a)  # another's ask

@@ -19,6 +19,7 @@ class Origin:
     """The connection the attempt came on: what the runner sends on it."""
 
     address = "http://node"
+    resume: str | None = "its-token"
 
     def __init__(self) -> None:
         self.histories = HistoryCache()
