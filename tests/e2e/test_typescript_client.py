@@ -1,0 +1,111 @@
+"""The TypeScript Client (``sdk/typescript/src/client.ts``) against a real server and a real
+TypeScript Worker serving the test agents: ``sdk/typescript/test/client-e2e.ts`` (built to
+``dist/test/client-e2e.js`` by ``scripts/typescript``) creates a session, sends a message
+whose tool needs approval, finds the approval in the snapshot and the inbox, approves it,
+waits for the turn, reads the event stream from the start and again after its first id,
+denies a second call, forks the session and meets the server's refusals; it prints a JSON
+summary, checked here against the server (the Python Client) and the tool's ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from dex.testing import free_port
+from tests.support.rig import Rig
+
+PROGRAM = Path(__file__).parents[2] / "sdk" / "typescript" / "dist" / "test" / "client-e2e.js"
+
+
+def test_the_typescript_client_drives_a_session_through_an_approval(rig: Rig) -> None:
+    assert PROGRAM.exists(), "run scripts/typescript (npm run build in sdk/typescript)"
+    rig.start_server()
+    rig.start_worker(language="typescript")
+    # a dead address first: the Client moves on to the node that serves
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        ["node", str(PROGRAM)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DEX_ADDRESS": f"{dead},{rig.address}", "DEX_CLIENT_TOKEN": ""},
+    )
+    assert done.returncode == 0, done.stderr
+    s = json.loads(done.stdout)
+    sid = s["session"]["id"]
+    assert s["addresses"] == 2
+    assert "waiter" in s["agents"]
+    assert s["session"] == {"id": "ts-client-1", "agent": "waiter", "status": "idle"}
+
+    # the send waited until the turn waited for a person, and said for what
+    ended = rig.client.wait_turn(sid, 1)
+    (call,) = ended["tool_calls"]
+    expected_wait = {
+        "call_id": call["id"],
+        "kind": "approval",
+        "tool": "publish",
+        "arguments": {"post": "hello"},
+        "arguments_hash": call["arguments_hash"],
+    }
+    assert s["sent"] == {
+        "turn": 1,
+        "status": "waiting",
+        "created": True,
+        "waiting_for": [expected_wait],
+    }
+    assert s["resent"] == {"turn": 1, "created": False}  # the same message id: the same turn
+    assert s["snapshot"] == {"status": "waiting", "approvals": [call["id"]], "current_turn": 1}
+    assert s["approvals"] == [
+        {"call_id": call["id"], "tool": "publish", "arguments": {"post": "hello"}}
+    ]
+    assert {"session_id": sid, "call_id": call["id"], "kind": "approval", "tool": "publish"} in s[
+        "inbox"
+    ]
+    assert s["waiting_sessions"] == [sid]
+
+    # approved once (a second approval is refused), then the turn ran the tool once
+    assert s["approved"] == {"call_id": call["id"], "approved": True}
+    assert (s["approved_twice"]["status"], s["approved_twice"]["code"]) == (409, "conflict")
+    assert s["turn"]["status"] == "completed"
+    assert s["turn"]["text"] == ended["text"]
+    assert s["turn"]["tool_calls"] == [
+        {
+            "id": call["id"],
+            "name": "publish",
+            "status": "succeeded",
+            "idempotency_key": call["idempotency_key"],
+        }
+    ]
+    (effect,) = rig.ledger.entries("publish")  # the denied call never ran
+    assert effect == {
+        "effect": "publish",
+        "post": "hello",
+        "attempt": 1,
+        "idempotency_key": call["idempotency_key"],
+    }
+
+    # the stream from the start: the turn's events in order, up to its end
+    types = [e["type"] for e in s["events"]]
+    assert types[0] == "history.item" and types[-1] == "turn.completed"
+    assert types.index("turn.started") < types.index("wait.started") < len(types) - 1
+    ids = [e["id"] for e in s["events"]]
+    assert all(ids) and len(set(ids)) == len(ids)
+    assert s["resumed"] == s["events"][1]  # Last-Event-ID: the event after the first
+
+    assert s["denied"] == {"call_id": "2.1", "approved": False}
+    second = rig.client.wait_turn(sid, 2)
+    assert second["tool_calls"][0]["status"] == "denied"
+    assert s["second_turn"] == {"turn": 2, "status": "completed", "text": second["text"]}
+    assert s["forked"] == {"id": f"{sid}-fork", "forked_from": {"session_id": sid, "turn": 3}}
+    assert s["idle_pages"] == [[f"{sid}-fork"], [sid]]  # newest first, one a page, by cursor
+
+    assert (s["cancel_idle"]["status"], s["cancel_idle"]["code"]) == (409, "conflict")
+    assert s["unknown_session"] == {
+        "status": 404,
+        "code": "not_found",
+        "message": "unknown session 'no-such-session'",
+    }
+    assert s["workers"] == 1
+    assert s["cluster_members"] == 0
