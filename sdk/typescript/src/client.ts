@@ -18,112 +18,53 @@
 import { setMaxListeners } from "node:events";
 
 import type { components, operations } from "./api";
-import { Decoder, type Message } from "./sse";
+import {
+  ApiError,
+  NoAnswer,
+  UnavailableError,
+  addressesOf,
+  broken,
+  describe,
+  errorOf,
+  event,
+  isStorageError,
+  jitter,
+  linked,
+  notServing,
+  now,
+  parse,
+  preview,
+  seg,
+  sleep,
+  timed,
+  unix,
+  within,
+} from "./client-http";
+import type {
+  AgentSnapshot,
+  Answered,
+  Approved,
+  Cancelled,
+  ClientOptions,
+  ClusterView,
+  ConnectedWorker,
+  DexEvent,
+  ForkedSession,
+  Inbox,
+  ListSessionsOptions,
+  PendingApproval,
+  SendMessageOptions,
+  SentMessage,
+  ServedAgent,
+  Session,
+  SessionList,
+  StreamOptions,
+  TurnResult,
+  TurnToolCall,
+} from "./client-types";
 
 type Schemas = components["schemas"];
-
-/** A session as the list and ``createSession`` give it. */
-export type Session = Schemas["Session"];
-/** One page of ``listSessions``: pass ``next_cursor`` back for the next. */
-export type SessionList = Schemas["SessionList"];
-/** ``idle``, ``running``, ``waiting`` (for a person) or ``failed``. */
-export type SessionStatus = Schemas["FleetStatus"];
-/** The session ``forkSession`` made. */
-export type ForkedSession = Schemas["Forked"];
-/** One page of ``listInbox``. */
-export type Inbox = Schemas["Inbox"];
-/** What waits for a person: an approval or a question (an inbox item, or a turn's
- * ``waiting_for``). */
-export type PersonWait = Schemas["PersonWait"];
-/** A turn as ``waitTurn`` gives it: ``status``, ``waiting_for``, ``text``, ``error``,
- * ``tool_calls``, ``steps``. */
-export type TurnResult = Schemas["TurnResult"];
-/** ``running``, ``waiting`` (for a person), ``completed``, ``failed`` or ``cancelled``. */
-export type TurnStatus = Schemas["ShownTurnStatus"];
-/** A sent message's turn: a ``TurnResult`` and ``created`` (false: a ``messageId`` sent
- * before). */
-export type SentMessage = Schemas["SentMessage"];
-/** The agent snapshot: ``session``, ``current_turn``, ``waiting``, ``running``,
- * ``history``, ``tool_calls``, ``approvals``, ``waits``. */
-export type AgentSnapshot = Schemas["Snapshot"];
-/** An agent a Worker registered, with its tools and how many Workers serve it. */
-export type ServedAgent = Schemas["ServedAgent"];
-/** A connected Worker: its agents, capacity and the attempts it runs. */
-export type ConnectedWorker = Schemas["ConnectedWorker"];
-/** The nodes of the cluster and the one that answered. */
-export type ClusterView = Schemas["ClusterView"];
-export type ClusterMember = Schemas["ClusterMember"];
-/** A tool call waiting for approval. */
-export type PendingApproval = Schemas["PendingApproval"];
-export type Approved = Schemas["Approved"];
-export type Answered = Schemas["Answered"];
-export type Cancelled = Schemas["Cancelled"];
-/** A turn's tool call record, as ``reconcile`` gives it back. */
-export type TurnToolCall = Schemas["ToolCall"];
-/** The JSON body of every error answer: ``{"error": {"code", "message", "details"}}``. */
-export type ErrorBody = Schemas["ErrorResponse"];
-
-/** One event of a session's stream. ``id`` is opaque: pass the last one you saw as
- * ``lastEventId`` to resume after it. ``data`` is the event's JSON (see docs/streams.md). */
-export interface DexEvent {
-  id: string;
-  /** ``history.item``, ``turn.started``, ``turn.completed``, ``turn.failed``,
-   * ``turn.cancelled``, ``wait.started``, ``message.queued``, ``model.delta``,
-   * ``model.discard``; the stream's own ``stream.gap`` and ``stream.dropped``. */
-  type: string;
-  data: Record<string, unknown>;
-}
-
-/** A moment: Unix seconds, or a Date. */
-export type Time = number | Date;
-
-export interface ClientOptions {
-  /** One node's address, several comma-separated, or a list (default: DEX_ADDRESS, else
-   * http://127.0.0.1:7450). */
-  address?: string | string[];
-  /** Seconds a call may take, its retries included (default 30). */
-  timeout?: number;
-  /** The client token, when the server has auth on (default: DEX_CLIENT_TOKEN). */
-  token?: string;
-}
-
-export interface ListSessionsOptions {
-  agent?: string;
-  /** A status, or ``outcome_unknown``: sessions with a call whose outcome is unknown and
-   * not reconciled. */
-  status?: SessionStatus | "outcome_unknown";
-  /** A range is ``[since, before)``. */
-  createdSince?: Time;
-  createdBefore?: Time;
-  updatedSince?: Time;
-  updatedBefore?: Time;
-  /** Newest first by ``created`` (the default) or ``updated``. */
-  order?: "created" | "updated";
-  /** Sessions per page, 1-1000 (100). */
-  limit?: number;
-  /** The previous page's ``next_cursor``, with the same filters. */
-  cursor?: string;
-}
-
-export interface SendMessageOptions {
-  /** Sending again with the same id returns the first send's turn and changes nothing:
-   * such a send is retried, one without an id is not. */
-  messageId?: string;
-  /** Return once the turn has ended, or as soon as it waits for a person (``waiting``),
-   * or when ``timeout`` passed (``running``). */
-  wait?: boolean;
-  /** Seconds (default: the client's timeout). */
-  timeout?: number;
-}
-
-export interface StreamOptions {
-  /** Resume after this event id. */
-  lastEventId?: string;
-  /** Open the stream again when it breaks or ends (default true). */
-  reconnect?: boolean;
-  /** Ends the iteration when aborted. */
-  signal?: AbortSignal;
-}
+import { Decoder } from "./sse";
 
 /** Seconds the server holds a request that waits for a turn before the client asks again. */
 export const LONG_POLL = 2.0;
@@ -136,56 +77,6 @@ const STREAM_RETRY_MAX = 2.0;
 /** An event stream quiet this long is dead: the server sends a keep-alive comment after
  * 15 s without an event. */
 const SILENCE = 45.0;
-const DEFAULT_ADDRESS = "http://127.0.0.1:7450";
-
-const CODES: Record<number, string> = {
-  401: "unauthorized",
-  403: "unauthorized",
-  404: "not_found",
-  409: "conflict",
-  422: "invalid_input",
-};
-
-/** An error answer of the server (``status``, and the error body's ``code``, ``message``
- * and ``details``), or no usable answer at all. ``retryable``: the same call may succeed
- * if made again (no node answered; the store could not commit). */
-export class ApiError extends Error {
-  readonly status: number;
-  readonly code: string;
-  readonly details: Record<string, unknown>;
-  readonly retryable: boolean;
-
-  constructor(
-    status: number,
-    code: string,
-    message: string,
-    details: Record<string, unknown> = {},
-    retryable = false,
-  ) {
-    super(message);
-    this.name = "ApiError";
-    this.status = status;
-    this.code = code;
-    this.details = details;
-    this.retryable = retryable;
-  }
-}
-
-/** No node answered (each refused the connection, timed out, or answered 503 as a standby
- * or a node starting), or an event stream broke: ``status`` 503, ``code`` ``unavailable``. */
-export class UnavailableError extends ApiError {
-  constructor(message: string) {
-    super(503, "unavailable", message, {}, true);
-    this.name = "UnavailableError";
-  }
-}
-
-/** No address answered in one round. */
-class NoAnswer extends Error {
-  constructor(readonly last: unknown) {
-    super(describe(last));
-  }
-}
 
 interface RequestOptions {
   body?: unknown;
@@ -673,174 +564,5 @@ export class Client {
   }
 }
 
-// --- helpers -------------------------------------------------------------------------
-
-/** The addresses of ``address`` (default: DEX_ADDRESS, else http://127.0.0.1:7450): a
- * list, or comma-separated; each http:// or https://, without a trailing slash. */
-export function addressesOf(address?: string | string[]): string[] {
-  const given = address ?? (process.env.DEX_ADDRESS || DEFAULT_ADDRESS);
-  const parts = Array.isArray(given) ? given : given.split(",");
-  const found = parts.map((p) => p.trim().replace(/\/+$/, "")).filter((p) => p !== "");
-  if (found.length === 0) throw new Error("no Dex Server address given");
-  for (const a of found) {
-    if (!a.startsWith("http://") && !a.startsWith("https://")) {
-      throw new Error(`a Dex Server address starts with http:// or https://, not ${JSON.stringify(a)}`);
-    }
-  }
-  return found;
-}
-
-/** The error of an error answer: its status, and the body's code (by the status when it
- * has none), message and details. */
-function errorOf(status: number, body: unknown): ApiError {
-  const error = isObject(body) && isObject(body.error) ? body.error : {};
-  const message = typeof error.message === "string" ? error.message : `HTTP ${status}`;
-  const code = typeof error.code === "string" ? error.code : (CODES[status] ?? "server_error");
-  const details = isObject(error.details) ? error.details : {};
-  return new ApiError(status, code, message, details);
-}
-
-/** A 503: the node does not serve (a standby, starting), or it serves but its store could
- * not commit (``storage_error``: nothing was written, retryable). */
-function notServing(base: string, payload: Buffer): ApiError {
-  const decoded = parse(payload);
-  const error = isObject(decoded) && isObject(decoded.error) ? decoded.error : null;
-  if (error !== null && error.code === "storage_error") {
-    const details = isObject(error.details) ? error.details : {};
-    return new ApiError(503, "storage_error", String(error.message), details, true);
-  }
-  return new UnavailableError(`${base} is not serving: ${preview(payload)}`);
-}
-
-function isStorageError(e: unknown): e is ApiError {
-  return e instanceof ApiError && e.code === "storage_error";
-}
-
-function broken(sessionId: string, last: unknown): UnavailableError {
-  return new UnavailableError(`the event stream of ${sessionId} broke: ${describe(last)}`);
-}
-
-/** A Dex event as ``streamEvents`` yields it: the data is JSON. */
-function event(message: Message): DexEvent {
-  let data: unknown;
-  try {
-    data = JSON.parse(message.data);
-  } catch {
-    throw new ApiError(
-      500,
-      "server_error",
-      `an event whose data is not JSON: ${message.type} ${JSON.stringify(message.data.slice(0, 200))}`,
-    );
-  }
-  return { id: message.id, type: message.type, data: data as Record<string, unknown> };
-}
-
-function parse(payload: Buffer): unknown {
-  if (payload.length === 0) return null;
-  try {
-    return JSON.parse(payload.toString("utf8"));
-  } catch {
-    return null;
-  }
-}
-
-function isObject(value: unknown): value is Record<string, unknown> {
-  return value !== null && typeof value === "object" && !Array.isArray(value);
-}
-
-function preview(payload: Buffer): string {
-  return JSON.stringify(payload.subarray(0, 200).toString("utf8"));
-}
-
-/** What went wrong, for a message: a fetch error names its cause (ECONNREFUSED, ...). */
-function describe(e: unknown): string {
-  if (!(e instanceof Error)) return String(e);
-  return e.cause instanceof Error ? `${e.message} (${e.cause.message})` : e.message;
-}
-
-/** A path segment, escaped. */
-function seg(value: string): string {
-  return encodeURIComponent(value);
-}
-
-function unix(value: Time | undefined): number | undefined {
-  return value instanceof Date ? value.getTime() / 1000 : value;
-}
-
-/** Monotonic seconds. */
-function now(): number {
-  return performance.now() / 1000;
-}
-
-/** Full jitter: a random wait up to ``initial`` doubling per attempt, at most ``max``. */
-function jitter(attempt: number, initial: number, max: number): number {
-  return Math.random() * Math.min(max, initial * 2 ** (attempt - 1));
-}
-
-function sleep(seconds: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal.aborted) return reject(signal.reason);
-    const done = () => {
-      signal.removeEventListener("abort", aborted);
-      resolve();
-    };
-    const aborted = () => {
-      clearTimeout(timer);
-      reject(signal.reason);
-    };
-    const timer = setTimeout(done, seconds * 1000);
-    signal.addEventListener("abort", aborted, { once: true });
-  });
-}
-
-/** A signal that aborts after ``seconds`` or with ``outer``; ``clear()`` when done. */
-function timed(
-  seconds: number,
-  outer: AbortSignal,
-): { signal: AbortSignal; timedOut(): boolean; clear(): void } {
-  const controller = new AbortController();
-  let expired = false;
-  const timer = setTimeout(() => {
-    expired = true;
-    controller.abort(new Error(`timed out after ${seconds} s`));
-  }, seconds * 1000);
-  const onOuter = () => controller.abort(outer.reason);
-  if (outer.aborted) onOuter();
-  else outer.addEventListener("abort", onOuter, { once: true });
-  return {
-    signal: controller.signal,
-    timedOut: () => expired,
-    clear: () => {
-      clearTimeout(timer);
-      outer.removeEventListener("abort", onOuter);
-    },
-  };
-}
-
-/** ``step()``, aborting ``controller`` when it takes more than ``seconds``. */
-async function within<T>(seconds: number, controller: AbortController, step: () => Promise<T>): Promise<T> {
-  const timer = setTimeout(() => controller.abort(new Error(`nothing for ${seconds} s`)), seconds * 1000);
-  try {
-    return await step();
-  } finally {
-    clearTimeout(timer);
-  }
-}
-
-/** A signal that aborts when any of ``signals`` does (AbortSignal.any is Node 20.3+);
- * ``release()`` stops listening to them. */
-function linked(signals: (AbortSignal | undefined)[]): { signal: AbortSignal; release(): void } {
-  const controller = new AbortController();
-  const undo: (() => void)[] = [];
-  for (const signal of signals) {
-    if (signal === undefined) continue;
-    if (signal.aborted) {
-      controller.abort(signal.reason);
-      continue;
-    }
-    const onAbort = () => controller.abort(signal.reason);
-    signal.addEventListener("abort", onAbort, { once: true });
-    undo.push(() => signal.removeEventListener("abort", onAbort));
-  }
-  return { signal: controller.signal, release: () => undo.forEach((f) => f()) };
-}
+export { ApiError, UnavailableError, addressesOf } from "./client-http";
+export type * from "./client-types";

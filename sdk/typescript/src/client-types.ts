@@ -1,0 +1,108 @@
+/** The shapes the Client sends and gets: the API's (generated in ``api.ts`` from
+ * ``sdk/openapi.json``), under the names a user needs, and the calls' options. */
+import type { components } from "./api";
+
+type Schemas = components["schemas"];
+
+/** A session as the list and ``createSession`` give it. */
+export type Session = Schemas["Session"];
+/** One page of ``listSessions``: pass ``next_cursor`` back for the next. */
+export type SessionList = Schemas["SessionList"];
+/** ``idle``, ``running``, ``waiting`` (for a person) or ``failed``. */
+export type SessionStatus = Schemas["FleetStatus"];
+/** The session ``forkSession`` made. */
+export type ForkedSession = Schemas["Forked"];
+/** One page of ``listInbox``. */
+export type Inbox = Schemas["Inbox"];
+/** What waits for a person: an approval or a question (an inbox item, or a turn's
+ * ``waiting_for``). */
+export type PersonWait = Schemas["PersonWait"];
+/** A turn as ``waitTurn`` gives it: ``status``, ``waiting_for``, ``text``, ``error``,
+ * ``tool_calls``, ``steps``. */
+export type TurnResult = Schemas["TurnResult"];
+/** ``running``, ``waiting`` (for a person), ``completed``, ``failed`` or ``cancelled``. */
+export type TurnStatus = Schemas["ShownTurnStatus"];
+/** A sent message's turn: a ``TurnResult`` and ``created`` (false: a ``messageId`` sent
+ * before). */
+export type SentMessage = Schemas["SentMessage"];
+/** The agent snapshot: ``session``, ``current_turn``, ``waiting``, ``running``,
+ * ``history``, ``tool_calls``, ``approvals``, ``waits``. */
+export type AgentSnapshot = Schemas["Snapshot"];
+/** An agent a Worker registered, with its tools and how many Workers serve it. */
+export type ServedAgent = Schemas["ServedAgent"];
+/** A connected Worker: its agents, capacity and the attempts it runs. */
+export type ConnectedWorker = Schemas["ConnectedWorker"];
+/** The nodes of the cluster and the one that answered. */
+export type ClusterView = Schemas["ClusterView"];
+export type ClusterMember = Schemas["ClusterMember"];
+/** A tool call waiting for approval. */
+export type PendingApproval = Schemas["PendingApproval"];
+export type Approved = Schemas["Approved"];
+export type Answered = Schemas["Answered"];
+export type Cancelled = Schemas["Cancelled"];
+/** A turn's tool call record, as ``reconcile`` gives it back. */
+export type TurnToolCall = Schemas["ToolCall"];
+/** The JSON body of every error answer: ``{"error": {"code", "message", "details"}}``. */
+export type ErrorBody = Schemas["ErrorResponse"];
+
+/** One event of a session's stream. ``id`` is opaque: pass the last one you saw as
+ * ``lastEventId`` to resume after it. ``data`` is the event's JSON (see docs/streams.md). */
+export interface DexEvent {
+  id: string;
+  /** ``history.item``, ``turn.started``, ``turn.completed``, ``turn.failed``,
+   * ``turn.cancelled``, ``wait.started``, ``message.queued``, ``model.delta``,
+   * ``model.discard``; the stream's own ``stream.gap`` and ``stream.dropped``. */
+  type: string;
+  data: Record<string, unknown>;
+}
+
+/** A moment: Unix seconds, or a Date. */
+export type Time = number | Date;
+
+export interface ClientOptions {
+  /** One node's address, several comma-separated, or a list (default: DEX_ADDRESS, else
+   * http://127.0.0.1:7450). */
+  address?: string | string[];
+  /** Seconds a call may take, its retries included (default 30). */
+  timeout?: number;
+  /** The client token, when the server has auth on (default: DEX_CLIENT_TOKEN). */
+  token?: string;
+}
+
+export interface ListSessionsOptions {
+  agent?: string;
+  /** A status, or ``outcome_unknown``: sessions with a call whose outcome is unknown and
+   * not reconciled. */
+  status?: SessionStatus | "outcome_unknown";
+  /** A range is ``[since, before)``. */
+  createdSince?: Time;
+  createdBefore?: Time;
+  updatedSince?: Time;
+  updatedBefore?: Time;
+  /** Newest first by ``created`` (the default) or ``updated``. */
+  order?: "created" | "updated";
+  /** Sessions per page, 1-1000 (100). */
+  limit?: number;
+  /** The previous page's ``next_cursor``, with the same filters. */
+  cursor?: string;
+}
+
+export interface SendMessageOptions {
+  /** Sending again with the same id returns the first send's turn and changes nothing:
+   * such a send is retried, one without an id is not. */
+  messageId?: string;
+  /** Return once the turn has ended, or as soon as it waits for a person (``waiting``),
+   * or when ``timeout`` passed (``running``). */
+  wait?: boolean;
+  /** Seconds (default: the client's timeout). */
+  timeout?: number;
+}
+
+export interface StreamOptions {
+  /** Resume after this event id. */
+  lastEventId?: string;
+  /** Open the stream again when it breaks or ends (default true). */
+  reconnect?: boolean;
+  /** Ends the iteration when aborted. */
+  signal?: AbortSignal;
+}
