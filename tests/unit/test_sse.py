@@ -71,6 +71,30 @@ def test_a_cut_after_every_byte_position_decodes_the_same() -> None:
         assert decode([STREAM[:cut], STREAM[cut:]])[0] == EXPECTED, cut
 
 
+def test_a_crlf_cut_between_chunks_then_a_blank_line_dispatches() -> None:
+    # the LF of the CRLF comes alone, and the blank line's LF after it: neither is lost
+    assert decode([b"data: 1\r", b"\n", b"\n"])[0] == [Message("", "message", "1")]
+    assert decode([b"data: 1\r", b"\n", b"\r\n"])[0] == [Message("", "message", "1")]
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b"\xef\xbb", b"\xbfdata: 1\n\n"],
+        [b"\xef", b"\xbb", b"\xbf", b"data: 1\n\n"],
+        [b"\xef\xbb\xbf", b"data: 1\n\n"],
+        [b"", b"\xef", b"\xbb\xbfdata: 1\n\n"],
+    ],
+)
+def test_a_byte_order_mark_cut_between_chunks_is_dropped(chunks: list[bytes]) -> None:
+    assert decode(chunks)[0] == [Message("", "message", "1")]
+
+
+def test_only_the_first_byte_order_mark_is_dropped() -> None:
+    messages, _ = decode([b"\xef\xbb\xbfdata: 1\n\n", b"\xef\xbb\xbfdata: 2\n\n"])
+    assert messages == [Message("", "message", "1")]  # the second's field is not "data"
+
+
 def test_a_long_line_in_many_chunks() -> None:
     text = "x" * 300_000
     payload = b'id: 9\ndata: "' + text.encode() + b'"\n\n'

@@ -38,7 +38,9 @@ export class Decoder {
   private data: string[] = [];
   private partial: Uint8Array[] = []; // the pieces of a line not ended yet
   private afterCr = false;
-  private started = false;
+  /** The stream's first bytes while they may still be a byte order mark cut between
+   * chunks; null once it is past them. */
+  private head: Uint8Array | null = new Uint8Array(0);
 
   constructor(lastEventId = "") {
     this.lastEventId = lastEventId;
@@ -52,18 +54,26 @@ export class Decoder {
     this.partial = [];
     this.afterCr = false;
     this.id = this.lastEventId;
-    this.started = false;
+    this.head = new Uint8Array(0);
   }
 
   /** The messages that ``chunk`` completes. */
   feed(chunk: Uint8Array): Message[] {
-    if (this.afterCr && chunk.length > 0 && chunk[0] === LF) chunk = chunk.subarray(1); // a CRLF cut in two
-    if (chunk.length === 0) return [];
-    if (!this.started) {
-      this.started = true;
-      if (chunk.length >= 3 && BOM.every((b, i) => chunk[i] === b)) chunk = chunk.subarray(3);
-      if (chunk.length === 0) return [];
+    if (this.head !== null) {
+      // a byte order mark, once, even cut between chunks
+      const head: Uint8Array = Buffer.concat([this.head, chunk]);
+      if (head.length < BOM.length && head.every((b, i) => BOM[i] === b)) {
+        this.head = head;
+        return [];
+      }
+      this.head = null;
+      chunk = BOM.every((b, i) => head[i] === b) ? head.subarray(BOM.length) : head;
     }
+    if (this.afterCr && chunk.length > 0 && chunk[0] === LF) {
+      chunk = chunk.subarray(1); // the LF of a CRLF cut in two
+      this.afterCr = false;
+    }
+    if (chunk.length === 0) return [];
     const last = chunk[chunk.length - 1];
     if (chunk.indexOf(LF) < 0 && chunk.indexOf(CR) < 0) {
       this.partial.push(chunk); // a long line: joined once it ends

@@ -75,6 +75,18 @@ test("a byte order mark is dropped once, at the start", () => {
   assert.deepEqual(got, [{ id: "", type: "message", data: "x" }]);
 });
 
+test("a CRLF cut between chunks, then a blank line's LF alone, still dispatches", () => {
+  assert.deepEqual(read(new Decoder(), "data: 1\r", "\n", "\n"), [{ id: "", type: "message", data: "1" }]);
+});
+
+test("a byte order mark cut between chunks is dropped", () => {
+  const one = [{ id: "", type: "message", data: "1" }];
+  const mark = [0xef, 0xbb, 0xbf];
+  assert.deepEqual(read(new Decoder(), new Uint8Array(mark.slice(0, 2)), new Uint8Array([0xbf]), "data: 1\n\n"), one);
+  assert.deepEqual(read(new Decoder(), ...mark.map((b) => new Uint8Array([b])), "data: 1\n\n"), one);
+  assert.deepEqual(read(new Decoder(), new Uint8Array(0), new Uint8Array([0xef]), new Uint8Array([0xbb, 0xbf, 0x64]), "ata: 1\n\n"), one);
+});
+
 test("reset drops an event the broken connection did not finish, and keeps the last id", () => {
   const d = new Decoder();
   assert.deepEqual(read(d, "id: 1\ndata: a\n\nid: 2\ndata: half"), [{ id: "1", type: "message", data: "a" }]);

@@ -19,6 +19,8 @@ import orjson
 
 from dex.errors import ServerError
 
+BOM = b"\xef\xbb\xbf"
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -43,23 +45,30 @@ class Decoder:
         self._data: list[str] = []
         self._partial: list[bytes] = []  # the pieces of a line not ended yet
         self._after_cr = False
-        self._started = False
+        self._head: bytes | None = b""
+        """The stream's first bytes while they may still be a byte order mark cut between
+        chunks; None once it is past them."""
 
     def reset(self) -> None:
         """A new connection: an event the last one did not finish is dropped."""
         self._type, self._data, self._partial, self._after_cr = "", [], [], False
         self._id = self.last_event_id
-        self._started = False
+        self._head = b""
 
     def feed(self, chunk: bytes) -> list[Message]:
         """The messages that ``chunk`` completes."""
+        if self._head is not None:  # a byte order mark, once, even cut between chunks
+            chunk = self._head + chunk
+            if len(chunk) < len(BOM) and BOM.startswith(chunk):
+                self._head = chunk
+                return []
+            self._head = None
+            chunk = chunk.removeprefix(BOM)
         if self._after_cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]  # the LF of a CRLF cut between chunks
+            self._after_cr = False
         if not chunk:
             return []
-        if not self._started:
-            self._started = True
-            chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # a byte order mark, once
         if b"\n" not in chunk and b"\r" not in chunk:
             self._partial.append(chunk)  # a long line: joined once it ends
             self._after_cr = False
