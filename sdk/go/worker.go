@@ -150,10 +150,11 @@ func NewWorker(opts WorkerOptions) *Worker {
 	return w
 }
 
-// Run serves until ctx is done or SIGTERM/SIGINT arrives, then drains: it sends drain,
-// lets running attempts finish (up to DrainTimeout) and hands back those not started.
-// It returns an error wrapping ErrRefused when the server refuses the Worker for good,
-// and an error at once when an agent or an option (from code or the environment) is wrong.
+// Run serves until ctx is done, then drains: it sends drain, lets running attempts finish
+// (up to DrainTimeout) and hands back those not started. It leaves signals to the caller
+// (RunUntilSignal is the common case: a process that drains on SIGTERM or Ctrl-C). It
+// returns an error wrapping ErrRefused when the server refuses the Worker for good, and
+// an error at once when an agent or an option (from code or the environment) is wrong.
 func (w *Worker) Run(ctx context.Context) error {
 	if w.config != nil {
 		return w.config
@@ -166,9 +167,15 @@ func (w *Worker) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	return w.connect(ctx)
+}
+
+// RunUntilSignal is Run, stopped also by SIGTERM or SIGINT (whose name the Worker logs as
+// the reason it stopped): what a Worker process's main does.
+func (w *Worker) RunUntilSignal(ctx context.Context) error {
 	stopCtx, stop := w.stopOnSignal(ctx)
 	defer stop()
-	return w.connect(stopCtx)
+	return w.Run(stopCtx)
 }
 
 // stopOnSignal is ctx, ended also by SIGTERM or SIGINT, whose name becomes the reason

@@ -18,7 +18,7 @@ func main() {
 		testagents.Ledger{Path: envOr("DEX_TEST_LEDGER", "ledger.jsonl")},
 		testagents.Gates{Dir: envOr("DEX_TEST_GATES", ".")},
 	)
-	if err := dex.NewWorker(dex.WorkerOptions{Agents: agents}).Run(context.Background()); err != nil {
+	if err := dex.NewWorker(dex.WorkerOptions{Agents: agents}).RunUntilSignal(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "dex-test-worker:", err)
 		os.Exit(1)
 	}
