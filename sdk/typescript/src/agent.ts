@@ -46,7 +46,16 @@ export class ToolError extends Error {
   override name = "ToolError";
 }
 
-/** An error that says whether the Step may be tried again (default: it may). */
+/** An error that fails its attempt and the Step for good: no retry, whatever the retry
+ * policy (a model call the provider refused for a reason no retry cures, say). A tool's
+ * known failure is a ``ToolError`` instead: the model sees it. */
+export class NonRetryableError extends Error {
+  override name = "NonRetryableError";
+  readonly retryable = false;
+}
+
+/** An error that says whether the Step may be tried again (default: it may);
+ * ``NonRetryableError`` says it may not by its name. */
 export class RetryableError extends Error {
   override name = "RetryableError";
   constructor(

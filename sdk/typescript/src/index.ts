@@ -4,6 +4,7 @@ export {
   defineAgent,
   defineTool,
   Interrupt,
+  NonRetryableError,
   PENDING,
   RateLimitedError,
   RetryableError,

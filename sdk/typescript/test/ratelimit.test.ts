@@ -4,7 +4,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { defineAgent, ModelRequest, ModelResponse, RateLimitedError, Summary } from "../src";
+import { defineAgent, ModelRequest, ModelResponse, NonRetryableError, RateLimitedError, Summary } from "../src";
 import type * as p from "../src/protocol";
 import { FakeNode, logged, readTool, runModelStep, until } from "./fake-node";
 
@@ -37,8 +37,15 @@ const limitedTool = readTool("limited", () => {
   throw new RateLimitedError("the service's own rate limit", 30);
 });
 
+const finalTool = readTool("final", () => {
+  throw new NonRetryableError("the account is closed");
+});
+
 const node = new FakeNode();
-node.serveWorker({ agents: [defineAgent({ name: "r", model: provider, tools: [limitedTool] })], capacity: 4 });
+node.serveWorker({
+  agents: [defineAgent({ name: "r", model: provider, tools: [limitedTool, finalTool] })],
+  capacity: 4,
+});
 
 function asking(id: string, text: string): p.StepMessage {
   return runModelStep("r", `s-${id}`, id, 0, [{ type: "user", text }]);
@@ -129,4 +136,15 @@ test("RateLimitedError carries its message, its wait and its name", () => {
   assert.equal(e.message, "slow down");
   assert.equal(e.retryAfter, 12);
   assert.equal(new RateLimitedError("slow down").retryAfter, undefined);
+});
+
+test("a NonRetryableError fails the attempt for good", async () => {
+  const call = { t: "step", session_id: "s-t2", attempt: 1, agent: "r", tool: "final", arguments: {} };
+  node.send([{ ...call, step_type: "CallTool", attempt_id: "t2", step_id: "t2", call_id: "c2" }]);
+  const failed = (await node.result("t2")) as p.Fail;
+  assert.deepEqual(failed.error, {
+    message: "NonRetryableError: the account is closed",
+    retryable: false,
+    attempt_progress: "NOT_COMPLETED",
+  });
 });
