@@ -14,7 +14,7 @@ type ToolKind string
 const (
 	// Read tools change nothing: a crash runs them again.
 	Read ToolKind = "read"
-	// IdempotentWrite tools are keyed by CallContext.IdempotencyKey: a crash runs them
+	// IdempotentWrite tools are keyed by ToolContext.IdempotencyKey: a crash runs them
 	// again with the same key.
 	IdempotentWrite ToolKind = "idempotent_write"
 	// Write tools run at most once (a CallSingleAttemptTool Step): a crash records
@@ -54,14 +54,14 @@ type Tool struct {
 	NeedsApproval func(args json.RawMessage) (bool, error)
 	Retry         *RetryPolicy
 	// Func runs the call. Its arguments are the JSON object the model sent.
-	Func func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error)
+	Func func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error)
 	// Poll (kind Task) asks whether the job with this handle is done: return Pending
 	// while it runs.
-	Poll func(ctx context.Context, call *CallContext, handle json.RawMessage) (any, error)
+	Poll func(ctx context.Context, call *ToolContext, handle json.RawMessage) (any, error)
 	// PollIntervalSeconds is the gap between two polls (default 1).
 	PollIntervalSeconds float64
 	// Check (optional, kind Write) tells whether a call whose outcome is unknown happened.
-	Check func(ctx context.Context, call *CallContext, args json.RawMessage) (Checked, error)
+	Check func(ctx context.Context, call *ToolContext, args json.RawMessage) (Checked, error)
 }
 
 // Checked is a Check's verdict: Happened nil means it cannot tell.
@@ -73,8 +73,8 @@ type Checked struct {
 // Pending is what Poll returns while the task still runs.
 var Pending = &struct{ pending bool }{true}
 
-// CallContext describes the tool call being run.
-type CallContext struct {
+// ToolContext describes the tool call being run.
+type ToolContext struct {
 	SessionID      string
 	CallID         string
 	Tool           string
@@ -90,6 +90,12 @@ type CallContext struct {
 	slept       int
 }
 
+// CallContext is the name ToolContext had before it took the name the Python and
+// TypeScript SDKs give it.
+//
+// Deprecated: use ToolContext.
+type CallContext = ToolContext
+
 // ToolError is a definite failure: the call records failed, and the model sees Message.
 type ToolError struct{ Message string }
 
@@ -102,7 +108,7 @@ func (e *waitError) Error() string { return "the tool waits for Dex: " + e.outco
 
 // Ask asks the user a question. The first time, it returns an error that the tool must
 // return as is: Dex asks, and calls the tool again with the answer, which Ask then returns.
-func (c *CallContext) Ask(question string, choices ...string) (string, error) {
+func (c *ToolContext) Ask(question string, choices ...string) (string, error) {
 	if c.asked < len(c.Answers) {
 		c.asked++
 		return c.Answers[c.asked-1], nil
@@ -112,7 +118,7 @@ func (c *CallContext) Ask(question string, choices ...string) (string, error) {
 
 // Sleep sleeps durably: the first time it returns an error that the tool must return as
 // is; Dex runs the tool again once the timer fired, and Sleep then returns nil.
-func (c *CallContext) Sleep(seconds float64) error {
+func (c *ToolContext) Sleep(seconds float64) error {
 	if c.slept < c.SleepsDone {
 		c.slept++
 		return nil

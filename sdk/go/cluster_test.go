@@ -224,7 +224,7 @@ func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
 	release := make(chan struct{})
 	var mu sync.Mutex
 	runningNow := 0
-	wait := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	wait := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		mu.Lock()
 		runningNow++
 		mu.Unlock()
@@ -235,7 +235,7 @@ func TestAWorkerInAClusterConnectsToEveryMemberWithOneCapacity(t *testing.T) {
 		return "waited", nil
 	}
 	var writes atomic.Int32
-	write := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	write := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		writes.Add(1)
 		return "written", nil
 	}

@@ -23,7 +23,7 @@ func welcomeWorker(t *testing.T, node *clusterNode) (w *Worker, release func()) 
 	released := make(chan struct{})
 	var once sync.Once
 	release = func() { once.Do(func() { close(released) }) }
-	wait := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	wait := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		<-released
 		return "waited", nil
 	}

@@ -110,7 +110,7 @@ func TestACompactContextRateLimitedGoesBackAndIsKeptUntilItsAck(t *testing.T) {
 // may have run, and handing it back could run a write twice.
 func TestAToolRateLimitedFailsItsAttempt(t *testing.T) {
 	limited := &RateLimitedError{Message: "the API said 429", RetryAfter: time.Second, HasRetryAfter: true}
-	body := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) { return nil, limited }
+	body := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) { return nil, limited }
 	logs := &lockedBuffer{}
 	w := limitedWorker(limited, logs, Tool{Name: "post", Kind: Write, Func: body})
 	tool, call := "post", "c1"

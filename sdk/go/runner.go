@@ -569,7 +569,7 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 			return nil
 		}
 	}
-	call := &CallContext{
+	call := &ToolContext{
 		SessionID: s.SessionID, CallID: deref(s.CallID), Tool: tool.Name,
 		IdempotencyKey: deref(s.IdempotencyKey), Attempt: s.Attempt,
 		Answers: s.Answers, SleepsDone: s.SleepsDone, Traceparent: deref(s.Traceparent),

@@ -94,7 +94,7 @@ func TestArgumentProblemsAreNamedByPath(t *testing.T) {
 
 func TestAnInvalidCallNeverRunsItsBodyAndAValidOneSeesTheTraceparent(t *testing.T) {
 	ran := 0
-	body := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	body := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		ran++
 		return map[string]any{"args": args, "traceparent": call.Traceparent}, nil
 	}

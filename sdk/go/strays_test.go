@@ -154,7 +154,7 @@ func TestRepliesToOtherHeartbeatsThatLeaveItOutDoNotMakeAStray(t *testing.T) {
 
 func TestAStraysResultWaitsForTheNodeThatTakesIt(t *testing.T) {
 	release := make(chan struct{})
-	wait := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	wait := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		<-release
 		return "waited", nil
 	}

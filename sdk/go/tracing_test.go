@@ -129,13 +129,13 @@ func TestAModelsAttemptNamesTheModelAndAMalformedTraceparentStartsATrace(t *test
 
 func TestAToolErrorAFailureOrAPanicSetsTheStatusToError(t *testing.T) {
 	recorder := recordSpans(t)
-	refuse := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	refuse := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		return nil, &ToolError{Message: "no such key"}
 	}
-	crash := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	crash := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		return nil, errors.New("boom")
 	}
-	panics := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) { panic("bang") }
+	panics := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) { panic("bang") }
 	w := tracedWorker(t, true,
 		Tool{Name: "refuse", Kind: Read, Func: refuse}, Tool{Name: "crash", Kind: Read, Func: crash},
 		Tool{Name: "panics", Kind: Read, Func: panics})
@@ -169,11 +169,11 @@ func eventAttribute(event sdktrace.Event, key attribute.Key) string {
 
 func TestAQuestionPausesTheSpanAndACancellationMarksItNeitherAnError(t *testing.T) {
 	recorder := recordSpans(t)
-	ask := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	ask := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		return call.Ask("which one?")
 	}
 	entered, release := make(chan struct{}), make(chan struct{})
-	hold := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	hold := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		close(entered)
 		<-release // deaf to ctx: its span ends when it returns
 		return "held", nil
@@ -218,7 +218,7 @@ func mapsEqual(a, b map[string]any) bool {
 
 // lookupWithASpan is a tool whose code makes a span of its own ("query the table") in
 // the ctx it gets.
-func lookupWithASpan(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+func lookupWithASpan(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 	_, span := otel.Tracer("user code").Start(ctx, "query the table")
 	span.End()
 	return "value", nil

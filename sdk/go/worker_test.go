@@ -132,7 +132,7 @@ func TestAttemptsNeverRunBeyondTheCapacity(t *testing.T) {
 	var mu sync.Mutex
 	runningNow, most := 0, 0
 	release := make(chan struct{})
-	body := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) {
+	body := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) {
 		mu.Lock()
 		runningNow++
 		if runningNow > most {
@@ -187,7 +187,7 @@ func TestAttemptsNeverRunBeyondTheCapacity(t *testing.T) {
 }
 
 func TestApprovalIsNeverAlwaysOrDecidedPerCall(t *testing.T) {
-	noop := func(ctx context.Context, call *CallContext, args json.RawMessage) (any, error) { return nil, nil }
+	noop := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) { return nil, nil }
 	big := func(args json.RawMessage) (bool, error) {
 		var a struct{ Amount int }
 		if err := json.Unmarshal(args, &a); err != nil {

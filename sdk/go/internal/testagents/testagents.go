@@ -236,7 +236,7 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 	tool := func(name string, kind dex.ToolKind, param, typ string, body func(gated) (any, map[string]any)) dex.Tool {
 		return dex.Tool{
 			Name: name, Kind: kind, Parameters: params(param, typ),
-			Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+			Func: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (any, error) {
 				var a gated
 				if err := json.Unmarshal(args, &a); err != nil {
 					return nil, &dex.ToolError{Message: err.Error()}
@@ -269,7 +269,7 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 	refuse := dex.Tool{
 		Name: "refuse", Kind: dex.Read, Parameters: params("reason", "string"),
 		Description: "Fails with a known outcome.",
-		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+		Func: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (any, error) {
 			var a struct {
 				Reason string `json:"reason"`
 			}
@@ -321,7 +321,7 @@ func tasks(ledger Ledger, gates Gates, fast *dex.RetryPolicy) []dex.Tool {
 		return dex.Tool{
 			Name: name, Kind: dex.Task, Retry: fast, PollIntervalSeconds: interval,
 			Parameters: params(param, "string"), Description: description,
-			Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+			Func: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (any, error) {
 				var a map[string]any
 				if err := json.Unmarshal(args, &a); err != nil {
 					return nil, &dex.ToolError{Message: err.Error()}
@@ -329,7 +329,7 @@ func tasks(ledger Ledger, gates Gates, fast *dex.RetryPolicy) []dex.Tool {
 				fields := map[string]any{param: a[param], "idempotency_key": call.IdempotencyKey, "attempt": call.Attempt}
 				return call.IdempotencyKey, ledger.Record(name+".start", fields)
 			},
-			Poll: func(ctx context.Context, call *dex.CallContext, raw json.RawMessage) (any, error) {
+			Poll: func(ctx context.Context, call *dex.ToolContext, raw json.RawMessage) (any, error) {
 				var handle string
 				if err := json.Unmarshal(raw, &handle); err != nil {
 					return nil, fmt.Errorf("the handle %s is not a string: %w", raw, err)
@@ -382,7 +382,7 @@ func waits(ledger Ledger, fast *dex.RetryPolicy) []dex.Tool {
 	deleteAll := dex.Tool{
 		Name: "delete_all", Kind: dex.Write, Approval: true, Description: "Always needs approval.",
 		Parameters: map[string]any{"type": "object", "properties": map[string]any{}},
-		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+		Func: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (any, error) {
 			err := ledger.Record("delete_all", map[string]any{"idempotency_key": call.IdempotencyKey, "attempt": call.Attempt})
 			return "deleted", err
 		},
@@ -390,7 +390,7 @@ func waits(ledger Ledger, fast *dex.RetryPolicy) []dex.Tool {
 	order := dex.Tool{
 		Name: "order", Kind: dex.IdempotentWrite, Retry: fast, Parameters: params("item", "string"),
 		Description: "Asks which size, then orders.",
-		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+		Func: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (any, error) {
 			var a struct {
 				Item string `json:"item"`
 			}
@@ -411,7 +411,7 @@ func waits(ledger Ledger, fast *dex.RetryPolicy) []dex.Tool {
 	remind := dex.Tool{
 		Name: "remind", Kind: dex.Read, Retry: fast, Parameters: params("seconds", "number"),
 		Description: "Sleeps durably, then reminds.",
-		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+		Func: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (any, error) {
 			var a struct {
 				Seconds float64 `json:"seconds"`
 			}
@@ -430,7 +430,7 @@ func waits(ledger Ledger, fast *dex.RetryPolicy) []dex.Tool {
 	publish := dex.Tool{
 		Name: "publish", Kind: dex.IdempotentWrite, Retry: fast, Approval: true, Parameters: params("post", "string"),
 		Description: "Needs approval; a keyed write, so it may run again after a crash.",
-		Func: func(ctx context.Context, call *dex.CallContext, args json.RawMessage) (any, error) {
+		Func: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (any, error) {
 			var a struct {
 				Post string `json:"post"`
 			}
