@@ -7,22 +7,13 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 
-import { defineAgent, defineTool, say, Scripted, Worker } from "../src";
+import { defineAgent, say, Scripted, Worker } from "../src";
 import type * as p from "../src/protocol";
-import { FakeNode, heldTool, logged, until } from "./fake-node";
+import { countedWrite, FakeNode, heldTool, logged, until } from "./fake-node";
 
 const gate = heldTool("wait", "waited");
 
-let writes = 0;
-const write = defineTool({
-  name: "write",
-  kind: "write",
-  parameters: { type: "object", properties: {} },
-  run() {
-    writes++;
-    return "written";
-  },
-});
+const write = countedWrite();
 
 const a = new FakeNode();
 const b = new FakeNode();
@@ -35,7 +26,7 @@ before(async () => {
   b.resume = "rb";
   worker = new Worker({
     address: a.address,
-    agents: [defineAgent({ name: "c", model: new Scripted(() => say("hi")), tools: [gate.tool, write] })],
+    agents: [defineAgent({ name: "c", model: new Scripted(() => say("hi")), tools: [gate.tool, write.tool] })],
     handleSignals: false,
     capacity: 1,
     reconnectInitial: 0.01,
@@ -122,6 +113,6 @@ test("a node let go once its connection is down; its attempts are claimed on the
   }
   await new Promise((resolve) => setTimeout(resolve, 1100)); // a heartbeat's time
   assert.equal(tries(), before);
-  assert.equal(writes, 0, "the abandoned write ran");
+  assert.equal(write.runs, 0, "the abandoned write ran");
   assert.ok(a.frames.slice(settled).every((f) => !f.some(claims)), "a claim after the answer");
 });

@@ -130,6 +130,23 @@ export function readTool(name: string, run: ToolOptions["run"]): Tool {
   return defineTool({ name, kind: "read", parameters: { type: "object", properties: {} }, run });
 }
 
+/** A ``write`` tool named "write" that counts its runs (``runs``). */
+export function countedWrite(): { tool: Tool; runs: number } {
+  const counted = {
+    runs: 0,
+    tool: defineTool({
+      name: "write",
+      kind: "write",
+      parameters: { type: "object", properties: {} },
+      run() {
+        counted.runs++;
+        return "written";
+      },
+    }),
+  };
+  return counted;
+}
+
 /** A read tool whose calls wait until ``release()``, counting how many run at once. */
 export interface Held {
   readonly tool: Tool;

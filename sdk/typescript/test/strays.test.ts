@@ -11,7 +11,7 @@ import { HistoryCache } from "../src/history";
 import { Log } from "../src/log";
 import type * as p from "../src/protocol";
 import { type Origin, Runner } from "../src/runner";
-import { until } from "./fake-node";
+import { countedWrite, until } from "./fake-node";
 
 const AID = "s/1.2/1";
 const TOKEN = "the-token-of-the-dead-node-s-connection";
@@ -29,17 +29,8 @@ class FakeOrigin implements Origin {
   }
 }
 
-let writes = 0;
-const write = defineTool({
-  name: "write",
-  kind: "write",
-  parameters: { type: "object", properties: {} },
-  run() {
-    writes++;
-    return "written";
-  },
-});
-const AGENT = defineAgent({ name: "a", model: new Scripted(() => say("x")), tools: [write] });
+const write = countedWrite();
+const AGENT = defineAgent({ name: "a", model: new Scripted(() => say("x")), tools: [write.tool] });
 
 function step(stepType: p.StepType, extra: Partial<p.StepMessage> = {}): p.StepMessage {
   const ids = { t: "step", attempt_id: AID, session_id: "s", step_id: "1.2", attempt: 1, agent: "a" } as const;
@@ -240,14 +231,14 @@ test("a single-attempt tool asks to start only its attempt's origin, and no node
   await new Promise((resolve) => setTimeout(resolve, 350));
   assert.equal(asks(a).length, asked, "a stray asked its dead node again");
   assert.deepEqual(asks(b), []);
-  assert.equal(writes, 0);
+  assert.equal(write.runs, 0);
 
   held.onMessage({ t: "claimed", status: { [AID]: "ok" } }, b);
   await until("the start ask on b", () => asks(b).length > 0);
   held.onMessage({ t: "hb", status: { [AID]: "ok" }, seq: asks(b).at(-1)?.seq }, b);
   await until("the write's result on b", () => b.sent.some((m) => m.t === "done"));
 
-  assert.equal(writes, 1);
+  assert.equal(write.runs, 1);
   assert.deepEqual(b.sent.find((m) => m.t === "done"), {
     t: "done",
     attempt_id: AID,

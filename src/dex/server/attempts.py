@@ -172,14 +172,14 @@ class Link:
                 done = self.attempts.fail(attempt, message.error)
                 dispatcher.lift(worker)
             else:
+                limited = message.reason == "rate_limited"
                 if message.reason == "history":  # it lacks the prefix: send the whole view next
                     held = dispatcher.held[attempt]
                     worker.history_sent.pop(held.session_id, None)
-                elif message.reason == "rate_limited":  # the provider's limit, not the Worker
+                elif limited:  # the model provider's limit, not the Worker's capacity
                     dispatcher.lift(worker)
                 elif not worker.draining:  # full: its capacity is taken on other nodes
                     dispatcher.back_off(worker)
-                limited = message.reason == "rate_limited"
                 done = self.attempts.hand_back(attempt, limited, message.retry_after)
         except Exception as e:
             _answer(attempt, outbox, worker.id, e)
@@ -232,7 +232,7 @@ class Attempts:
         self.members: Callable[[], list[str]] = lambda: []
         """In a cluster: the base URLs of the nodes a Worker should be connected to, this
         one included (``welcome.members``); empty on a single node."""
-        self.recovered: Callable[[str], bool] = _every_session
+        self.recovered: Callable[[str], bool] = lambda session_id: True
         """Whether this node owns the session, recovered: an attempt of it that the node
         does not hold runs nowhere. In a cluster a Worker may ask about attempts of other
         nodes' sessions (handed out by a node that died): those get no answer here."""
@@ -558,10 +558,7 @@ def _parse(attempt: str) -> tuple[str, str, int]:
 
 
 def _session_of(attempt: str) -> str:
-    """The session of an attempt id (of a malformed one, what precedes its last two
-    slashes, or itself: a session that holds no such attempt)."""
+    """The session part of an attempt id, split as ``parse_attempt_id`` splits it, but
+    without failing on a malformed one (a Worker's frames may carry any id): its session
+    then holds no such attempt."""
     return attempt.rsplit("/", 2)[0]
-
-
-def _every_session(session_id: str) -> bool:
-    return True
