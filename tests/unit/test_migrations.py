@@ -75,6 +75,11 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "message_id": ("TEXT", True, 2),
         "number": ("INTEGER", True, 0),
     },
+    "model_limits": {
+        "grp": ("TEXT", False, 1),
+        "spec": ("TEXT", True, 0),
+        "updated_at": ("DOUBLE PRECISION", True, 0),
+    },
 }
 # Named indexes (the primary keys' own indexes aside): name -> (table, columns).
 INDEXES = {

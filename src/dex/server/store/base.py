@@ -79,6 +79,8 @@ class Write:
     """(client message id, message number) to remember for idempotent sends."""
     agents: list[tuple[str, str]] = field(default_factory=list)
     """(name, spec as JSON) to insert or replace."""
+    limits: list[tuple[str, str | None]] = field(default_factory=list)
+    """(model group, its limits as JSON) to insert or replace; with None, to delete."""
 
     def size(self) -> int:
         """Characters of JSON this write stores: what a transition costs the disk."""
@@ -259,6 +261,10 @@ class Store(ABC):
 
     @abstractmethod
     async def find_message(self, session_id: str, message_id: str) -> int | None: ...
+
+    @abstractmethod
+    async def load_limits(self) -> list[tuple[str, str]]:
+        """The model limits set at run time: (group, limits as JSON)."""
 
     @abstractmethod
     async def load_agents(self) -> list[str]:

@@ -91,6 +91,12 @@ ALL_STEPS = "SELECT turn, step FROM steps WHERE session_id = ? ORDER BY turn, se
 ALL_CALLS = "SELECT turn, call FROM calls WHERE session_id = ? ORDER BY turn, seq"
 FIND_MESSAGE = "SELECT number FROM messages WHERE session_id = ? AND message_id = ?"
 LOAD_AGENTS = "SELECT spec FROM agents ORDER BY name"
+UPSERT_LIMIT = (
+    "INSERT INTO model_limits (grp, spec, updated_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (grp) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at"
+)
+DELETE_LIMIT = "DELETE FROM model_limits WHERE grp = ?"
+LOAD_LIMITS = "SELECT grp, spec FROM model_limits ORDER BY grp"
 
 VERSION = "SELECT value FROM meta WHERE key = 'schema_version'"
 SET_VERSION = (
@@ -106,6 +112,12 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
     if w.agents:
         at = time.time() if now is None else now
         out.append((UPSERT_AGENT, [(name, spec, at) for name, spec in w.agents]))
+    if w.limits:
+        at = time.time() if now is None else now
+        if set_ := [(group, spec, at) for group, spec in w.limits if spec is not None]:
+            out.append((UPSERT_LIMIT, set_))
+        if cleared := [(group,) for group, spec in w.limits if spec is None]:
+            out.append((DELETE_LIMIT, cleared))
     s = w.session
     if s is None:
         return out
@@ -317,3 +329,6 @@ class SqlStore(Store):
 
     async def load_agents(self) -> list[str]:
         return [str(r[0]) for r in await self._rows(LOAD_AGENTS)]
+
+    async def load_limits(self) -> list[tuple[str, str]]:
+        return [(str(g), str(spec)) for g, spec in await self._rows(LOAD_LIMITS)]
