@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -242,6 +243,36 @@ class Client:
         ``standby``, and the ``partitions`` it owns now) and the ``node_id`` of the node
         that answered; no members on a node alone."""
         return await self._request("GET", "/v1/cluster")
+
+    async def get_limits(self) -> list[dict[str, Any]]:
+        """The model groups with limits or calls: each one's ``limit`` (``concurrency``,
+        ``rpm``, ``tpm``), its ``source`` (``config``, or ``api`` when set at run time), and
+        its calls ``running`` and Steps ``waiting`` on the node that answered. Needs an
+        admin token when the server has auth on (docs/flow-control.md)."""
+        result = await self._request("GET", "/admin/limits")
+        groups: list[dict[str, Any]] = result["groups"]
+        return groups
+
+    async def set_limit(
+        self,
+        group: str,
+        *,
+        concurrency: int | None = None,
+        rpm: float | None = None,
+        tpm: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Set a model group's limits at run time (stored; every node enforces them within
+        seconds); a limit left out does not apply. Needs an admin token."""
+        body = {"concurrency": concurrency, "rpm": rpm, "tpm": tpm}
+        result = await self._request("PUT", f"/admin/limits/{quote(group)}", body)
+        groups: list[dict[str, Any]] = result["groups"]
+        return groups
+
+    async def clear_limit(self, group: str) -> list[dict[str, Any]]:
+        """Drop the limits set at run time for a group: the server config's apply again."""
+        result = await self._request("DELETE", f"/admin/limits/{quote(group)}")
+        groups: list[dict[str, Any]] = result["groups"]
+        return groups
 
     async def stream_events(
         self, session_id: str, *, last_event_id: str | None = None, reconnect: bool = True
