@@ -46,6 +46,7 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "updated_at": ("DOUBLE PRECISION", True, 0),
         "waiting_since": ("DOUBLE PRECISION", False, 0),
         "outcome_unknown": ("INTEGER", True, 0),
+        "tenant": ("TEXT", False, 0),
     },
     "steps": {
         "session_id": ("TEXT", True, 1),
@@ -85,6 +86,9 @@ INDEXES = {
     "sessions_status_updated": ("sessions", ["status", "updated_at", "id"]),
     "sessions_unknown": ("sessions", ["created_at", "id"]),
     "sessions_waiting": ("sessions", ["waiting_since", "id"]),
+    "sessions_tenant": ("sessions", ["tenant", "created_at", "id"]),
+    "sessions_tenant_updated": ("sessions", ["tenant", "updated_at", "id"]),
+    "sessions_tenant_waiting": ("sessions", ["tenant", "waiting_since", "id"]),
 }
 
 LATEST = max(number for number, _ in migrations("sqlite"))
