@@ -8,6 +8,7 @@ that is not fails the test: decide before it ships)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,20 +17,27 @@ from typing import Any
 import pytest
 from starlette.routing import BaseRoute
 from starlette.testclient import TestClient
+from typer.testing import CliRunner
 
-from dex.errors import InvalidInput
+import dex
+from dex.cli.main import app as cli
+from dex.errors import AuthError, InvalidInput, NotFound
 from dex.server.api.auth import Role, role_for
 from dex.server.api.tokens import read_file
 from dex.server.app import asgi
 from dex.server.config import ServerConfig
 from dex.server.pages import PREFIX
+from dex.testing import wait_until_async
 from tests.integration.conftest import (
     ADMIN,
     CLIENT,
+    FAST_WORKER,
+    HELPER,
     WORKER,
     Api,
     connect_fake_worker,
     fastapi_of,
+    run_server,
 )
 from tests.integration.test_api import Response, assert_error
 from tests.integration.test_auth import bearer, entry, routes
@@ -253,6 +261,56 @@ def test_the_console_shows_a_scoped_token_only_its_tenants_sessions(
     assert all(sid in every for sid in ("a1", "b1", "n1"))
 
 
+# --- the Python Client and the CLI ---------------------------------------------------------------
+
+
+async def test_the_client_and_the_cli_create_and_list_in_the_tokens_tenant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        entry("client", ACME, "acme-app", tenant="acme")
+        + entry("worker", WORKER, "workers")
+        + entry("admin", ADMIN, "ops")
+    )
+    config = FAST_WORKER.model_copy(update={"token": WORKER})
+    async with (
+        run_server(tmp_path / "data", tokens_file=tokens) as address,
+        dex.Client(address, token=ADMIN) as admin,
+        dex.Client(address, token=ACME) as acme,
+        dex.Worker([HELPER], address, config),
+    ):
+
+        async def registered() -> bool:
+            return any(a["name"] == HELPER.name for a in await admin.list_agents())
+
+        await wait_until_async(registered, what="the Worker registered its agent")
+        theirs = await admin.create_session(HELPER.name, "b1", tenant="bolt")
+        mine = await acme.create_session(HELPER.name, "a1")
+        assert (theirs["tenant"], mine["tenant"]) == ("bolt", "acme")
+        with pytest.raises(AuthError):
+            await acme.create_session(HELPER.name, "a2", tenant="bolt")
+        with pytest.raises(AuthError):
+            await acme.list_sessions(tenant="bolt")
+        with pytest.raises(NotFound):
+            await acme.get_agent_snapshot("b1")
+        assert [s["id"] for s in (await acme.list_sessions())["sessions"]] == ["a1"]
+        assert [s["id"] for s in (await admin.list_sessions(tenant="bolt"))["sessions"]] == ["b1"]
+        assert (await acme.list_inbox())["items"] == []
+
+        monkeypatch.setenv("DEX_CLIENT_TOKEN", ACME)
+
+        def dex_command(*args: str) -> str:
+            result = CliRunner().invoke(cli, [*args, "--address", address], prog_name="dex")
+            assert result.exit_code == 0, result.output
+            return result.output
+
+        made = await asyncio.to_thread(dex_command, "new", HELPER.name, "--session-id", "a3")
+        assert "session a3 of tenant acme" in made
+        listed = await asyncio.to_thread(dex_command, "sessions")
+        assert "TENANT" in listed and "a3" in listed and "b1" not in listed
+
+
 # --- the tokens file ------------------------------------------------------------------------------
 
 
@@ -304,3 +362,15 @@ def _without(text: str, session_id: str) -> str:
 def _everything(api: Api) -> dict[str, Any]:
     rows = api.all_sessions()
     return {"rows": rows, "snapshots": {r["id"]: api.snapshot(r["id"]) for r in rows}}
+
+
+def test_dex_token_writes_a_tenant_scoped_client_entry_the_file_reads(tmp_path: Path) -> None:
+    made = CliRunner().invoke(cli, ["token", "client", "--tenant", "acme"], prog_name="dex")
+    assert made.exit_code == 0, made.output
+    path = tmp_path / "tokens.toml"
+    path.write_text(made.stdout)
+    [token] = read_file(path)
+    assert (token.role, token.tenant) == (Role.CLIENT, "acme")
+    for args in (["worker", "--tenant", "acme"], ["client", "--tenant", "a b"]):
+        refused = CliRunner().invoke(cli, ["token", *args], prog_name="dex")
+        assert refused.exit_code != 0 and "tenant" in refused.output, refused.output
