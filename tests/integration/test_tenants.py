@@ -20,6 +20,7 @@ from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 import dex
+from dex.cli.chat import open_session
 from dex.cli.main import app as cli
 from dex.errors import AuthError, InvalidInput, NotFound
 from dex.server.api.auth import Role, role_for
@@ -255,6 +256,8 @@ def test_the_console_shows_a_scoped_token_only_its_tenants_sessions(
 
     mine = page(ACME, "/sessions")
     assert "a1" in mine and "b1" not in mine and "n1" not in mine
+    assert '<small class="tenant">· acme</small>' in mine
+    assert '<dd id="tenant">acme</dd>' in page(ACME, "/sessions/a1")
     assert "b1" not in page(ACME, "")  # the inbox
     assert "b1" in page(BOLT, "") and "b1" in page(BOLT, "/sessions")
     every = page(CLIENT, "/sessions")
@@ -297,6 +300,8 @@ async def test_the_client_and_the_cli_create_and_list_in_the_tokens_tenant(
         assert [s["id"] for s in (await acme.list_sessions())["sessions"]] == ["a1"]
         assert [s["id"] for s in (await admin.list_sessions(tenant="bolt"))["sessions"]] == ["b1"]
         assert (await acme.list_inbox())["items"] == []
+        chatting = await open_session(admin, HELPER.name, None, tenant="bolt")
+        assert (await admin.get_agent_snapshot(chatting))["session"]["tenant"] == "bolt"
 
         monkeypatch.setenv("DEX_CLIENT_TOKEN", ACME)
 

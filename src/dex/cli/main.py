@@ -391,6 +391,10 @@ def chat(
     session: Annotated[
         str | None, typer.Option("--session", help="Go on with this session.")
     ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="A new session's tenant (default: a tenant-scoped token's, else none)."),
+    ] = None,
     address: Address = DEFAULT_ADDRESS,
 ) -> None:
     """Talk to an agent in the terminal: its text streams as it comes, tool calls show as
@@ -399,7 +403,7 @@ def chat(
     from dex.cli import chat as chat_module
 
     try:
-        chat_module.run(address, agent, session)
+        chat_module.run(address, agent, session, tenant)
     except DexError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(1) from None
