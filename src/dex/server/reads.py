@@ -139,12 +139,19 @@ class Reads:
     async def check_tenant(self, session_id: str, tenant: str) -> None:
         """Nothing if the session is ``tenant``'s; else the very ``NotFound`` of a session
         storage does not have, so that another tenant's session looks like no session (a
-        stored record that cannot be read too: whose it is cannot be told)."""
+        stored record that cannot be read too: whose it is cannot be told). A session of
+        another node is read from storage, never cached here (its tenant never changes)."""
         try:
-            actor = await self.actors.get(session_id)
+            if self.serves is not None and not self.serves(session_id):
+                raw = await self.store.load_session(session_id)
+                if raw is None:
+                    raise unknown_session(session_id)
+                state = records.session(raw, session_id)[0]
+            else:
+                state = (await self.actors.get(session_id)).state
         except CorruptRecord:
             raise unknown_session(session_id) from None
-        if actor.state.tenant != tenant:
+        if state.tenant != tenant:
             raise unknown_session(session_id)
 
     async def events(self, session_id: str, after: str | None) -> AsyncIterator[Event | None]:
