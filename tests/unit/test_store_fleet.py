@@ -210,6 +210,8 @@ async def test_sqlite_pages_read_an_index_range_without_sorting(tmp_path: Path, 
             plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + text, params))
             assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, plan
             assert "TEMP B-TREE" not in plan, plan  # no sort: the index gives the order
+            if query.tenant is not None:  # the tenant's own index, not a scan of all
+                assert "sessions_tenant" in plan, plan
             if query.before is not None:  # a deep page starts where the last one ended
                 assert f"({sql.ORDER_COLUMN[query.order]},id)<(?,?)" in plan, plan
         for tenant, index in ((None, "sessions_waiting"), ("acme", "sessions_tenant_waiting")):
