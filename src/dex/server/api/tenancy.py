@@ -3,10 +3,11 @@
 A client token of the tokens file may name a ``tenant``; the auth layer leaves it in the
 ASGI scope (``TENANT_KEY``). Such a token sees and changes only its tenant's sessions:
 
-- ``GUARD`` is a dependency of every router of client routes (the sessions API, the
-  console). On a route about one session (a ``{session_id}`` in its path), a session of
-  another tenant or of none is the very ``NotFound`` of a session that does not exist,
-  before the route reads its body or runs: a new route under those routers cannot forget.
+- ``GUARD`` is a dependency of the routers of the sessions API and of the console. On a
+  route about one session (a ``{session_id}`` in its path), a session of another tenant
+  or of none is the very ``NotFound`` of a session that does not exist, before the route
+  runs and before its parameters and body are validated (so a bad body tells nothing
+  either): a new route under those routers cannot forget.
 - Creations, the session list and the inbox ask ``tenant_for`` which tenant they are
   about: the token's own (a body or filter that names another is a 403).
 - The views of the nodes and Workers (``/v1/workers``, ``/v1/cluster``, the console's
