@@ -195,6 +195,10 @@ def test_every_session_route_answers_another_tenants_session_as_one_that_does_no
             assert response.status_code == 404, (name, sid, response.text)
         shown = {_without(r.text, sid) for sid, r in answers.items()}
         assert len(shown) == 1, (name, shown)  # the same answer, whoever's the session is
+        if "POST" in getattr(route, "methods", set()):  # a bad body tells nothing either
+            for sid in (world["theirs"], "no-such-session"):
+                bad = _call(api, route, {"text": "", "turn": 0}, sid, world["call_id"])
+                assert bad.status_code == 404, (name, sid, bad.text)
 
     assert _everything(api) == before  # nothing changed
 
