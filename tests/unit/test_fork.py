@@ -71,3 +71,10 @@ def test_a_session_in_a_turn_cannot_be_forked() -> None:
     state.status = SessionStatus.RUNNING
     with pytest.raises(Conflict, match="in a turn"):
         fork(state, history, turns, 1, "f", now=5.0)
+
+
+def test_a_fork_keeps_its_sessions_tenant() -> None:
+    state, history, turns = compacted_session()
+    state.tenant = "acme"
+    forked, _, _ = fork(state, history, turns, 2, "f", now=5.0)
+    assert forked.tenant == "acme"

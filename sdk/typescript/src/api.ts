@@ -663,6 +663,11 @@ export interface components {
             agent: string;
             /** Session Id */
             session_id?: string | null;
+            /**
+             * Tenant
+             * @description Whose session it is (1-64 letters, digits or `_.-`), for good: a client token scoped to a tenant sees only that tenant's sessions, and its sessions are its tenant's without this (another tenant is a 403).
+             */
+            tenant?: string | null;
         };
         /** Deny */
         Deny: {
@@ -739,6 +744,11 @@ export interface components {
             outcome_unknown: number;
             /** @description `idle`, `running`, `waiting` (the turn waits for a person: an approval or an answer), or `failed` (no turn runs, and the last one failed). */
             status: components["schemas"]["FleetStatus"];
+            /**
+             * Tenant
+             * @description Whose session it is (given at creation, never changed); null: none.
+             */
+            tenant?: string | null;
             /**
              * Updated At
              * @description Unix time of the session's latest change.
@@ -1161,6 +1171,11 @@ export interface components {
             /** @description `idle`, `running`, `waiting` (the turn waits for a person: an approval or an answer), or `failed` (no turn runs, and the last one failed). */
             status: components["schemas"]["FleetStatus"];
             /**
+             * Tenant
+             * @description Whose session it is (given at creation, never changed); null: none.
+             */
+            tenant?: string | null;
+            /**
              * Updated At
              * @description Unix time of the session's latest change.
              */
@@ -1295,6 +1310,11 @@ export interface components {
             queued_messages: components["schemas"]["QueuedMessage"][];
             /** @description `idle`, `running`, `waiting` (the turn waits for a person: an approval or an answer), or `failed` (no turn runs, and the last one failed). */
             status: components["schemas"]["FleetStatus"];
+            /**
+             * Tenant
+             * @description Whose session it is (given at creation, never changed); null: none.
+             */
+            tenant?: string | null;
             /**
              * Updated At
              * @description Unix time of the session's latest change.
@@ -2178,6 +2198,8 @@ export interface operations {
                 limit?: number;
                 /** @description The `next_cursor` of the previous page. */
                 cursor?: string | null;
+                /** @description Only this tenant's sessions. A token scoped to a tenant sees only that tenant's anyway; naming another is a 403. */
+                tenant?: string | null;
             };
             header?: never;
             path?: never;
@@ -2254,6 +2276,8 @@ export interface operations {
         parameters: {
             query?: {
                 agent?: string | null;
+                /** @description Only this tenant's sessions. A token scoped to a tenant sees only that tenant's anyway; naming another is a 403. */
+                tenant?: string | null;
                 /** @description A session status, or `outcome_unknown`: sessions with a tool call whose outcome is unknown and not reconciled. */
                 status?: ("idle" | "running" | "waiting" | "failed" | "outcome_unknown") | null;
                 /** @description Created at or after (Unix time). */

@@ -151,10 +151,20 @@ def new(
     session_id: Annotated[
         str | None, typer.Option(help="The session's id (default: a new random one).")
     ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            help="Whose session it is, for good (default: a tenant-scoped token's tenant, "
+            "else none)."
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Create a session with AGENT and say how to talk to it."""
-    _call(address, lambda c: _session(c.create_session(agent, session_id), json_output))
+    _call(
+        address,
+        lambda c: _session(c.create_session(agent, session_id, tenant=tenant), json_output),
+    )
 
 
 def _session(session: dict[str, Any], json_output: bool) -> dict[str, Any] | None:
@@ -257,6 +267,7 @@ def turn_command(
 def sessions(
     address: Address = DEFAULT_ADDRESS,
     agent: Annotated[str | None, typer.Option(help="Only this agent's sessions.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's sessions.")] = None,
     status: Annotated[
         StatusFilter | None,
         typer.Option(
@@ -291,6 +302,7 @@ def sessions(
     def show(client: SyncClient) -> Any:
         page = client.list_sessions(
             agent=agent,
+            tenant=tenant,
             status=status.value if status else None,
             order=order.value,
             limit=limit,
@@ -314,13 +326,14 @@ def inbox(
     address: Address = DEFAULT_ADDRESS,
     limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50,
     cursor: Annotated[str | None, typer.Option(help="Where the previous page ended.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's sessions.")] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """What waits for a person across sessions: tool calls to approve, questions to answer."""
     from dex.cli import render
 
     def show(client: SyncClient) -> Any:
-        page = client.list_inbox(limit=limit, cursor=cursor)
+        page = client.list_inbox(limit=limit, cursor=cursor, tenant=tenant)
         if json_output:
             return page
         items = page["items"]

@@ -104,10 +104,17 @@ class Client:
 
     # --- sessions ---------------------------------------------------------------------
 
-    async def create_session(self, agent: str, session_id: str | None = None) -> dict[str, Any]:
+    async def create_session(
+        self, agent: str, session_id: str | None = None, *, tenant: str | None = None
+    ) -> dict[str, Any]:
+        """A new session of ``agent``. ``tenant``: whose it is, for good (1-64 letters,
+        digits or ``_.-``); with a tenant-scoped token, its tenant by default, and another
+        one raises ``AuthError``."""
         body: dict[str, Any] = {"agent": agent}
         if session_id is not None:
             body["session_id"] = session_id
+        if tenant is not None:
+            body["tenant"] = tenant
         return await self._request("POST", "/v1/sessions", body)
 
     async def fork_session(
@@ -125,6 +132,7 @@ class Client:
         self,
         *,
         agent: str | None = None,
+        tenant: str | None = None,
         status: str | None = None,
         created_since: Time | None = None,
         created_before: Time | None = None,
@@ -140,10 +148,12 @@ class Client:
 
         ``status``: ``idle``, ``running``, ``waiting`` (for a person), ``failed`` (the last
         turn failed) or ``outcome_unknown`` (a tool call's outcome is unknown and not
-        reconciled). Times are Unix seconds or aware datetimes; a range is ``[since,
-        before)``."""
+        reconciled). ``tenant``: only that tenant's sessions (a tenant-scoped token sees
+        only its own; naming another raises ``AuthError``). Times are Unix seconds or aware
+        datetimes; a range is ``[since, before)``."""
         params = _params(
             agent=agent,
+            tenant=tenant,
             status=status,
             created_since=_unix(created_since),
             created_before=_unix(created_before),
@@ -155,13 +165,16 @@ class Client:
         )
         return await self._request("GET", "/v1/sessions", params=params)
 
-    async def list_inbox(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+    async def list_inbox(
+        self, *, limit: int = 100, cursor: str | None = None, tenant: str | None = None
+    ) -> dict[str, Any]:
         """What waits for a person across sessions, the latest first: ``{"items": [...],
         "next_cursor": ...}``. Each item names the session, the tool call, its ``kind``
         (``approval``: approve or deny it; ``question``: answer it), the tool and its
         arguments, and the question and choices. A page holds the waits of up to
-        ``limit`` sessions."""
-        return await self._request("GET", "/v1/inbox", params=_params(limit=limit, cursor=cursor))
+        ``limit`` sessions (``tenant``: of that tenant's sessions only)."""
+        params = _params(limit=limit, cursor=cursor, tenant=tenant)
+        return await self._request("GET", "/v1/inbox", params=params)
 
     async def send_message(
         self,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, CorruptRecord, InvalidInput, NotFound, Unavailable
-from dex.server import handouts, records
+from dex.server import fleet, handouts, records
 from dex.server.actors import Actor, Actors
 from dex.server.attempts import Attempts
 from dex.server.committer import Committer, Handle
@@ -255,15 +255,20 @@ class Sessions:
 
     # --- client inputs ------------------------------------------------------------------
 
-    async def create(self, agent: str, session_id: str | None) -> SessionState:
+    async def create(
+        self, agent: str, session_id: str | None, tenant: str | None = None
+    ) -> SessionState:
+        """A new session of ``agent`` (``tenant``: whose it is, for good)."""
         if agent not in self.agents and self.serves is not None:
             await self.load_agents()  # in a cluster: a Worker of another node registered it
         self.spec(agent)
+        if tenant is not None and not fleet.TENANT.fullmatch(tenant):
+            raise InvalidInput(f"a tenant is {fleet.TENANT_RULE}", tenant=tenant)
         now = self.clock.now()
         new_id = _new_id(session_id)
         if session_id is None and self.serves is not None:
             new_id = self._own_id(new_id)
-        state = SessionState(id=new_id, agent=agent, created_at=now, updated_at=now)
+        state = SessionState(id=new_id, agent=agent, created_at=now, updated_at=now, tenant=tenant)
         await self._write_new(records.new_session(state))
         return state
 

@@ -114,6 +114,7 @@ def session_row(state: SessionState) -> dict[str, Any]:
     return {
         "id": state.id,
         "agent": state.agent,
+        "tenant": state.tenant,
         "status": state.fleet_status().value,
         "created_at": state.created_at,
         "updated_at": state.updated_at or state.created_at,

@@ -129,6 +129,9 @@ NEXT_CURSOR = (
 class Session(BaseModel):
     id: str
     agent: str
+    tenant: str | None = Field(
+        None, description="Whose session it is (given at creation, never changed); null: none."
+    )
     status: FleetStatus = Field(
         description="`idle`, `running`, `waiting` (the turn waits for a person: an approval "
         "or an answer), or `failed` (no turn runs, and the last one failed)."

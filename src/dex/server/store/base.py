@@ -39,6 +39,8 @@ class SessionRecord(NamedTuple):
     """Since when the session waits for a person; None when it does not."""
     outcome_unknown: int = 0
     """How many of its tool calls have an unknown outcome nobody has settled."""
+    tenant: str | None = None
+    """Whose session it is: written when it is created, never changed."""
 
 
 class Row(NamedTuple):
@@ -136,6 +138,7 @@ class SessionRow:
     updated_at: float
     waiting_since: float | None
     outcome_unknown: int
+    tenant: str | None
 
 
 @dataclass
@@ -162,6 +165,8 @@ class SessionQuery:
     the previous page)."""
     agent: str | None = None
     status: str | None = None
+    tenant: str | None = None
+    """Only this tenant's sessions."""
     outcome_unknown: bool = False
     """Only sessions with an ``outcome_unknown`` tool call."""
     created: tuple[float | None, float | None] = (None, None)
@@ -243,10 +248,11 @@ class Store(ABC):
 
     @abstractmethod
     async def waiting_sessions(
-        self, limit: int, before: tuple[float, str] | None
+        self, limit: int, before: tuple[float, str] | None, tenant: str | None = None
     ) -> list[tuple[str, float]]:
         """(id, waiting_since) of sessions that wait for a person, the latest to start
-        waiting first, strictly after ``before`` in that order."""
+        waiting first, strictly after ``before`` in that order (``tenant``: only that
+        tenant's)."""
 
     @abstractmethod
     async def running_sessions(self) -> list[str]:

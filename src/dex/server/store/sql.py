@@ -37,7 +37,7 @@ UPSERT_AGENT = (
 )
 INSERT_SESSION = (
     "INSERT INTO sessions (id, agent, created_at, status, turn, state, updated_at, "
-    "waiting_since, outcome_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "waiting_since, outcome_unknown, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 UPDATE_SESSION = (
     "UPDATE sessions SET status = ?, turn = ?, state = ?, updated_at = ?, waiting_since = ?, "
@@ -60,7 +60,7 @@ _CURRENT = "session_id = ? AND turn = (SELECT turn FROM sessions WHERE id = ?) O
 SESSION_STEPS = "SELECT step FROM steps WHERE " + _CURRENT
 SESSION_CALLS = "SELECT call FROM calls WHERE " + _CURRENT
 SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
-SESSION_ROW = "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown"
+SESSION_ROW = "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown, tenant"
 ORDER_COLUMN = {"created": "created_at", "updated": "updated_at"}
 ITEM_FIELD = {"sqlite": "json_extract(item, '$.{}')", "postgresql": "(item::json ->> '{}')"}
 """A text field of a history item (its JSON), in each dialect."""
@@ -80,7 +80,7 @@ RUNNING_SESSIONS = (
 """No ``ORDER BY``: SQLite would walk the primary key (every session) to return them in
 order instead of the index of the few in a turn; they are sorted after."""
 WAITING_SESSIONS = (
-    "SELECT id, waiting_since FROM sessions WHERE waiting_since IS NOT NULL{} "
+    "SELECT id, waiting_since FROM sessions WHERE waiting_since IS NOT NULL{}{} "
     "ORDER BY waiting_since DESC, id DESC LIMIT ?"
 )
 LOAD_TURN = "SELECT turn FROM turns WHERE session_id = ? AND number = ?"
@@ -123,10 +123,8 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
         return out
     updated_at = s.created_at if s.updated_at is None else s.updated_at
     if w.create:
-        fleet = (updated_at, s.waiting_since, s.outcome_unknown)
-        out.append(
-            (INSERT_SESSION, [(s.id, s.agent, s.created_at, s.status, s.turn, s.state, *fleet)])
-        )
+        row = (s.id, s.agent, s.created_at, s.status, s.turn, s.state, updated_at)
+        out.append((INSERT_SESSION, [(*row, s.waiting_since, s.outcome_unknown, s.tenant)]))
     else:
         fleet = (updated_at, s.waiting_since, s.outcome_unknown)
         out.append((UPDATE_SESSION, [(s.status, s.turn, s.state, *fleet, s.id)]))
@@ -156,7 +154,11 @@ def list_sessions(q: SessionQuery, dialect: str = "sqlite") -> Query:
     column = ORDER_COLUMN[q.order]
     where: list[str] = []
     params: list[Any] = []
-    for clause, value in (("agent = ?", q.agent), ("status = ?", q.status)):
+    for clause, value in (
+        ("agent = ?", q.agent),
+        ("status = ?", q.status),
+        ("tenant = ?", q.tenant),
+    ):
         if value is not None:
             where.append(clause)
             params.append(value)
@@ -191,10 +193,17 @@ def list_sessions(q: SessionQuery, dialect: str = "sqlite") -> Query:
     return sql, (*params, q.limit)
 
 
-def waiting_sessions(limit: int, before: tuple[float, str] | None) -> Query:
+def waiting_sessions(
+    limit: int, before: tuple[float, str] | None, tenant: str | None = None
+) -> Query:
+    """The inbox's sessions: one range of ``sessions_waiting``, or with ``tenant`` of
+    ``sessions_tenant_waiting``."""
+    of_tenant = "" if tenant is None else " AND tenant = ?"
+    first = () if tenant is None else (tenant,)
     if before is None:
-        return WAITING_SESSIONS.format(""), (limit,)
-    return WAITING_SESSIONS.format(" AND (waiting_since, id) < (?, ?)"), (*before, limit)
+        return WAITING_SESSIONS.format(of_tenant, ""), (*first, limit)
+    keyset = " AND (waiting_since, id) < (?, ?)"
+    return WAITING_SESSIONS.format(of_tenant, keyset), (*first, *before, limit)
 
 
 def _row(r: tuple[Any, ...], last_message: bool) -> SessionRow:
@@ -206,12 +215,13 @@ def _row(r: tuple[Any, ...], last_message: bool) -> SessionRow:
         float(r[4]),
         None if r[5] is None else float(r[5]),
         int(r[6]),
+        None if r[7] is None else str(r[7]),
     )
     if not last_message:
         return SessionRow(*fields)
     said = None
-    if r[7] is not None:
-        role, _, text = str(r[7]).partition(":")
+    if r[8] is not None:
+        role, _, text = str(r[8]).partition(":")
         said = Said(role, text)
     return ListedSession(*fields, last_message=said)
 
@@ -287,9 +297,9 @@ class SqlStore(Store):
         return [_row(r, query.last_message) for r in rows]
 
     async def waiting_sessions(
-        self, limit: int, before: tuple[float, str] | None
+        self, limit: int, before: tuple[float, str] | None, tenant: str | None = None
     ) -> list[tuple[str, float]]:
-        [rows] = await self._read([waiting_sessions(limit, before)])
+        [rows] = await self._read([waiting_sessions(limit, before, tenant)])
         return [(str(r[0]), float(r[1])) for r in rows]
 
     async def running_sessions(self) -> list[str]:
