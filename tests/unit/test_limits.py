@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dex.server.dispatch.limits import BURST, Ask, Limit, Limits
+from dex.server.dispatch.queues import Queued
 from dex.server.handouts import concurrency_key
 
 
@@ -47,14 +48,14 @@ def test_calls_at_once_wait_for_a_call_to_end_and_go_in_order(clock: Clock) -> N
     assert limits.admit("s1", "a", ask) is None
     blocked = limits.admit("s2", "b", ask)
     assert blocked is not None and (blocked.limit, blocked.until) == ("concurrency", None)
-    limits.park(("s2", "b", "model:x", ask), blocked)
+    limits.park(Queued("s2", "b", "model:x", ask), blocked)
     assert limits.blocked("s2", "b") == blocked
     assert list(limits.due()) == []  # nothing ended
 
     limits.release("s1", "a")
     # a Step that comes now does not pass the one that waited
     assert limits.admit("s3", "c", ask) is not None
-    assert list(limits.due()) == [("s2", "b", "model:x", ask)]
+    assert list(limits.due()) == [Queued("s2", "b", "model:x", ask)]
     assert limits.admit("s2", "b", ask) is None
     assert limits.blocked("s2", "b") is None
     assert limits.running("g") == 1
@@ -74,7 +75,7 @@ def test_a_request_held_by_the_rate_says_until_when(clock: Clock) -> None:
     blocked = limits.admit("s", "3", Ask("g"))
     assert blocked is not None and blocked.limit == "rpm"
     assert blocked.until == pytest.approx(clock.t + 1)
-    limits.park(("s", "3", "q", Ask("g")), blocked)
+    limits.park(Queued("s", "3", "q", Ask("g")), blocked)
     clock.t += 1
     assert [e[1] for e in limits.due()] == ["3"]
     assert limits.admit("s", "3", Ask("g")) is None
@@ -150,7 +151,7 @@ def test_raising_a_limit_lets_the_waiting_go(clock: Clock) -> None:
     assert limits.admit("s", "1", Ask("g")) is None
     blocked = limits.admit("s", "2", Ask("g"))
     assert blocked is not None
-    limits.park(("s", "2", "q", Ask("g")), blocked)
+    limits.park(Queued("s", "2", "q", Ask("g")), blocked)
     limits.set("g", Limit(concurrency=2))
     assert [e[1] for e in limits.due()] == ["2"]
     assert limits.admit("s", "2", Ask("g")) is None

@@ -75,6 +75,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "DEX_PARTITIONS": "128",
         "DEX_ADVERTISE": "http://10.1.2.3:7000",
         "DEX_MODEL_LIMITS": '{"anthropic/claude-sonnet-4-5": {"concurrency": 8, "tpm": 400000}}',
+        "DEX_TENANT_WEIGHTS": '{"acme": 3}',
     }.items():
         monkeypatch.setenv(name, value)
     server = ServerConfig.load()
@@ -103,6 +104,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "model_limits": {
             "anthropic/claude-sonnet-4-5": {"concurrency": 8, "rpm": None, "tpm": 400000}
         },
+        "tenant_weights": {"acme": 3.0},
     }
     worker = WorkerConfig.load()
     assert (worker.capacity, worker.drain_timeout, worker.token) == (3, 5, "w-secret")

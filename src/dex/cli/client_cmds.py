@@ -158,12 +158,17 @@ def new(
             "else none)."
         ),
     ] = None,
+    priority: Annotated[
+        int, typer.Option(help="Its Steps go ahead of its tenant's lower-priority sessions'.")
+    ] = 0,
     json_output: JsonFlag = False,
 ) -> None:
     """Create a session with AGENT and say how to talk to it."""
     _call(
         address,
-        lambda c: _session(c.create_session(agent, session_id, tenant=tenant), json_output),
+        lambda c: _session(
+            c.create_session(agent, session_id, tenant=tenant, priority=priority), json_output
+        ),
     )
 
 

@@ -105,16 +105,24 @@ class Client:
     # --- sessions ---------------------------------------------------------------------
 
     async def create_session(
-        self, agent: str, session_id: str | None = None, *, tenant: str | None = None
+        self,
+        agent: str,
+        session_id: str | None = None,
+        *,
+        tenant: str | None = None,
+        priority: int = 0,
     ) -> dict[str, Any]:
         """A new session of ``agent``. ``tenant``: whose it is, for good (1-64 letters,
         digits or ``_.-``); with a tenant-scoped token, its tenant by default, and another
-        one raises ``AuthError``."""
+        one raises ``AuthError``. ``priority``: its Steps go ahead of those of its
+        tenant's sessions of a lower one (-1000 to 1000)."""
         body: dict[str, Any] = {"agent": agent}
         if session_id is not None:
             body["session_id"] = session_id
         if tenant is not None:
             body["tenant"] = tenant
+        if priority:
+            body["priority"] = priority
         return await self._request("POST", "/v1/sessions", body)
 
     async def fork_session(

@@ -78,6 +78,7 @@ def create_app(
         streams = open_streams(config.streams)
         await streams.start()
         domain = Sessions(store, dispatcher, streams, tracing=_tracing(config, tracer_provider))
+        dispatcher.weights = dict(config.tenant_weights)
         model_limits = ModelLimits(store, dispatcher.limits, config.model_limits)
         await model_limits.load()
         if _postgres(config):  # a cluster: the other nodes change them too

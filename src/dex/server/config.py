@@ -8,6 +8,7 @@ it directly.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, field_validator
 
@@ -77,6 +78,11 @@ class ServerConfig(Settings):
     """Limits of model calls by model group (``DEX_MODEL_LIMITS``, JSON; in ``dex.toml``,
     ``[server.model_limits."anthropic/claude-sonnet-4-5"]`` with ``concurrency``, ``rpm``,
     ``tpm``): docs/flow-control.md. A limit set at run time replaces its group's."""
+    tenant_weights: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, validation_alias="DEX_TENANT_WEIGHTS"
+    )
+    """Each tenant's share of the Workers while several wait (``DEX_TENANT_WEIGHTS``, JSON
+    like ``{"acme": 3}``; 1 for a tenant not named): docs/flow-control.md."""
     tracing: bool = Field(False, validation_alias="DEX_TRACING")
     """OpenTelemetry spans of turns, Steps and attempts (``DEX_TRACING``; needs
     ``dex-runtime[otel]``): see docs/operations.md."""

@@ -42,6 +42,13 @@ class CreateSession(Wire):
         "client token scoped to a tenant sees only that tenant's sessions, and its sessions "
         "are its tenant's without this (another tenant is a 403).",
     )
+    priority: int = Field(
+        0,
+        ge=-1000,
+        le=1000,
+        description="Its Steps go ahead of those of its tenant's sessions of a lower "
+        "priority, for good (tenants still share the Workers fairly).",
+    )
 
 
 class Fork(Wire):
@@ -151,7 +158,7 @@ async def create(app: Any, body: CreateSession, tenant: str | None) -> tuple[dic
     """The session creation (of ``tenant``), as this route and ``hot.HotRoutes`` both
     answer it: the body and the status."""
     sessions: Sessions = app.state["sessions"]
-    state = await sessions.create(body.agent, body.session_id, tenant)
+    state = await sessions.create(body.agent, body.session_id, tenant, body.priority)
     return views.session_row(state), 201
 
 
