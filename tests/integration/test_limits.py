@@ -79,6 +79,8 @@ def test_a_step_held_by_calls_at_once_waits_with_no_attempt_then_runs_once(
     }
     with pytest.raises(TimeoutError):
         worker.step(timeout=0.3, session_id="b")
+    page = api.http.get("/ui/sessions/b").text  # the console says it too
+    assert f"Step 1.1 is queued, waiting for the limit of calls at once of {GROUP}." in page
     metrics = _metrics(api)
     assert metrics[f'dex_limit_waiting{{key="{GROUP}"}}'] == 1
     assert metrics[f'dex_limit_running{{key="{GROUP}"}}'] == 1
