@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any, cast
+
 import pytest
 
+from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.dispatch.limits import BURST, Ask, Limit, Limits
 from dex.server.dispatch.queues import Queued
 from dex.server.handouts import concurrency_key
+from dex.testing import wait_until_async
 
 
 class Clock:
@@ -183,3 +188,43 @@ def test_limits_refuse_bad_values() -> None:
         Limit(rpm=-1)
     with pytest.raises(ValueError, match="extra"):
         Limit.model_validate({"tokens": 5})
+
+
+async def test_a_second_offer_of_a_running_step_leaves_its_count_alone() -> None:
+    """A Step offered twice (its first offer handed out and running) is found not queued
+    by its second hand-out: its call still counts once, until its attempt ends."""
+    dispatcher = Dispatcher(heartbeat_timeout=10)
+    dispatcher.limits.set("g", Limit(concurrency=2))
+    worker = WorkerConn(id="w", queues={"q"}, capacity=4, send=lambda message: None)
+    dispatcher.connect(worker, [], None)
+    handed: list[bool] = []
+
+    async def assign(session_id: str, step_id: str, conn: WorkerConn) -> Any:
+        first = not handed
+        handed.append(first)
+        if not first:
+            return None  # running already: not queued
+        deadline = time.monotonic() + 10
+        dispatcher.hold(conn, "s/1.1/1", Held(session_id, step_id, 1, conn, deadline))
+        return cast(Any, "the step frame")
+
+    async def nothing(*args: Any) -> None:
+        pass
+
+    dispatcher.start(assign, nothing, nothing)
+    try:
+        step = Queued("s", "1.1", "q", Ask("g"))
+        dispatcher.offer(step)
+        dispatcher.offer(step)
+
+        async def both() -> bool:
+            return len(handed) == 2
+
+        await wait_until_async(both, 10, what="both hand-outs")
+        assert handed == [True, False]
+        assert dispatcher.limits.running("g") == 1
+        assert dispatcher.limits.counts("s", "1.1")
+        dispatcher.unhold("s/1.1/1")
+        assert dispatcher.limits.running("g") == 0
+    finally:
+        await dispatcher.stop()

@@ -433,11 +433,14 @@ class Dispatcher:
         elif not self.held and not self.handing:
             self._none_held.set()
 
-    def release(self, worker: WorkerConn, session_id: str, step_id: str) -> None:
+    def release(
+        self, worker: WorkerConn, session_id: str, step_id: str, admitted: bool = True
+    ) -> None:
         """The hand-out of a Step was not recorded: the credit goes back, and what the
-        limits admitted."""
+        limits ``admitted`` for it."""
         self._reserved(worker, session_id)
-        self.limits.release(session_id, step_id)
+        if admitted:
+            self.limits.release(session_id, step_id)
         if self._ready_count:
             self._wake()
 
@@ -634,17 +637,23 @@ class Dispatcher:
                 step = self._ready[queue].pop()
                 self._ready_count -= 1
                 if not self.dispatches(step.session_id):
-                    self.limits.release(step.session_id, step.step_id)
+                    self.limits.forget(step.session_id, step.step_id)
                     continue
-                if step.ask is not None:
+                # a second offer of a Step that runs already (its hand-out will find it
+                # not queued) asks nothing of the limits: its call counts once
+                admitted = step.ask is not None and not self.limits.counts(
+                    step.session_id, step.step_id
+                )
+                if admitted:
+                    assert step.ask is not None
                     blocked = self.limits.admit(step.session_id, step.step_id, step.ask)
                     if blocked is not None:
                         self.limits.park(step, blocked)
                         continue
                 self._reserve(worker, step.session_id)
-                self.supervisor.spawn(self._hand_out(step, worker))
+                self.supervisor.spawn(self._hand_out(step, worker, admitted))
 
-    async def _hand_out(self, step: Queued, worker: WorkerConn) -> None:
+    async def _hand_out(self, step: Queued, worker: WorkerConn, admitted: bool) -> None:
         assert self._assign is not None
         session_id, step_id = step.session_id, step.step_id
         try:
@@ -663,11 +672,11 @@ class Dispatcher:
                     "step_id": step_id,
                 },
             )
-            self.release(worker, session_id, step_id)
+            self.release(worker, session_id, step_id, admitted)
             self.offer(step, self.clock.now() + HAND_OUT_RETRY)
             return
         if message is None:
-            self.release(worker, session_id, step_id)
+            self.release(worker, session_id, step_id, admitted)
         else:
             failpoints.hit("server.after_record_handout")
             worker.send(message)

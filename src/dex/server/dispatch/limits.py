@@ -179,6 +179,10 @@ class Limits:
         self._schedule(ask.key, gate, now)
         return None
 
+    def counts(self, session_id: str, step_id: str) -> bool:
+        """Whether the Step's call counts against its limits now (admitted, or counted)."""
+        return (session_id, step_id) in self._running
+
     def count(self, session_id: str, step_id: str, ask: Ask) -> None:
         """Count a call that runs without having been admitted here: one left running by a
         restart or a takeover, which its Worker may reclaim."""
@@ -271,6 +275,10 @@ class Limits:
         gate.factor = max(LOWEST, gate.factor / 2)
         if retry_after:
             gate.closed_until = max(gate.closed_until, self.now() + retry_after)
+
+    def forget(self, session_id: str, step_id: str) -> None:
+        """The Step is not this node's to hand out any more: forget why it waited."""
+        self._blocked.pop((session_id, step_id), None)
 
     def release(self, session_id: str, step_id: str) -> None:
         """The Step's call ended (or its hand-out was not recorded, or it is dropped)."""
