@@ -2,7 +2,8 @@
 limited model group achieves while its provider refuses calls.
 
     .venv/bin/python -m bench.flow                     # both parts, ~5 minutes
-    .venv/bin/python -m bench.flow --part admission    # ~1 minute
+    .venv/bin/python -m bench.flow --part admission    # ~1.5 minutes
+    .venv/bin/python -m bench.flow --part admission --rounds 0 --instructions 200
     .venv/bin/python -m bench.flow --part rate --scenario fraction
     .venv/bin/python -m bench.flow --short             # the form CI runs, < 60 s
 
@@ -15,7 +16,8 @@ far above what is reached) and whose tool has a concurrency key
 round, so the machine's neighbours load both alike: the server's CPU per turn of each,
 and their ratio (target <= 1.05). And, unmoved by the machine's load, the CPU of the
 gates alone (``Limits``) for one turn's Steps, called in this process, with and without
-those limits.
+those limits; with ``--instructions N``, the server's instructions per turn over N turns
+with and without them, counted by callgrind (``bench.instructions``' ``measure``).
 
 **Rate under refusals.** A model group with ``rpm`` = R (``--rpm``, 600), whose model is
 ``dex.models.Anthropic`` through the real SDK client against the local fake server
@@ -58,12 +60,12 @@ from dex.server.dispatch.limits import BURST, Ask, Limit, Limits
 from dex.testing import ServerProcess, WorkerProcess, wait_until_async
 from dex.testing.fake_providers import FakeAnthropic, RateLimit, Reply
 
-from . import flow_agents, turns
+from . import flow_agents, instructions, turns
 from .turns import machine_busy_seconds, metrics, render_table
 
 BENCH = Path(__file__).resolve().parent
-TURNS_AGENTS = str(BENCH / "agents.py")
-FLOW_AGENTS = str(BENCH / "flow_agents.py")
+TURNS_AGENTS = BENCH / "agents.py"
+FLOW_AGENTS = BENCH / "flow_agents.py"
 SCRIPTED_GROUP = "scripted/scripted"
 """The model group of ``bench/agents.py``'s model (its provider and name)."""
 NEVER = {"concurrency": 100_000, "rpm": 1e9, "tpm": 1e12}
@@ -109,7 +111,7 @@ def arms(tmp: Path) -> list[Arm]:
         work = tmp / name.replace(" ", "-")
         server = ServerProcess(work / "data", env=env, heartbeat_timeout=60)
         worker = WorkerProcess(
-            agents_file, server.address, work / "worker.log", capacity=turns.WORKER_CAPACITY
+            str(agents_file), server.address, work / "worker.log", capacity=turns.WORKER_CAPACITY
         )
         found.append(Arm(name, server, worker))
     return found
@@ -192,6 +194,28 @@ def admission_floor(limited: bool, turns: int = 20_000) -> float:
                 limits.settle(session, step, 60)
             limits.release(session, step)
     return (time.process_time() - t0) / turns
+
+
+async def admission_instructions(args: argparse.Namespace, tmp: Path) -> str:
+    """The server's instructions per turn without limits and with them, counted by
+    callgrind (``bench.instructions``): a figure the machine's load does not move."""
+    ns = argparse.Namespace(
+        turns=args.instructions, concurrency=[args.instructions_sessions], worker=False, creations=0
+    )
+    limited = {"DEX_MODEL_LIMITS": json.dumps({SCRIPTED_GROUP: NEVER})}
+    base, limits = [
+        (await instructions.measure(code, None, ns, tmp, agents_file=file, server_env=env))[0]
+        for code, file, env in (
+            ("instr-no-limits", TURNS_AGENTS, {}),
+            ("instr-limits", FLOW_AGENTS, limited),
+        )
+    ]
+    without, with_limits = base.server / base.turns, limits.server / limits.turns
+    return (
+        f"  server instructions per turn (callgrind, {ns.concurrency[0]} at once, "
+        f"{base.turns} turns each; bench.instructions): {without / 1e6:.3f} M without limits, "
+        f"{with_limits / 1e6:.3f} M with: {with_limits / without:.3f}x"
+    )
 
 
 def not_ours(phase: turns.Phase) -> float:
@@ -396,7 +420,7 @@ async def rate_scenario(scenario: str, args: argparse.Namespace, tmp: Path) -> R
         heartbeat_timeout=60,
     )
     worker = WorkerProcess(
-        FLOW_AGENTS, server.address, work / "worker.log", capacity=max(64, args.sessions)
+        str(FLOW_AGENTS), server.address, work / "worker.log", capacity=max(64, args.sessions)
     )
     with provider.in_thread(), running(Arm(scenario, server, worker)):
         await asyncio.to_thread(server.start, timeout=60)
@@ -523,12 +547,16 @@ def running(*found: Arm) -> Iterator[None]:
 async def bench(args: argparse.Namespace, tmp: Path) -> tuple[str, bool]:
     texts, ok = [], True
     if args.part in ("both", "admission"):
-        print("admission: two servers, interleaved rounds ...", flush=True)
-        floors = (admission_floor(False), admission_floor(True))
-        found, busy = await admission(args, tmp)
-        text, fine = admission_report(found, busy, floors, args)
-        texts.append(text)
-        ok = ok and fine
+        if args.rounds:
+            print("admission: two servers, interleaved rounds ...", flush=True)
+            floors = (admission_floor(False), admission_floor(True))
+            found, busy = await admission(args, tmp)
+            text, fine = admission_report(found, busy, floors, args)
+            texts.append(text)
+            ok = ok and fine
+        if args.instructions:
+            print("admission: instructions per turn under callgrind ...", flush=True)
+            texts.append(await admission_instructions(args, tmp))
     if args.part in ("both", "rate"):
         rates = []
         for scenario in args.scenario:
@@ -550,13 +578,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the form CI runs: 2 admission rounds of 2 s, the 'fraction' scenario for 12 s",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="admission rounds (default 5)")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="admission rounds (default 5; 0: none)"
+    )
     parser.add_argument(
         "--admission-seconds", type=float, default=5.0, help="per round and server (default 5)"
     )
     parser.add_argument("--concurrency", type=int, default=turns.TARGET_CONCURRENCY)
     parser.add_argument("--warmup", type=float, default=1.0, help="before each admission round")
     parser.add_argument("--turns-per-session", type=int, default=20)
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        default=0,
+        metavar="TURNS",
+        help="also count the server's instructions per turn with and without limits over "
+        "TURNS turns under callgrind (needs valgrind; a few minutes)",
+    )
+    parser.add_argument(
+        "--instructions-sessions", type=int, default=16, help="sessions at once under callgrind"
+    )
     parser.add_argument("--rpm", type=float, default=600.0, help="the model group's R (600)")
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument(
@@ -577,8 +618,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.seconds, args.warmup_rate = 12.0, 2.0
         args.scenario = args.scenario or ["fraction"]
     args.scenario = args.scenario or list(SCENARIOS)
-    if args.rounds < 1 or args.seconds <= 0 or args.rpm <= 0 or args.sessions < 1:
-        parser.error("--rounds, --seconds, --rpm and --sessions must be positive")
+    if args.rounds < 0 or args.seconds <= 0 or args.rpm <= 0 or args.sessions < 1:
+        parser.error("--seconds, --rpm and --sessions must be positive, --rounds not negative")
     return args
 
 
