@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,15 +156,30 @@ async def _creations(address: str, concurrency: int, n: int) -> None:
         await asyncio.gather(*(lane(each + (i < extra)) for i in range(concurrency)))
 
 
-async def measure(code: str, src: Path | None, args: argparse.Namespace, tmp: Path) -> list[Count]:
+async def measure(
+    code: str,
+    src: Path | None,
+    args: argparse.Namespace,
+    tmp: Path,
+    *,
+    agents_file: Path = ROOT / "bench" / "agents.py",
+    server_env: Mapping[str, str] | None = None,
+) -> list[Count]:
+    """Count the server's instructions (and with ``args.worker`` the Worker's) per turn of
+    ``agents_file``'s agent ``bench``; ``server_env``: more of the server's environment."""
     env = {"PYTHONPATH": str(src)} if src is not None else {}
     work = tmp / code
     work.mkdir()
     server_cg = Callgrind(work, "server")
     worker_cg = Callgrind(work, "worker") if args.worker else None
-    server = ServerProcess(work / "data", env=env, wrap=server_cg.wrap, heartbeat_timeout=600)
+    server = ServerProcess(
+        work / "data",
+        env={**env, **(server_env or {})},
+        wrap=server_cg.wrap,
+        heartbeat_timeout=600,
+    )
     worker = WorkerProcess(
-        str(ROOT / "bench" / "agents.py"),
+        str(agents_file),
         server.address,
         work / "worker.log",
         env=env,

@@ -14,7 +14,7 @@ from pydantic import Field
 import dex
 from dex.models import Anthropic, ModelError, OpenAI, RateLimited
 from dex.models import _translate as tr
-from dex.testing.fake_providers import Entry, Fail, Reply, ScriptedCall
+from dex.testing.fake_providers import Entry, Fail, RateLimit, Reply, ScriptedCall
 from dex.wire import (
     AssistantItem,
     Item,
@@ -144,6 +144,46 @@ async def test_a_429_is_a_rate_limit_with_its_retry_after_and_the_sdk_does_not_r
         assert len(server.requests) == 1  # max_retries=0: Dex's policy is the only one
         _, response = await collect(model, model_request(attempt=2))
     assert response.text == "fine now"
+
+
+async def test_a_fake_rate_limit_refuses_a_set_part_and_calls_over_its_rate(
+    provider: Provider,
+) -> None:
+    clock = [0.0]
+    every_third = RateLimit(fraction=1 / 3, clock=lambda: clock[0])
+    async with (
+        provider.server(lambda body: Reply("ok"), rate_limit=every_third) as server,
+        provider.model(server) as model,
+    ):
+        outcomes = []
+        for _ in range(6):
+            try:
+                await collect(model, model_request())
+                outcomes.append("ok")
+            except RateLimited as e:
+                outcomes.append(f"429 {e.retry_after:g}")
+    assert outcomes == ["ok", "ok", "429 1", "ok", "ok", "429 1"]
+    assert (every_third.served, every_third.refused) == (4, 2)
+
+    per_minute = RateLimit(rpm=60, burst=2.0, clock=lambda: clock[0])  # one a second
+    async with (
+        provider.server(lambda body: Reply("ok"), rate_limit=per_minute) as server,
+        provider.model(server) as model,
+    ):
+        waits = []
+        for at in (10.0, 10.0, 10.0, 10.0, 10.5, 11.0, 11.0):
+            clock[0] = at
+            try:
+                await collect(model, model_request())
+                waits.append(0.0)
+            except RateLimited as e:
+                assert e.retry_after is not None
+                waits.append(e.retry_after)
+    # three at once (the burst of 2 s, and the one due now), then one a second; a refusal
+    # asks for the wait rounded up to whole seconds, and takes nothing of the bucket
+    assert waits == [0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    assert (per_minute.served, per_minute.refused) == (4, 3)
+    assert len(server.requests) == 7
 
 
 @pytest.mark.parametrize(

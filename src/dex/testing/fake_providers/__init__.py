@@ -24,6 +24,10 @@ body cleanly without the final events, and ``pause_after=n`` waits for ``resume`
 ``asyncio.Event``; without one, until the server closes) before sending the rest;
 ``server.paused`` counts the replies that reached that point.
 
+``rate_limit=RateLimit(rpm=..., fraction=...)`` refuses requests with HTTP 429 and a
+``Retry-After`` as a provider's rate limit does: those faster than a rate, and (or) a
+set part of them, before they take an entry of the script.
+
 Use ``async with server:`` in an async test, or ``with server.in_thread():`` to serve
 from a background thread (a synchronous test, or Workers in other processes).
 
@@ -40,6 +44,7 @@ from dex.testing.fake_providers._openai import FakeOpenAI
 from dex.testing.fake_providers._script import (
     Entry,
     Fail,
+    RateLimit,
     RecordedRequest,
     Reply,
     Script,
@@ -53,6 +58,7 @@ __all__ = [
     "FakeAnthropic",
     "FakeOpenAI",
     "FakeProvider",
+    "RateLimit",
     "RecordedRequest",
     "Reply",
     "Script",

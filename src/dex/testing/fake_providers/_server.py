@@ -20,7 +20,14 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from dex.testing.fake_providers._script import Entry, Fail, RecordedRequest, Reply, Script
+from dex.testing.fake_providers._script import (
+    Entry,
+    Fail,
+    RateLimit,
+    RecordedRequest,
+    Reply,
+    Script,
+)
 
 Event = tuple[bytes, bool]
 """An SSE event, and whether it carried a content chunk (counted by drop/pause/truncate)."""
@@ -69,11 +76,19 @@ class FakeProvider:
 
     endpoints: Sequence[Endpoint] = ()
 
-    def __init__(self, script: Script, *, api_key: str | None = "test-key") -> None:
+    def __init__(
+        self,
+        script: Script,
+        *,
+        api_key: str | None = "test-key",
+        rate_limit: RateLimit | None = None,
+    ) -> None:
         self._script = script
         self._entries: Iterator[Entry] | None = None if callable(script) else iter(list(script))
         self.api_key = api_key
         """The key requests must carry; None accepts any."""
+        self.rate_limit = rate_limit
+        """Refuses requests with 429 before they take an entry of the script."""
         self.requests: list[RecordedRequest] = []
         self._runner: web.AppRunner | None = None
         self._closing = asyncio.Event()
@@ -160,6 +175,9 @@ class FakeProvider:
             endpoint.check_body(body)
         except Rejected as e:
             return self.error(400, str(e))
+        wait = self.rate_limit.refuse() if self.rate_limit is not None else None
+        if wait is not None:
+            return self.error(429, "rate limit exceeded", headers={"retry-after": f"{wait:g}"})
         entry = self.next_entry(body)
         if entry is None:
             return self.error(
