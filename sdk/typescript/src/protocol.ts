@@ -111,7 +111,8 @@ export type StepType =
   | "CompactContext"
   | "AwaitToolApproval"
   | "AwaitQuestionAnswer"
-  | "AwaitTimer";
+  | "AwaitTimer"
+  | "AwaitBudget";
 
 // --- Worker → server --------------------------------------------------------------
 

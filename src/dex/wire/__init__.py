@@ -193,6 +193,7 @@ class StepType(StrEnum):
     AWAIT_TOOL_APPROVAL = "AwaitToolApproval"
     AWAIT_QUESTION_ANSWER = "AwaitQuestionAnswer"
     AWAIT_TIMER = "AwaitTimer"
+    AWAIT_BUDGET = "AwaitBudget"
 
     @property
     def is_wait(self) -> bool:
@@ -201,6 +202,7 @@ class StepType(StrEnum):
             StepType.AWAIT_TOOL_APPROVAL,
             StepType.AWAIT_QUESTION_ANSWER,
             StepType.AWAIT_TIMER,
+            StepType.AWAIT_BUDGET,
         )
 
 
