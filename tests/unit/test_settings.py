@@ -74,6 +74,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "DEX_STANDBY": "true",
         "DEX_PARTITIONS": "128",
         "DEX_ADVERTISE": "http://10.1.2.3:7000",
+        "DEX_PRICES": '{"gpt-4o": {"input": 2, "output": 8}}',
     }.items():
         monkeypatch.setenv(name, value)
     server = ServerConfig.load()
@@ -99,6 +100,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "standby": True,
         "partitions": 128,
         "advertise": "http://10.1.2.3:7000",
+        "prices": {"gpt-4o": {"input": 2.0, "output": 8.0}},
     }
     worker = WorkerConfig.load()
     assert (worker.capacity, worker.drain_timeout, worker.token) == (3, 5, "w-secret")
@@ -163,3 +165,18 @@ def test_an_exporter_opentelemetry_does_not_know_is_a_usage_error(
     monkeypatch.setenv("COLUMNS", "300")  # the error box on one line
     result = CliRunner().invoke(app, ["server", "--tracing"])
     assert result.exit_code == 2 and "choose otlp, console, none" in result.output
+
+
+def test_prices_come_from_the_config_file_over_the_shipped_ones(tmp_path: Path) -> None:
+    path = tmp_path / "dex.toml"
+    path.write_text(
+        '[server.prices]\n"gpt-4o" = { input = 1.0, output = 4.0 }\n'
+        '"my-llama" = { input = 0.5, output = 0.5 }\n'
+    )
+    prices = dex.server.app._prices(ServerConfig.load(path))
+    assert prices.of("gpt-4o-2024-08-06").output == 4.0  # overridden
+    assert prices.of("my-llama").input == 0.5  # added
+    assert prices.of("claude-sonnet-4-5").input == 3.0  # shipped
+    path.write_text('[server.prices]\n"gpt-4o" = { input = -1.0, output = 4.0 }\n')
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        ServerConfig.load(path)

@@ -38,10 +38,13 @@ const (
 	CallDenied         = "denied"
 )
 
-// What a person is asked (PersonWait.Kind): approve or deny a call, or answer it.
+// What a person is asked (PersonWait.Kind): approve or deny a call, answer it, or raise
+// the session's budget (PUT /v1/sessions/{id}/budget; CallID, Tool and ArgumentsHash are
+// empty then).
 const (
 	KindApproval = "approval"
 	KindQuestion = "question"
+	KindBudget   = "budget"
 )
 
 // The events of a session's stream (Event.Type), and the stream's own notices.

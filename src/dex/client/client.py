@@ -103,11 +103,43 @@ class Client:
 
     # --- sessions ---------------------------------------------------------------------
 
-    async def create_session(self, agent: str, session_id: str | None = None) -> dict[str, Any]:
+    async def create_session(
+        self,
+        agent: str,
+        session_id: str | None = None,
+        *,
+        budget: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """``budget``: what the session may use in all, ``{"max_tokens": ...}``,
+        ``{"max_cost_usd": ...}`` or both; a turn whose next model call would start at or
+        over it waits until the budget is raised (``set_budget``)."""
         body: dict[str, Any] = {"agent": agent}
         if session_id is not None:
             body["session_id"] = session_id
+        if budget is not None:
+            body["budget"] = budget
         return await self._request("POST", "/v1/sessions", body)
+
+    async def set_budget(
+        self,
+        session_id: str,
+        *,
+        max_tokens: int | None = None,
+        max_cost_usd: float | None = None,
+        by: str | None = None,
+    ) -> dict[str, Any]:
+        """Set the session's budget (one limit or both). A turn that waits for its budget
+        goes on if the new one is not used up. Returns the budget, the usage and the
+        session's status."""
+        body = {"max_tokens": max_tokens, "max_cost_usd": max_cost_usd, "by": by}
+        return await self._request("PUT", f"/v1/sessions/{session_id}/budget", body, retry=True)
+
+    async def remove_budget(self, session_id: str, *, by: str | None = None) -> dict[str, Any]:
+        """Remove the session's budget: no limit; a turn that waits for its budget goes on."""
+        params = {"by": by} if by is not None else None
+        return await self._request(
+            "DELETE", f"/v1/sessions/{session_id}/budget", params=params, retry=True
+        )
 
     async def fork_session(
         self, session_id: str, turn: int, new_session_id: str | None = None

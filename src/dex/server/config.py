@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dex._settings import Settings
 
 DEFAULT_PORT = 7450
+
+
+class ModelPrice(BaseModel):
+    """A model's price: US dollars per million input and output tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    input: float = Field(ge=0, allow_inf_nan=False)
+    output: float = Field(ge=0, allow_inf_nan=False)
 
 
 class ServerConfig(Settings):
@@ -70,6 +78,11 @@ class ServerConfig(Settings):
     advertise: str | None = Field(None, validation_alias="DEX_ADVERTISE")
     """On PostgreSQL: the base URL other nodes and Workers reach this node at
     (``DEX_ADVERTISE``); None: ``http(s)://`` and ``listen``."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict, validation_alias="DEX_PRICES")
+    """Model prices over the ones Dex ships, by model name (``[server.prices]`` in the
+    config file: ``"gpt-4o" = { input = 2.5, output = 10.0 }``, US dollars per million
+    tokens; ``DEX_PRICES`` as JSON). A model priced nowhere costs nothing: its tokens still
+    count (docs/flow-control.md, Prices)."""
     tracing: bool = Field(False, validation_alias="DEX_TRACING")
     """OpenTelemetry spans of turns, Steps and attempts (``DEX_TRACING``; needs
     ``dex-runtime[otel]``): see docs/operations.md."""

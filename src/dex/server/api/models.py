@@ -125,6 +125,21 @@ NEXT_CURSOR = (
 )
 
 
+class SessionUsage(BaseModel):
+    """The tokens and cost of a session's model calls whose results committed."""
+
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float = Field(description="At the server's prices (docs/flow-control.md).")
+
+
+class SessionBudget(BaseModel):
+    """What a session may use in all. A limit that is null does not apply."""
+
+    max_tokens: int | None = Field(None, description="Input and output tokens together.")
+    max_cost_usd: float | None = Field(None, description="US dollars.")
+
+
 class Session(BaseModel):
     id: str
     agent: str
@@ -140,6 +155,9 @@ class Session(BaseModel):
     outcome_unknown: int = Field(
         description="How many of its tool calls are `outcome_unknown`, not reconciled yet."
     )
+    usage: SessionUsage | None = Field(
+        None, description="The tokens and cost of its model calls so far."
+    )
 
 
 class SessionList(BaseModel):
@@ -154,6 +172,17 @@ class SnapshotSession(Session):
     forked_from: ForkedFrom | None = Field(
         description="For a fork: the session it was made from, and the first of its turns "
         "the fork does not have."
+    )
+    budget: SessionBudget | None = Field(None, description="Its budget; null: no limit.")
+
+
+class BudgetSet(BaseModel):
+    session_id: str
+    budget: SessionBudget | None = Field(description="The budget now; null: no limit.")
+    usage: SessionUsage
+    status: FleetStatus = Field(
+        description="The session's status after the change: a turn that waited for its "
+        "budget and may go on is `running` again."
     )
 
 
@@ -180,6 +209,9 @@ class WaitInfo(BaseModel):
     deadline: float | None
     question: str | None
     choices: list[str] | None
+    reason: str | None = Field(
+        None, description="An `AwaitBudget`: how much of the budget is used, in words."
+    )
     resolution_recorded: bool
 
 
@@ -219,17 +251,25 @@ class PersonWait(BaseModel):
     session_id: str
     agent: str
     turn: int
-    call_id: str = Field(description="The tool call to approve, deny or answer.")
-    step_id: str
-    kind: Literal["approval", "question"] = Field(
-        description="`approval`: approve or deny the call; `question`: answer it."
+    call_id: str = Field(
+        description="The tool call to approve, deny or answer; empty for a `budget`."
     )
-    tool: str
-    arguments: dict[str, Any]
+    step_id: str
+    kind: Literal["approval", "question", "budget"] = Field(
+        description="`approval`: approve or deny the call; `question`: answer it; `budget`: "
+        "raise or remove the session's budget (`PUT /v1/sessions/{id}/budget`), or cancel."
+    )
+    tool: str = Field(description="The tool of the call; empty for a `budget`.")
+    arguments: dict[str, Any] = Field(description="The call's arguments; empty for a `budget`.")
     arguments_hash: str = Field(description="What an approval is bound to.")
     question: str | None = Field(description="What the tool asks (a `question`).")
     choices: list[str] | None = Field(description="The answers it takes, if it named them.")
     since: float = Field(description="Unix time the wait started.")
+    reason: str | None = Field(
+        None, description="A `budget`: how much of the budget is used, in words."
+    )
+    budget: SessionBudget | None = Field(None, description="A `budget`: the session's budget.")
+    usage: SessionUsage | None = Field(None, description="A `budget`: what the session used.")
 
 
 class Inbox(BaseModel):
@@ -258,7 +298,7 @@ class TurnResult(BaseModel):
     status: ShownTurnStatus
     waiting_for: list[PersonWait] = Field(
         default_factory=list,
-        description="With `waiting`: each approval or answer the turn waits for.",
+        description="With `waiting`: each approval, answer or budget the turn waits for.",
     )
     text: str | None = None
     error: str | None = None
@@ -433,6 +473,8 @@ SESSION_LINKS = _links(
         "deny",
         "answer",
         "reconcile",
+        "set_budget",
+        "remove_budget",
     ],
 )
 """A created session's id, for every route about one session."""

@@ -134,6 +134,9 @@ class SessionRow:
     updated_at: float
     waiting_since: float | None
     outcome_unknown: int
+    usage: dict[str, float] | None = None
+    """The tokens and cost of its model calls (``input_tokens``, ``output_tokens``,
+    ``cost_usd``), read from its stored state."""
 
 
 @dataclass

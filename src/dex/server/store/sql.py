@@ -61,6 +61,13 @@ SESSION_STEPS = "SELECT step FROM steps WHERE " + _CURRENT
 SESSION_CALLS = "SELECT call FROM calls WHERE " + _CURRENT
 SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
 SESSION_ROW = "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown"
+STATE_FIELD = {
+    "sqlite": "json_extract(state, '$.{}.{}')",
+    "postgresql": "(state::json #>> '{{{},{}}}')",
+}
+"""A number inside a session's state (its JSON), in each dialect."""
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cost_usd")
+"""What the session list shows of each session's usage (``state.usage``)."""
 ORDER_COLUMN = {"created": "created_at", "updated": "updated_at"}
 ITEM_FIELD = {"sqlite": "json_extract(item, '$.{}')", "postgresql": "(item::json ->> '{}')"}
 """A text field of a history item (its JSON), in each dialect."""
@@ -168,7 +175,8 @@ def list_sessions(q: SessionQuery, dialect: str = "sqlite") -> Query:
         where.append(f"({column}, id) < (?, ?)")
         params.extend(keyset)
     condition = " WHERE " + " AND ".join(where) if where else ""
-    columns = SESSION_ROW
+    field = STATE_FIELD[dialect]
+    columns = ", ".join([SESSION_ROW, *(field.format("usage", name) for name in USAGE_FIELDS)])
     if q.last_message:
         field = ITEM_FIELD[dialect]
         said = LAST_MESSAGE.format(
@@ -194,12 +202,17 @@ def _row(r: tuple[Any, ...], last_message: bool) -> SessionRow:
         float(r[4]),
         None if r[5] is None else float(r[5]),
         int(r[6]),
+        {
+            "input_tokens": int(r[7] or 0),
+            "output_tokens": int(r[8] or 0),
+            "cost_usd": float(r[9] or 0.0),
+        },
     )
     if not last_message:
         return SessionRow(*fields)
     said = None
-    if r[7] is not None:
-        role, _, text = str(r[7]).partition(":")
+    if r[10] is not None:
+        role, _, text = str(r[10]).partition(":")
         said = Said(role, text)
     return ListedSession(*fields, last_message=said)
 
