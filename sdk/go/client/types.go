@@ -55,6 +55,8 @@ const (
 	EventTurnFailed    = "turn.failed"
 	EventTurnCancelled = "turn.cancelled"
 	EventWaitStarted   = "wait.started"
+	EventWaitEnded     = "wait.ended"     // a budget wait ended: the budget was raised or removed
+	EventBudgetChanged = "budget.changed" // the session's budget changed
 	EventMessageQueued = "message.queued"
 	EventModelDelta    = "model.delta"
 	EventModelDiscard  = "model.discard"

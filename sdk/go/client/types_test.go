@@ -154,7 +154,8 @@ func TestTheConstantsAreTheDocumentsEnums(t *testing.T) {
 		"text/event-stream", "itemSchema", "properties", "event", "description").(string)
 	same("event types", []string{
 		EventHistoryItem, EventTurnStarted, EventTurnCompleted, EventTurnFailed, EventTurnCancelled,
-		EventWaitStarted, EventMessageQueued, EventModelDelta, EventModelDiscard, EventStreamGap, EventStreamDropped,
+		EventWaitStarted, EventWaitEnded, EventBudgetChanged, EventMessageQueued, EventModelDelta, EventModelDiscard,
+		EventStreamGap, EventStreamDropped,
 	}, regexp.MustCompile(`\b[a-z]+\.[a-z_]+\b`).FindAllString(item, -1))
 }
 
