@@ -345,4 +345,10 @@ def test_a_turn_in_its_budget_wait_resumes_from_the_console(rig: Rig, page: Page
     expect(page.locator("#status")).to_have_text("idle")
     expect(page.locator("#usage")).to_contain_text("2,000 in · 200 out · $0.0090")
     expect(page.locator("#budget")).to_contain_text("10,000 tokens")
+    expect(page.locator(f"article.turn[data-turn='{turn}'] .turn-usage")).to_contain_text(
+        "2,000 in · 200 out · $0.0090"
+    )
     screenshot(page, "session-budget-raised")
+    page.goto(f"{rig.server.address}/ui/sessions")
+    row = page.locator("table tbody tr", has_text=sid)
+    expect(row.locator(".usage")).to_have_text("2,200 tokens · $0.0090")
