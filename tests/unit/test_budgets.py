@@ -109,6 +109,15 @@ def test_a_committed_call_adds_its_usage_to_its_turn_and_its_session_once() -> N
     assert (state.usage.tokens, state.usage.calls) == (3_110, 2)
 
 
+def test_a_negative_count_reported_by_a_worker_counts_as_none() -> None:
+    spec = make_spec()
+    state = new_state()
+    send(state, spec, "hi")
+    answer_with(state, spec, used(-5_000, 10))
+    assert (state.usage.input_tokens, state.usage.output_tokens) == (0, 10)
+    assert state.usage.cost_usd == pytest.approx(SONNET.cost(0, 10))
+
+
 def test_a_failed_attempt_counts_nothing_and_its_retry_counts_once() -> None:
     spec = make_spec()
     state = new_state()

@@ -46,6 +46,9 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "updated_at": ("DOUBLE PRECISION", True, 0),
         "waiting_since": ("DOUBLE PRECISION", False, 0),
         "outcome_unknown": ("INTEGER", True, 0),
+        "input_tokens": ("INTEGER", True, 0),
+        "output_tokens": ("INTEGER", True, 0),
+        "cost_usd": ("DOUBLE PRECISION", True, 0),
     },
     "steps": {
         "session_id": ("TEXT", True, 1),

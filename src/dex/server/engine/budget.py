@@ -132,9 +132,9 @@ class Budget(msgspec.Struct, kw_only=True, frozen=True):
 
 def record_usage(session: Usage, turn: Usage, usage: Mapping[str, int], price: Price) -> float:
     """Add one committed model call's usage to its session's and turn's totals; returns
-    its cost."""
-    input_tokens = int(usage.get("input_tokens", 0))
-    output_tokens = int(usage.get("output_tokens", 0))
+    its cost. A negative count (a Worker's mistake) counts as none: usage only grows."""
+    input_tokens = max(0, int(usage.get("input_tokens", 0)))
+    output_tokens = max(0, int(usage.get("output_tokens", 0)))
     cost = price.cost(input_tokens, output_tokens)
     session.add(input_tokens, output_tokens, cost)
     turn.add(input_tokens, output_tokens, cost)

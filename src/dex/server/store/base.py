@@ -39,6 +39,8 @@ class SessionRecord(NamedTuple):
     """Since when the session waits for a person; None when it does not."""
     outcome_unknown: int = 0
     """How many of its tool calls have an unknown outcome nobody has settled."""
+    usage: tuple[int, int, float] = (0, 0, 0.0)
+    """What its model calls used: input tokens, output tokens, cost in US dollars."""
 
 
 class Row(NamedTuple):
@@ -136,7 +138,7 @@ class SessionRow:
     outcome_unknown: int
     usage: dict[str, float] | None = None
     """The tokens and cost of its model calls (``input_tokens``, ``output_tokens``,
-    ``cost_usd``), read from its stored state."""
+    ``cost_usd``): the columns each transition writes (``SessionRecord.usage``)."""
 
 
 @dataclass

@@ -37,11 +37,12 @@ UPSERT_AGENT = (
 )
 INSERT_SESSION = (
     "INSERT INTO sessions (id, agent, created_at, status, turn, state, updated_at, "
-    "waiting_since, outcome_unknown) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "waiting_since, outcome_unknown, input_tokens, output_tokens, cost_usd) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 UPDATE_SESSION = (
     "UPDATE sessions SET status = ?, turn = ?, state = ?, updated_at = ?, waiting_since = ?, "
-    "outcome_unknown = ? WHERE id = ?"
+    "outcome_unknown = ?, input_tokens = ?, output_tokens = ?, cost_usd = ? WHERE id = ?"
 )
 INSERT_MESSAGE = "INSERT INTO messages (session_id, message_id, number) VALUES (?, ?, ?)"
 INSERT_HISTORY = "INSERT INTO history (session_id, seq, item) VALUES (?, ?, ?)"
@@ -60,14 +61,10 @@ _CURRENT = "session_id = ? AND turn = (SELECT turn FROM sessions WHERE id = ?) O
 SESSION_STEPS = "SELECT step FROM steps WHERE " + _CURRENT
 SESSION_CALLS = "SELECT call FROM calls WHERE " + _CURRENT
 SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
-SESSION_ROW = "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown"
-STATE_FIELD = {
-    "sqlite": "json_extract(state, '$.{}.{}')",
-    "postgresql": "(state::json #>> '{{{},{}}}')",
-}
-"""A number inside a session's state (its JSON), in each dialect."""
-USAGE_FIELDS = ("input_tokens", "output_tokens", "cost_usd")
-"""What the session list shows of each session's usage (``state.usage``)."""
+SESSION_ROW = (
+    "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown, "
+    "input_tokens, output_tokens, cost_usd"
+)
 ORDER_COLUMN = {"created": "created_at", "updated": "updated_at"}
 ITEM_FIELD = {"sqlite": "json_extract(item, '$.{}')", "postgresql": "(item::json ->> '{}')"}
 """A text field of a history item (its JSON), in each dialect."""
@@ -118,12 +115,12 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
         return out
     updated_at = s.created_at if s.updated_at is None else s.updated_at
     if w.create:
-        fleet = (updated_at, s.waiting_since, s.outcome_unknown)
+        fleet = (updated_at, s.waiting_since, s.outcome_unknown, *s.usage)
         out.append(
             (INSERT_SESSION, [(s.id, s.agent, s.created_at, s.status, s.turn, s.state, *fleet)])
         )
     else:
-        fleet = (updated_at, s.waiting_since, s.outcome_unknown)
+        fleet = (updated_at, s.waiting_since, s.outcome_unknown, *s.usage)
         out.append((UPDATE_SESSION, [(s.status, s.turn, s.state, *fleet, s.id)]))
     if w.message is not None:
         out.append((INSERT_MESSAGE, [(s.id, w.message[0], w.message[1])]))
@@ -175,8 +172,7 @@ def list_sessions(q: SessionQuery, dialect: str = "sqlite") -> Query:
         where.append(f"({column}, id) < (?, ?)")
         params.extend(keyset)
     condition = " WHERE " + " AND ".join(where) if where else ""
-    field = STATE_FIELD[dialect]
-    columns = ", ".join([SESSION_ROW, *(field.format("usage", name) for name in USAGE_FIELDS)])
+    columns = SESSION_ROW
     if q.last_message:
         field = ITEM_FIELD[dialect]
         said = LAST_MESSAGE.format(
@@ -202,11 +198,7 @@ def _row(r: tuple[Any, ...], last_message: bool) -> SessionRow:
         float(r[4]),
         None if r[5] is None else float(r[5]),
         int(r[6]),
-        {
-            "input_tokens": int(r[7] or 0),
-            "output_tokens": int(r[8] or 0),
-            "cost_usd": float(r[9] or 0.0),
-        },
+        {"input_tokens": int(r[7]), "output_tokens": int(r[8]), "cost_usd": float(r[9])},
     )
     if not last_message:
         return SessionRow(*fields)
