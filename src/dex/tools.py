@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import inspect
+import re
 import threading
 import typing
 from collections.abc import Awaitable, Callable
@@ -161,6 +162,8 @@ class Tool:
         retry: RetryPolicy | None = None,
         approval: bool | Callable[..., bool] = False,
         poll_interval: float = 1.0,
+        concurrency_key: str | None = None,
+        concurrency_limit: int = 1,
     ) -> None:
         self.fn = fn
         self.kind = ToolKind(kind)
@@ -170,11 +173,18 @@ class Tool:
         self.retry = retry or RetryPolicy()
         self.approval = approval
         self.poll_interval = poll_interval
+        self.concurrency_key = concurrency_key
+        self.concurrency_limit = concurrency_limit
         self.poll_fn: Callable[..., Any] | None = None
         self.check_fn: Callable[..., Any] | None = None
         self._context_param: str | None = None
         self._arguments = self._model(fn, doc.params)
         self._spec: ToolSpec | None = None
+        if concurrency_limit < 1:
+            raise ValueError(f"tool {self.name}: concurrency_limit must be at least 1")
+        named = set(re.findall(r"\{([^{}]*)\}", concurrency_key or ""))
+        if unknown := sorted(named - set(self._arguments.model_fields)):
+            raise TypeError(f"tool {self.name}: concurrency_key names no argument: {unknown}")
 
     def poll(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate the poll of a ``task`` tool: ``async def poll(ctx, handle)`` returns the
@@ -250,6 +260,8 @@ class Tool:
             approval=approval,
             poll_interval_seconds=self.poll_interval,
             has_check=self.check_fn is not None,
+            concurrency_key=self.concurrency_key,
+            concurrency_limit=self.concurrency_limit,
         )
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -364,6 +376,8 @@ def tool(
     retry: RetryPolicy | None = None,
     approval: bool | Callable[..., bool] = False,
     poll_interval: float = 1.0,
+    concurrency_key: str | None = None,
+    concurrency_limit: int = 1,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(
     fn: Callable[..., Any] | None = None,
@@ -375,6 +389,8 @@ def tool(
     retry: RetryPolicy | None = None,
     approval: bool | Callable[..., bool] = False,
     poll_interval: float = 1.0,
+    concurrency_key: str | None = None,
+    concurrency_limit: int = 1,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function a tool. ``kind`` decides what a crash does to it:
 
@@ -387,6 +403,11 @@ def tool(
 
     ``approval=True`` makes every call wait for a person's approval; a predicate
     (called with the arguments) decides per call.
+
+    ``concurrency_key`` runs at most ``concurrency_limit`` calls under one key at once,
+    across every Worker (the server holds the others queued): a template of the
+    arguments, ``"{customer_id}"`` for one booking at a time per customer, ``""`` for one
+    key for every call of the tool.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -398,6 +419,8 @@ def tool(
             retry=retry,
             approval=approval,
             poll_interval=poll_interval,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
 
     return wrap(fn) if fn is not None else wrap

@@ -269,6 +269,23 @@ def test_dex_reconcile_keeps_every_option_or_refuses_it(rig: Rig) -> None:
     assert settled["reconciled"]["by"] == "ops"  # type: ignore[index]
 
 
+def test_dex_limits_sets_shows_and_clears_a_groups_limits(rig: Rig) -> None:
+    rig.start_server()
+    empty = dex(rig, "limits")
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout.startswith("no model group has limits")
+    set_ = dex(rig, "limits", "set", "openai/gpt-5", "--concurrency", "4", "--tpm", "30000")
+    assert set_.returncode == 0, set_.stderr
+    assert set_.stdout == ("openai/gpt-5  concurrency 4, tpm 30000 (api)  running 0  waiting 0\n")
+    (group,) = json.loads(dex(rig, "limits", "--json").stdout)
+    assert group["limit"] == {"concurrency": 4, "rpm": None, "tpm": 30000}
+    bad = dex(rig, "limits", "set", "openai/gpt-5", "--concurrency", "0")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ")
+    assert "concurrency" in bad.stderr and "Traceback" not in bad.stderr
+    cleared = dex(rig, "limits", "clear", "openai/gpt-5")
+    assert cleared.returncode == 0 and cleared.stdout.startswith("no model group has limits")
+
+
 def test_dex_budget_raises_a_budget_the_turn_waits_for(rig: Rig) -> None:
     rig.start_server()
     rig.start_worker()

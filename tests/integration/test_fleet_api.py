@@ -116,6 +116,7 @@ def test_sessions_list_newest_first_one_page_after_another(api: Api, worker: Fak
     assert set(first) == {
         "id",
         "agent",
+        "tenant",
         "status",
         "created_at",
         "updated_at",

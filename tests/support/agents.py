@@ -28,7 +28,7 @@ from typing import Any
 import dex
 from dex.models import Scripted as _Scripted
 from dex.models import say
-from dex.models.base import ModelRequest
+from dex.models.base import ModelRequest, RateLimited
 from dex.testing import Gates, Ledger
 from dex.wire import (
     AssistantItem,
@@ -370,6 +370,51 @@ slow_summaries = dex.Agent(
     tools=[lookup],
     model_retry=_FAST,
     compact_threshold_chars=400,
+)
+
+
+LIMITED_GROUP = "limited-group"
+"""The model group of ``limited``'s model, which the limits tests limit."""
+
+
+class Limited(Scripted):
+    """``Scripted`` whose calls a test can hold or refuse, by the last user message:
+    ``hold:GATE`` waits at ``GATE`` (``GATE.<attempt>.entered``, ``GATE.open``) before it
+    answers; ``ratelimit:GATE`` refuses the call for the provider's rate limit
+    (``RateLimited``, Retry-After 3 s, ledger ``refused``) until ``GATE.open`` exists.
+    Each call it serves it records as ``served``, with the time (``at``)."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
+        user = next(i for i in reversed(request.history) if isinstance(i, UserItem))
+        verb, _, gate = user.text.partition(":")
+        at = time.time()
+        if verb == "ratelimit" and not (GATES / f"{gate}.open").exists():
+            LEDGER.record("refused", session_id=request.session_id, attempt=request.attempt, at=at)
+            raise RateLimited("429: slow down", retry_after=RETRY_AFTER)
+        LEDGER.record("served", session_id=request.session_id, attempt=request.attempt, at=at)
+        if verb == "hold":
+            await GATE.wait(gate, request.attempt)
+        async for event in super().stream(request):
+            yield event
+
+
+RETRY_AFTER = 3.0
+"""The Retry-After of ``Limited``'s refusals, in seconds."""
+
+
+@dex.tool(kind="idempotent_write", concurrency_key="{customer}")
+async def book(customer: str, ctx: dex.ToolContext, gate: str | None = None) -> str:
+    """Book a table for a customer: one booking at a time per customer."""
+    LEDGER.record("book", customer=customer, key=ctx.idempotency_key, attempt=ctx.attempt)
+    await GATE.wait(gate, ctx.attempt)
+    return f"booked for {customer}"
+
+
+limited = dex.Agent(
+    name="limited",
+    model=Limited(script, group=LIMITED_GROUP),
+    tools=[book],
+    model_retry=_FAST,
 )
 
 

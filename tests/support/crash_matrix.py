@@ -164,6 +164,18 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "above. Model calls, inline read tools, and CLI tools such as Bash, Write, Edit, and "
         "Task run inside RunModel and repeat when it runs again. They are at-least-once.",
     ),
+    "limits.held": (
+        "RunModel, or CallTool under a concurrency key",
+        "Queued, held by a limit (docs/flow-control.md)",
+        "The Step stays in the queue and uses no attempt. It runs once, as attempt 1, when "
+        "the limit admits it; a limit set at run time is stored and holds after the failure.",
+    ),
+    "run_model.rate_limited": (
+        "RunModel",
+        "Refused by the provider for its rate limit (429 with Retry-After), queued again",
+        "The refusal uses no attempt. The call runs again, as the same attempt, no sooner "
+        "than the Retry-After, which the failure does not shorten.",
+    ),
 }
 
 E = "dex.server.engine."
@@ -175,6 +187,7 @@ PY = "dex.worker.runner.Runner."
 TS = "sdk/typescript/src/runner.ts:Runner."
 GO = "sdk/go/runner.go:(*Worker)."
 D = "dex.server.dispatch.dispatcher.Dispatcher."
+L = "dex.server.dispatch.limits.Limits."
 RECLAIM = (S + "_recover", D + "await_reclaim", D + "connect", D + "claim")
 """A node that restarts or takes a partition over holds an attempt for its Worker to
 reclaim; the Worker's hello (after a restart) or its claim (in a cluster) reclaims it
@@ -233,6 +246,8 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     # the Worker channel gives each message to Link.receive: it refuses a result from a
     # connection that does not hold the attempt, and commits the others (Attempts.complete)
     "any_step.result_sent": (LINK + "receive", A + "complete", H + "recover"),
+    "limits.held": (L + "admit", L + "park", D + "_pump", "dex.server.flow.ModelLimits.load"),
+    "run_model.rate_limited": (A + "hand_back", H + "rate_limited", L + "refused"),
     "model_usage.result_sent": (H + "complete_model", E + "budget.record_usage", *RECLAIM),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each

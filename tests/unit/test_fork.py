@@ -74,6 +74,13 @@ def test_a_session_in_a_turn_cannot_be_forked() -> None:
         fork(state, history, turns, 1, "f", now=5.0)
 
 
+def test_a_fork_keeps_its_sessions_tenant() -> None:
+    state, history, turns = compacted_session()
+    state.tenant = "acme"
+    forked, _, _ = fork(state, history, turns, 2, "f", now=5.0)
+    assert forked.tenant == "acme"
+
+
 def test_a_fork_keeps_the_budget_and_counts_its_own_usage() -> None:
     state, history, turns = compacted_session()
     state.budget = Budget(max_tokens=5_000)

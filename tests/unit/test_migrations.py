@@ -46,6 +46,7 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "updated_at": ("DOUBLE PRECISION", True, 0),
         "waiting_since": ("DOUBLE PRECISION", False, 0),
         "outcome_unknown": ("INTEGER", True, 0),
+        "tenant": ("TEXT", False, 0),
         "input_tokens": ("INTEGER", True, 0),
         "output_tokens": ("INTEGER", True, 0),
         "cost_usd": ("DOUBLE PRECISION", True, 0),
@@ -78,6 +79,11 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "message_id": ("TEXT", True, 2),
         "number": ("INTEGER", True, 0),
     },
+    "model_limits": {
+        "grp": ("TEXT", False, 1),
+        "spec": ("TEXT", True, 0),
+        "updated_at": ("DOUBLE PRECISION", True, 0),
+    },
 }
 # Named indexes (the primary keys' own indexes aside): name -> (table, columns).
 INDEXES = {
@@ -88,6 +94,9 @@ INDEXES = {
     "sessions_status_updated": ("sessions", ["status", "updated_at", "id"]),
     "sessions_unknown": ("sessions", ["created_at", "id"]),
     "sessions_waiting": ("sessions", ["waiting_since", "id"]),
+    "sessions_tenant": ("sessions", ["tenant", "created_at", "id"]),
+    "sessions_tenant_updated": ("sessions", ["tenant", "updated_at", "id"]),
+    "sessions_tenant_waiting": ("sessions", ["tenant", "waiting_since", "id"]),
 }
 
 LATEST = max(number for number, _ in migrations("sqlite"))
@@ -530,5 +539,45 @@ async def test_postgres_migration_fills_the_fleet_columns_of_stored_sessions(
     await store.open()
     try:
         await _check_filled(store)
+    finally:
+        await store.close()
+
+
+# --- sessions stored before tenants (SQLite 0004, PostgreSQL 0006) ----------------------------
+
+TENANTS_SQLITE = _numbered("sqlite", "tenants")
+
+
+async def test_sessions_stored_before_tenants_have_none_and_a_new_one_keeps_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "dex.sqlite3"
+    older = migrations("sqlite")[: TENANTS_SQLITE - 1]
+    monkeypatch.setattr(sqlite_module, "migrations", lambda dialect: older)
+    await open_and_close(path)
+    record = records.session_record(SessionState(id="old", agent="a", created_at=T0))
+    state = record.state.replace('"tenant":null,', "")  # as that release wrote it
+    assert "tenant" not in state
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute(
+            "INSERT INTO sessions (id, agent, created_at, status, state, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            ("old", "a", T0, "idle", state, T0),
+        )
+    conn.close()
+    monkeypatch.undo()
+
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        new = SessionState(id="new", agent="a", created_at=T0 + 1, tenant="acme")
+        await store.write(write(session=new, create=True))
+        rows = await store.list_sessions(SessionQuery(limit=10))
+        assert [(r.id, r.tenant) for r in rows] == [("new", "acme"), ("old", None)]
+        for sid, tenant in (("old", None), ("new", "acme")):
+            stored = await store.load_session(sid)
+            assert stored is not None
+            assert records.session(stored, sid)[0].tenant == tenant
     finally:
         await store.close()

@@ -74,6 +74,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "DEX_STANDBY": "true",
         "DEX_PARTITIONS": "128",
         "DEX_ADVERTISE": "http://10.1.2.3:7000",
+        "DEX_MODEL_LIMITS": '{"anthropic/claude-sonnet-4-5": {"concurrency": 8, "tpm": 400000}}',
         "DEX_PRICES": '{"gpt-4o": {"input": 2, "output": 8}}',
     }.items():
         monkeypatch.setenv(name, value)
@@ -100,6 +101,9 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "standby": True,
         "partitions": 128,
         "advertise": "http://10.1.2.3:7000",
+        "model_limits": {
+            "anthropic/claude-sonnet-4-5": {"concurrency": 8, "rpm": None, "tpm": 400000}
+        },
         "prices": {"gpt-4o": {"input": 2.0, "output": 8.0}},
     }
     worker = WorkerConfig.load()
@@ -165,6 +169,22 @@ def test_an_exporter_opentelemetry_does_not_know_is_a_usage_error(
     monkeypatch.setenv("COLUMNS", "300")  # the error box on one line
     result = CliRunner().invoke(app, ["server", "--tracing"])
     assert result.exit_code == 2 and "choose otlp, console, none" in result.output
+
+
+def test_model_limits_come_from_the_file_by_group(tmp_path: Path) -> None:
+    path = tmp_path / "dex.toml"
+    path.write_text(
+        '[server.model_limits."openai/gpt-5"]\nconcurrency = 4\nrpm = 500\n\n'
+        "[server.model_limits.team-a]\ntpm = 30000\n"
+    )
+    limits = ServerConfig.load(path).model_limits
+    assert {g: limit.model_dump(exclude_none=True) for g, limit in limits.items()} == {
+        "openai/gpt-5": {"concurrency": 4, "rpm": 500},
+        "team-a": {"tpm": 30000},
+    }
+    path.write_text('[server.model_limits."openai/gpt-5"]\nconcurency = 4\n')
+    with pytest.raises(ValueError, match="concurency"):
+        ServerConfig.load(path)
 
 
 def test_prices_come_from_the_config_file_over_the_shipped_ones(tmp_path: Path) -> None:

@@ -140,6 +140,30 @@ async def test_a_session_that_stops_waiting_leaves_the_inbox(store: Store) -> No
     assert ids(await rows(store, status="running")) == ["first"]
 
 
+async def test_a_tenant_filter_keeps_to_that_tenants_sessions_and_the_tenant_stays(
+    store: Store,
+) -> None:
+    await create(store, at("none", T0))
+    await create(store, at("a-1", T0 + 1, tenant="acme"))
+    await create(store, waiting("a-2", T0 + 2))  # no tenant: waits, but is not acme's
+    acme_waits = waiting("a-3", T0 + 3)
+    acme_waits.tenant = "acme"
+    await create(store, acme_waits)
+    await create(store, at("b-1", T0 + 4, tenant="bolt"))
+    # a later write of the session keeps its tenant
+    await store.write(write(session=at("a-1", T0 + 1, updated_at=T0 + 9, tenant="acme")))
+
+    assert ids(await rows(store, tenant="acme")) == ["a-3", "a-1"]
+    assert ids(await rows(store, tenant="acme", order="updated")) == ["a-1", "a-3"]
+    assert ids(await rows(store, tenant="bolt")) == ["b-1"]
+    assert ids(await rows(store, tenant="nobody")) == []
+    assert [r.tenant for r in await rows(store)] == ["bolt", "acme", None, "acme", None]
+    assert await store.waiting_sessions(10, None, "acme") == [("a-3", T0 + 5)]
+    assert await store.waiting_sessions(10, (T0 + 5, "a-3"), "acme") == []
+    assert await store.waiting_sessions(10, None, "bolt") == []
+    assert len(await store.waiting_sessions(10, None)) == 2
+
+
 # --- plans: a page reads one index range, with no sort -----------------------------------------
 
 QUERIES: dict[str, SessionQuery] = {
@@ -152,6 +176,8 @@ QUERIES: dict[str, SessionQuery] = {
     "updated range": SessionQuery(limit=50, order="updated", updated=(T0, T0 + 100)),
     "status, updated": SessionQuery(limit=50, order="updated", status="running"),
     "with the last message": SessionQuery(limit=50, status="waiting", last_message=True),
+    "tenant": SessionQuery(limit=50, tenant="acme"),
+    "tenant, updated": SessionQuery(limit=50, order="updated", tenant="acme"),
 }
 """Each filter alone with its order, on a page deep in the list (a keyset)."""
 
@@ -163,6 +189,7 @@ def _deep(q: SessionQuery) -> SessionQuery:
         before=(T0 + 50, "s-50"),
         agent=q.agent,
         status=q.status,
+        tenant=q.tenant,
         outcome_unknown=q.outcome_unknown,
         created=q.created,
         updated=q.updated,
@@ -183,11 +210,14 @@ async def test_sqlite_pages_read_an_index_range_without_sorting(tmp_path: Path, 
             plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + text, params))
             assert "USING INDEX" in plan or "USING COVERING INDEX" in plan, plan
             assert "TEMP B-TREE" not in plan, plan  # no sort: the index gives the order
+            if query.tenant is not None:  # the tenant's own index, not a scan of all
+                assert "sessions_tenant" in plan, plan
             if query.before is not None:  # a deep page starts where the last one ended
                 assert f"({sql.ORDER_COLUMN[query.order]},id)<(?,?)" in plan, plan
-        text, params = sql.waiting_sessions(50, (T0, "s-1"))
-        plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + text, params))
-        assert "sessions_waiting" in plan and "TEMP B-TREE" not in plan, plan
+        for tenant, index in ((None, "sessions_waiting"), ("acme", "sessions_tenant_waiting")):
+            text, params = sql.waiting_sessions(50, (T0, "s-1"), tenant)
+            plan = " / ".join(r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + text, params))
+            assert index in plan and "TEMP B-TREE" not in plan, plan
     finally:
         conn.close()
 
@@ -206,6 +236,7 @@ async def test_postgres_pages_read_an_index_range_without_sorting(
         conn.execute("SET enable_sort = off")
         checks = [sql.list_sessions(q, "postgresql") for q in (QUERIES[name], _deep(QUERIES[name]))]
         checks.append(sql.waiting_sessions(50, (T0, "s-1")))
+        checks.append(sql.waiting_sessions(50, (T0, "s-1"), "acme"))
         for i, (text, params) in enumerate(checks):
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + pg(text), params))
             assert "Index" in plan, plan

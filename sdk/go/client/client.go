@@ -185,6 +185,8 @@ func (c *Client) ForkSession(ctx context.Context, sessionID string, turn int, ne
 // ListSessionsOptions filter and page ListSessions; every filter is optional.
 type ListSessionsOptions struct {
 	Agent string
+	// Tenant keeps to one tenant's sessions (a tenant-scoped token sees only its own).
+	Tenant string
 	// Status is SessionIdle, SessionRunning, SessionWaiting, SessionFailed or
 	// OutcomeUnknown (a tool call's outcome is unknown and not reconciled).
 	Status string
@@ -210,6 +212,7 @@ func (c *Client) ListSessions(ctx context.Context, opts ListSessionsOptions) (*S
 		}
 	}
 	set("agent", opts.Agent)
+	set("tenant", opts.Tenant)
 	set("status", opts.Status)
 	set("created_since", unix(opts.CreatedSince))
 	set("created_before", unix(opts.CreatedBefore))
@@ -225,6 +228,8 @@ func (c *Client) ListSessions(ctx context.Context, opts ListSessionsOptions) (*S
 
 // InboxOptions page ListInbox.
 type InboxOptions struct {
+	// Tenant keeps to one tenant's sessions (a tenant-scoped token sees only its own).
+	Tenant string
 	// Limit is how many sessions' waits a page holds, 1 to 1000 (default 100).
 	Limit int
 	// Cursor is the previous page's NextCursor.
@@ -238,6 +243,9 @@ func (c *Client) ListInbox(ctx context.Context, opts InboxOptions) (*Inbox, erro
 	query := url.Values{"limit": {strconv.Itoa(limitOrDefault(opts.Limit))}}
 	if opts.Cursor != "" {
 		query.Set("cursor", opts.Cursor)
+	}
+	if opts.Tenant != "" {
+		query.Set("tenant", opts.Tenant)
 	}
 	var out Inbox
 	err := c.do(ctx, request{method: "GET", path: "/v1/inbox", query: query}, &out)

@@ -68,7 +68,8 @@ const (
 type Session struct {
 	ID        string  `json:"id"`
 	Agent     string  `json:"agent"`
-	Status    string  `json:"status"` // SessionIdle, SessionRunning, SessionWaiting or SessionFailed
+	Tenant    string  `json:"tenant,omitempty"` // whose session it is ("": none)
+	Status    string  `json:"status"`           // SessionIdle, SessionRunning, SessionWaiting or SessionFailed
 	CreatedAt float64 `json:"created_at"`
 	UpdatedAt float64 `json:"updated_at"`
 	// WaitingSince is when its turn started to wait for a person; nil if it does not.

@@ -175,12 +175,12 @@ func TestQueryParametersAreTheDocuments(t *testing.T) {
 	ctx := context.Background()
 	now := time.Now()
 	if _, err := c.ListSessions(ctx, ListSessionsOptions{
-		Agent: "a", Status: SessionIdle, CreatedSince: now, CreatedBefore: now, UpdatedSince: now,
+		Agent: "a", Tenant: "t", Status: SessionIdle, CreatedSince: now, CreatedBefore: now, UpdatedSince: now,
 		UpdatedBefore: now, Order: "updated", Limit: 5, Cursor: "x",
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.ListInbox(ctx, InboxOptions{Limit: 5, Cursor: "x"}); err != nil {
+	if _, err := c.ListInbox(ctx, InboxOptions{Limit: 5, Cursor: "x", Tenant: "t"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.WaitTurn(ctx, "s1", 1, time.Second); err != nil {

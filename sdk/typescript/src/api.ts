@@ -4,6 +4,54 @@
  */
 
 export interface paths {
+    "/admin/limits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Limits
+         * @description Each model group with limits, or with calls on this node: its limits, where they
+         *     come from (`config`, or `api` when set at run time), and its calls running and Steps
+         *     held queued on the node that answers.
+         */
+        get: operations["get_limits"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/admin/limits/{group}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set Limit
+         * @description Set a model group's limits, stored and enforced at once on this node and within
+         *     seconds on every node of a cluster; they replace the server config's for the group.
+         *     `{}` lifts every limit of the group.
+         */
+        put: operations["set_limit"];
+        post?: never;
+        /**
+         * Clear Limit
+         * @description Drop the limits set at run time for a group: the server config's apply again.
+         */
+        delete: operations["clear_limit"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/admin/step-down": {
         parameters: {
             query?: never;
@@ -668,6 +716,11 @@ export interface components {
             budget?: components["schemas"]["Budget"] | null;
             /** Session Id */
             session_id?: string | null;
+            /**
+             * Tenant
+             * @description Whose session it is (1-64 letters, digits or `_.-`), for good: a client token scoped to a tenant sees only that tenant's sessions, and its sessions are its tenant's without this (another tenant is a 403).
+             */
+            tenant?: string | null;
         };
         /** Deny */
         Deny: {
@@ -745,6 +798,11 @@ export interface components {
             /** @description `idle`, `running`, `waiting` (the turn waits for a person: an approval or an answer), or `failed` (no turn runs, and the last one failed). */
             status: components["schemas"]["FleetStatus"];
             /**
+             * Tenant
+             * @description Whose session it is (given at creation, never changed); null: none.
+             */
+            tenant?: string | null;
+            /**
              * Updated At
              * @description Unix time of the session's latest change.
              */
@@ -767,10 +825,55 @@ export interface components {
             /** Turn */
             turn: number;
         };
+        /** GroupLimits */
+        GroupLimits: {
+            /** Group */
+            group: string;
+            /** @description Its limits; null: none. */
+            limit: components["schemas"]["Limit"] | null;
+            /**
+             * Lowered To
+             * @description The part of its limits it admits after the provider refused calls (1: all); it grows back as calls succeed.
+             */
+            lowered_to: number;
+            /**
+             * Running
+             * @description Its model calls running, handed out by this node.
+             */
+            running: number;
+            /**
+             * Source
+             * @description `config`: the server config's; `api`: set at run time (they win).
+             */
+            source: ("config" | "api") | null;
+            /**
+             * Waiting
+             * @description Its Steps this node holds queued for a limit.
+             */
+            waiting: number;
+        };
         /** Health */
         Health: {
             /** Status */
             status: string;
+        };
+        /** HeldByLimit */
+        HeldByLimit: {
+            /**
+             * Key
+             * @description The model group (`anthropic/claude-sonnet-4-5`), or the tool's concurrency key (`tool:AGENT/TOOL=KEY`).
+             */
+            key: string;
+            /**
+             * Limit
+             * @description `concurrency`, `rpm`, `tpm`, or `retry_after` (the provider refused a call of the group and said when to come back).
+             */
+            limit: string;
+            /**
+             * Until
+             * @description When it may go (Unix time); null: when a call under `key` ends.
+             */
+            until: number | null;
         };
         /** Inbox */
         Inbox: {
@@ -784,6 +887,32 @@ export interface components {
              * @description Pass it as `cursor` for the next page (with the same filters); null on the last page.
              */
             next_cursor: string | null;
+        };
+        /**
+         * Limit
+         * @description A model group's limits; a limit left out (None) does not apply.
+         */
+        Limit: {
+            /**
+             * Concurrency
+             * @description Model calls running at once.
+             */
+            concurrency?: number | null;
+            /**
+             * Rpm
+             * @description Model calls started per minute.
+             */
+            rpm?: number | null;
+            /**
+             * Tpm
+             * @description Input plus output tokens per minute (input estimated).
+             */
+            tpm?: number | null;
+        };
+        /** LimitsView */
+        LimitsView: {
+            /** Groups */
+            groups: components["schemas"]["GroupLimits"][];
         };
         /**
          * ModelToolCall
@@ -901,6 +1030,8 @@ export interface components {
         };
         /** QueuedStep */
         QueuedStep: {
+            /** @description The limit that holds it queued (docs/flow-control.md). */
+            limit?: components["schemas"]["HeldByLimit"] | null;
             /** Not Before */
             not_before: number | null;
             /** Queue */
@@ -909,7 +1040,7 @@ export interface components {
             step_id: string;
             /**
              * Waiting For
-             * @description `backoff`, `the model provider's rate limit`, `a free Worker`, or the queue nobody serves.
+             * @description `backoff`, `the model provider's rate limit`, `a free Worker`, the queue nobody serves, or the limit that holds it (`limit`).
              */
             waiting_for: string;
         };
@@ -1110,6 +1241,11 @@ export interface components {
             /** @description `idle`, `running`, `waiting` (the turn waits for a person: an approval or an answer), or `failed` (no turn runs, and the last one failed). */
             status: components["schemas"]["FleetStatus"];
             /**
+             * Tenant
+             * @description Whose session it is (given at creation, never changed); null: none.
+             */
+            tenant?: string | null;
+            /**
              * Updated At
              * @description Unix time of the session's latest change.
              */
@@ -1298,6 +1434,11 @@ export interface components {
             /** @description `idle`, `running`, `waiting` (the turn waits for a person: an approval or an answer), or `failed` (no turn runs, and the last one failed). */
             status: components["schemas"]["FleetStatus"];
             /**
+             * Tenant
+             * @description Whose session it is (given at creation, never changed); null: none.
+             */
+            tenant?: string | null;
+            /**
              * Updated At
              * @description Unix time of the session's latest change.
              */
@@ -1475,6 +1616,13 @@ export interface components {
         ToolSpec: {
             /** @default never */
             approval: components["schemas"]["Approval"];
+            /** Concurrency Key */
+            concurrency_key?: string | null;
+            /**
+             * Concurrency Limit
+             * @default 1
+             */
+            concurrency_limit: number;
             /**
              * Description
              * @default
@@ -1681,6 +1829,229 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    get_limits: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitsView"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    set_limit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A model group: the `group` of an agent's model config, or the provider and the model (`anthropic/claude-sonnet-4-5`). */
+                group: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Limit"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitsView"];
+                };
+            };
+            /** @description The body is not readable JSON (invalid UTF-8, or nested too deep): `http_error`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description An unknown session, agent, turn or tool call: `not_found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is over the server's limit: `body_too_large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body, a parameter or a header is not valid (`invalid_request`, with `details.problems`), or valid but unusable (`invalid_input`). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The node does not serve now (starting, a standby, stepped down: `unavailable`, with the `x-dex-role` header; try another address), or the store could not commit (nothing was written, retry: `storage_error`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    clear_limit: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A model group: the `group` of an agent's model config, or the provider and the model (`anthropic/claude-sonnet-4-5`). */
+                group: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitsView"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description An unknown session, agent, turn or tool call: `not_found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body, a parameter or a header is not valid (`invalid_request`, with `details.problems`), or valid but unusable (`invalid_input`). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The node does not serve now (starting, a standby, stepped down: `unavailable`, with the `x-dex-role` header; try another address), or the store could not commit (nothing was written, retry: `storage_error`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     step_down: {
         parameters: {
             query?: never;
@@ -1988,6 +2359,8 @@ export interface operations {
                 limit?: number;
                 /** @description The `next_cursor` of the previous page. */
                 cursor?: string | null;
+                /** @description Only this tenant's sessions. A token scoped to a tenant sees only that tenant's anyway; naming another is a 403. */
+                tenant?: string | null;
             };
             header?: never;
             path?: never;
@@ -2064,6 +2437,8 @@ export interface operations {
         parameters: {
             query?: {
                 agent?: string | null;
+                /** @description Only this tenant's sessions. A token scoped to a tenant sees only that tenant's anyway; naming another is a 403. */
+                tenant?: string | null;
                 /** @description A session status, or `outcome_unknown`: sessions with a tool call whose outcome is unknown and not reconciled. */
                 status?: ("idle" | "running" | "waiting" | "failed" | "outcome_unknown") | null;
                 /** @description Created at or after (Unix time). */

@@ -72,6 +72,8 @@ export interface ClientOptions {
 
 export interface ListSessionsOptions {
   agent?: string;
+  /** Only this tenant's sessions (a tenant-scoped token sees only its own). */
+  tenant?: string;
   /** A status, or ``outcome_unknown``: sessions with a call whose outcome is unknown and
    * not reconciled. */
   status?: SessionStatus | "outcome_unknown";

@@ -154,6 +154,7 @@ export class Client {
   listSessions(options: ListSessionsOptions = {}): Promise<SessionList> {
     const params = {
       agent: options.agent,
+      tenant: options.tenant,
       status: options.status,
       created_since: unix(options.createdSince),
       created_before: unix(options.createdBefore),
@@ -168,8 +169,8 @@ export class Client {
 
   /** What waits for a person across sessions, the latest first: ``{items, next_cursor}``.
    * A page holds the waits of up to ``limit`` sessions. */
-  listInbox(options: { limit?: number; cursor?: string } = {}): Promise<Inbox> {
-    const params = { limit: options.limit ?? 100, cursor: options.cursor };
+  listInbox(options: { limit?: number; cursor?: string; tenant?: string } = {}): Promise<Inbox> {
+    const params = { limit: options.limit ?? 100, cursor: options.cursor, tenant: options.tenant };
     return this.request("GET", "/v1/inbox", { params });
   }
 

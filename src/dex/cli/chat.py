@@ -404,9 +404,11 @@ def _settle(task: asyncio.Task[T], done: concurrent.futures.Future[T]) -> None:
         done.set_result(task.result())
 
 
-async def open_session(client: Client, agent: str | None, session_id: str | None) -> str:
+async def open_session(
+    client: Client, agent: str | None, session_id: str | None, tenant: str | None = None
+) -> str:
     """The session to chat in: ``session_id``'s, or a new one with ``agent`` (the only
-    agent a Worker serves, when none is named)."""
+    agent a Worker serves, when none is named), of ``tenant``."""
     if session_id is not None:
         snapshot = await client.get_agent_snapshot(session_id)
         if agent is not None and snapshot["session"]["agent"] != agent:
@@ -421,11 +423,11 @@ async def open_session(client: Client, agent: str | None, session_id: str | None
                 "name the agent to talk to: " + (", ".join(names) or "no Worker serves one yet")
             )
         agent = names[0]
-    created = await client.create_session(agent)
+    created = await client.create_session(agent, tenant=tenant)
     return str(created["id"])
 
 
-def run(address: str, agent: str | None, session_id: str | None) -> None:
+def run(address: str, agent: str | None, session_id: str | None, tenant: str | None = None) -> None:
     """The chat's loop: read a line, follow its turn, ask what the turn waits for."""
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history at the prompt)
@@ -433,7 +435,7 @@ def run(address: str, agent: str | None, session_id: str | None) -> None:
     with Loop() as loop:
         client = Client(address)
         try:
-            sid = loop.run(open_session(client, agent, session_id))
+            sid = loop.run(open_session(client, agent, session_id, tenant))
             chat = Chat(client, sid, console)
             snapshot = loop.run(client.get_agent_snapshot(sid))
             who = snapshot["session"]["agent"]

@@ -50,11 +50,12 @@ MaxCost = Annotated[
 ]
 
 
-def _call(address: str, action: Callable[[SyncClient], Any]) -> None:
-    """Run one client call and print its JSON; a Dex error is a message, not a traceback."""
+def _call(address: str, action: Callable[[SyncClient], Any], token: str | None = None) -> None:
+    """Run one client call and print its JSON; a Dex error is a message, not a traceback.
+    ``token``: the one to send (default: the Client's, ``DEX_CLIENT_TOKEN``)."""
     from dex.client import SyncClient
 
-    with SyncClient(address) as client:
+    with SyncClient(address, token=token) as client:
         try:
             value = action(client)
             if value is not None:
@@ -158,6 +159,13 @@ def new(
     session_id: Annotated[
         str | None, typer.Option(help="The session's id (default: a new random one).")
     ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            help="Whose session it is, for good (default: a tenant-scoped token's tenant, "
+            "else none)."
+        ),
+    ] = None,
     max_tokens: MaxTokens = None,
     max_cost_usd: MaxCost = None,
     json_output: JsonFlag = False,
@@ -167,7 +175,9 @@ def new(
     budget = limits if max_tokens is not None or max_cost_usd is not None else None
     _call(
         address,
-        lambda c: _session(c.create_session(agent, session_id, budget=budget), json_output),
+        lambda c: _session(
+            c.create_session(agent, session_id, tenant=tenant, budget=budget), json_output
+        ),
     )
 
 
@@ -271,6 +281,7 @@ def turn_command(
 def sessions(
     address: Address = DEFAULT_ADDRESS,
     agent: Annotated[str | None, typer.Option(help="Only this agent's sessions.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's sessions.")] = None,
     status: Annotated[
         StatusFilter | None,
         typer.Option(
@@ -305,6 +316,7 @@ def sessions(
     def show(client: SyncClient) -> Any:
         page = client.list_sessions(
             agent=agent,
+            tenant=tenant,
             status=status.value if status else None,
             order=order.value,
             limit=limit,
@@ -328,13 +340,14 @@ def inbox(
     address: Address = DEFAULT_ADDRESS,
     limit: Annotated[int, typer.Option(help="Sessions per page.")] = 50,
     cursor: Annotated[str | None, typer.Option(help="Where the previous page ended.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's sessions.")] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """What waits for a person across sessions: tool calls to approve, questions to answer."""
     from dex.cli import render
 
     def show(client: SyncClient) -> Any:
-        page = client.list_inbox(limit=limit, cursor=cursor)
+        page = client.list_inbox(limit=limit, cursor=cursor, tenant=tenant)
         if json_output:
             return page
         items = page["items"]
@@ -564,3 +577,79 @@ def reconcile(
 
 def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+limits_app = typer.Typer(
+    help="The model limits (docs/flow-control.md): list them, or set and clear a group's at "
+    "run time. Sends DEX_ADMIN_TOKEN when set (they need the admin token when auth is on).",
+    invoke_without_command=True,
+)
+app.add_typer(limits_app, name="limits")
+
+
+def _admin_call(address: str, action: Callable[[SyncClient], Any]) -> None:
+    """``_call`` with the admin token, when one is set."""
+    import os
+
+    _call(address, action, os.environ.get("DEX_ADMIN_TOKEN"))
+
+
+def _show_limits(groups: list[dict[str, Any]], json_output: bool) -> Any:
+    if json_output:
+        return groups
+    if not groups:
+        typer.echo("no model group has limits (set one with `dex limits set GROUP --rpm N`)")
+        return None
+    for g in groups:
+        limit = g["limit"] or {}
+        said = [
+            f"{name} {limit[name]:g}" for name in ("concurrency", "rpm", "tpm") if limit.get(name)
+        ]
+        source = f" ({g['source']})" if g["source"] else ""
+        lowered = f"  lowered to {g['lowered_to']:.0%}" if g["lowered_to"] < 1 else ""
+        typer.echo(
+            f"{g['group']}  {', '.join(said) or 'no limits'}{source}"
+            f"  running {g['running']}  waiting {g['waiting']}{lowered}"
+        )
+    return None
+
+
+@limits_app.callback()
+def limits(
+    ctx: typer.Context, address: Address = DEFAULT_ADDRESS, json_output: JsonFlag = False
+) -> None:
+    """Each model group with limits or calls: its limits, where they come from, and its
+    calls running and Steps waiting on the node that answers."""
+    if ctx.invoked_subcommand is None:
+        _admin_call(address, lambda client: _show_limits(client.get_limits(), json_output))
+
+
+@limits_app.command("set")
+def set_limit(
+    group: Annotated[
+        str, typer.Argument(help="The model group (e.g. anthropic/claude-sonnet-4-5).")
+    ],
+    concurrency: Annotated[int | None, typer.Option(help="Model calls at once.")] = None,
+    rpm: Annotated[float | None, typer.Option(help="Model calls started per minute.")] = None,
+    tpm: Annotated[float | None, typer.Option(help="Input plus output tokens per minute.")] = None,
+    address: Address = DEFAULT_ADDRESS,
+    json_output: JsonFlag = False,
+) -> None:
+    """Set a group's limits at run time (stored, enforced by every node within seconds); a
+    limit left out does not apply. They replace the server config's for the group."""
+    _admin_call(
+        address,
+        lambda client: _show_limits(
+            client.set_limit(group, concurrency=concurrency, rpm=rpm, tpm=tpm), json_output
+        ),
+    )
+
+
+@limits_app.command("clear")
+def clear_limit(
+    group: Annotated[str, typer.Argument(help="The model group.")],
+    address: Address = DEFAULT_ADDRESS,
+    json_output: JsonFlag = False,
+) -> None:
+    """Drop the limits set at run time for a group: the server config's apply again."""
+    _admin_call(address, lambda client: _show_limits(client.clear_limit(group), json_output))

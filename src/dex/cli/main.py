@@ -331,22 +331,28 @@ def token(
     rate_limit: Annotated[
         str | None, typer.Option(help='This token\'s client API limit, e.g. "20/second".')
     ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="A client token's scope: the one tenant whose sessions it sees."),
+    ] = None,
 ) -> None:
     """Make a new random token: print it once (give it to its holder) and the entry that
     lets it in (append it to the --tokens-file; only its SHA-256 is kept there)."""
     import secrets
 
-    from dex.server.api.tokens import Role, check_rate_limit, digest
+    from dex.server.api.tokens import Role, check_rate_limit, check_tenant, digest
 
     if role not in set(Role):
         raise typer.BadParameter(f"role {role!r}: client, worker or admin")
     if agents is not None and role != Role.WORKER:
         raise typer.BadParameter("--agents limits a worker token")
-    if rate_limit is not None:
-        try:
+    try:
+        if rate_limit is not None:
             check_rate_limit(rate_limit)
-        except DexError as e:
-            raise typer.BadParameter(e.message) from None
+        if tenant is not None:
+            check_tenant(tenant, role, "--tenant: ")
+    except DexError as e:
+        raise typer.BadParameter(e.message) from None
     value = f"dex_{role[0]}_{secrets.token_urlsafe(32)}"
     lines = ["[[token]]"]
     if name:
@@ -356,6 +362,8 @@ def token(
         lines.append(f"agents = {json.dumps([a.strip() for a in agents.split(',') if a.strip()])}")
     if rate_limit is not None:
         lines.append(f"rate_limit = {json.dumps(rate_limit)}")
+    if tenant is not None:
+        lines.append(f"tenant = {json.dumps(tenant)}")
     typer.echo(f"# the token (shown once; the file keeps only its hash): {value}", err=True)
     typer.echo("\n".join(lines))
 
@@ -383,6 +391,10 @@ def chat(
     session: Annotated[
         str | None, typer.Option("--session", help="Go on with this session.")
     ] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="A new session's tenant (default: a tenant-scoped token's, else none)."),
+    ] = None,
     address: Address = DEFAULT_ADDRESS,
 ) -> None:
     """Talk to an agent in the terminal: its text streams as it comes, tool calls show as
@@ -391,7 +403,7 @@ def chat(
     from dex.cli import chat as chat_module
 
     try:
-        chat_module.run(address, agent, session)
+        chat_module.run(address, agent, session, tenant)
     except DexError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(1) from None

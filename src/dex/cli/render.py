@@ -63,12 +63,26 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:
 
 
 def sessions_table(sessions: list[dict[str, Any]]) -> Table:
+    """The sessions, one a row; a TENANT column when some session has a tenant."""
+    tenants = any(s.get("tenant") for s in sessions)
+    tenant = ["TENANT"] if tenants else []
     return table(
-        ["ID", "AGENT", "STATUS", "CREATED", "UPDATED", "WAITING SINCE", "UNKNOWN", "USAGE"],
+        [
+            "ID",
+            "AGENT",
+            *tenant,
+            "STATUS",
+            "CREATED",
+            "UPDATED",
+            "WAITING SINCE",
+            "UNKNOWN",
+            "USAGE",
+        ],
         [
             [
                 s["id"],
                 s["agent"],
+                *([s.get("tenant") or ""] if tenants else []),
                 s["status"],
                 local_time(s["created_at"]),
                 local_time(s["updated_at"]),
@@ -155,7 +169,8 @@ def _took(start: float | None, end: float | None) -> str:
 def session_summary(session: dict[str, Any]) -> list[str]:
     """A created or forked session, and what to do next."""
     sid = session["id"]
-    lines = [f"session {sid} with agent {session['agent']}: {session['status']}"]
+    tenant = f" of tenant {session['tenant']}" if session.get("tenant") else ""
+    lines = [f"session {sid}{tenant} with agent {session['agent']}: {session['status']}"]
     forked = session.get("forked_from")
     if forked:
         lines.append(f"  forked from {forked['session_id']} before turn {forked['turn']}")

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -108,14 +109,19 @@ class Client:
         agent: str,
         session_id: str | None = None,
         *,
+        tenant: str | None = None,
         budget: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """``budget``: what the session may use in all, ``{"max_tokens": ...}``,
-        ``{"max_cost_usd": ...}`` or both; a turn whose next model call would start at or
-        over it waits until the budget is raised (``set_budget``)."""
+        """A new session of ``agent``. ``tenant``: whose it is, for good (1-64 letters,
+        digits or ``_.-``); with a tenant-scoped token, its tenant by default, and another
+        one raises ``AuthError``. ``budget``: what the session may use in all,
+        ``{"max_tokens": ...}``, ``{"max_cost_usd": ...}`` or both; a turn whose next model
+        call would start at or over it waits until the budget is raised (``set_budget``)."""
         body: dict[str, Any] = {"agent": agent}
         if session_id is not None:
             body["session_id"] = session_id
+        if tenant is not None:
+            body["tenant"] = tenant
         if budget is not None:
             body["budget"] = budget
         return await self._request("POST", "/v1/sessions", body)
@@ -156,6 +162,7 @@ class Client:
         self,
         *,
         agent: str | None = None,
+        tenant: str | None = None,
         status: str | None = None,
         created_since: Time | None = None,
         created_before: Time | None = None,
@@ -171,10 +178,12 @@ class Client:
 
         ``status``: ``idle``, ``running``, ``waiting`` (for a person), ``failed`` (the last
         turn failed) or ``outcome_unknown`` (a tool call's outcome is unknown and not
-        reconciled). Times are Unix seconds or aware datetimes; a range is ``[since,
-        before)``."""
+        reconciled). ``tenant``: only that tenant's sessions (a tenant-scoped token sees
+        only its own; naming another raises ``AuthError``). Times are Unix seconds or aware
+        datetimes; a range is ``[since, before)``."""
         params = _params(
             agent=agent,
+            tenant=tenant,
             status=status,
             created_since=_unix(created_since),
             created_before=_unix(created_before),
@@ -186,13 +195,16 @@ class Client:
         )
         return await self._request("GET", "/v1/sessions", params=params)
 
-    async def list_inbox(self, *, limit: int = 100, cursor: str | None = None) -> dict[str, Any]:
+    async def list_inbox(
+        self, *, limit: int = 100, cursor: str | None = None, tenant: str | None = None
+    ) -> dict[str, Any]:
         """What waits for a person across sessions, the latest first: ``{"items": [...],
         "next_cursor": ...}``. Each item names the session, the tool call, its ``kind``
         (``approval``: approve or deny it; ``question``: answer it), the tool and its
         arguments, and the question and choices. A page holds the waits of up to
-        ``limit`` sessions."""
-        return await self._request("GET", "/v1/inbox", params=_params(limit=limit, cursor=cursor))
+        ``limit`` sessions (``tenant``: of that tenant's sessions only)."""
+        params = _params(limit=limit, cursor=cursor, tenant=tenant)
+        return await self._request("GET", "/v1/inbox", params=params)
 
     async def send_message(
         self,
@@ -274,6 +286,36 @@ class Client:
         ``standby``, and the ``partitions`` it owns now) and the ``node_id`` of the node
         that answered; no members on a node alone."""
         return await self._request("GET", "/v1/cluster")
+
+    async def get_limits(self) -> list[dict[str, Any]]:
+        """The model groups with limits or calls: each one's ``limit`` (``concurrency``,
+        ``rpm``, ``tpm``), its ``source`` (``config``, or ``api`` when set at run time), and
+        its calls ``running`` and Steps ``waiting`` on the node that answered. Needs an
+        admin token when the server has auth on (docs/flow-control.md)."""
+        result = await self._request("GET", "/admin/limits")
+        groups: list[dict[str, Any]] = result["groups"]
+        return groups
+
+    async def set_limit(
+        self,
+        group: str,
+        *,
+        concurrency: int | None = None,
+        rpm: float | None = None,
+        tpm: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Set a model group's limits at run time (stored; every node enforces them within
+        seconds); a limit left out does not apply. Needs an admin token."""
+        body = {"concurrency": concurrency, "rpm": rpm, "tpm": tpm}
+        result = await self._request("PUT", f"/admin/limits/{quote(group)}", body)
+        groups: list[dict[str, Any]] = result["groups"]
+        return groups
+
+    async def clear_limit(self, group: str) -> list[dict[str, Any]]:
+        """Drop the limits set at run time for a group: the server config's apply again."""
+        result = await self._request("DELETE", f"/admin/limits/{quote(group)}")
+        groups: list[dict[str, Any]] = result["groups"]
+        return groups
 
     async def stream_events(
         self, session_id: str, *, last_event_id: str | None = None, reconnect: bool = True

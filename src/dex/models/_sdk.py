@@ -37,6 +37,7 @@ class SDKModel(Model, Generic[C]):
         base_url: str | None,
         timeout: float,
         params: Mapping[str, Any] | None,
+        group: str | None = None,
     ) -> None:
         if not model:
             raise ValueError("a model name is needed, e.g. model='...'")
@@ -46,6 +47,9 @@ class SDKModel(Model, Generic[C]):
         self.base_url = base_url
         self.timeout = timeout
         self.params: dict[str, Any] = dict(params or {})
+        self.group = group
+        """The model group whose limits its calls count against (docs/flow-control.md);
+        None: the provider and the model."""
         self._api_key = api_key  # never in spec(), never in repr()
         self._client: C | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -61,6 +65,8 @@ class SDKModel(Model, Generic[C]):
         spec["timeout"] = self.timeout
         if self.params:
             spec["params"] = self.params
+        if self.group is not None:
+            spec["group"] = self.group
         return spec
 
     @abstractmethod

@@ -67,8 +67,11 @@ class Anthropic(SDKModel[anthropic.AsyncAnthropic]):
         base_url: str | None = None,
         timeout: float = 600.0,
         params: Mapping[str, Any] | None = None,
+        group: str | None = None,
     ) -> None:
-        super().__init__(model, api_key=api_key, base_url=base_url, timeout=timeout, params=params)
+        super().__init__(
+            model, api_key=api_key, base_url=base_url, timeout=timeout, params=params, group=group
+        )
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
         self.max_tokens = max_tokens

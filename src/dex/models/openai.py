@@ -96,8 +96,11 @@ class OpenAI(SDKModel[openai.AsyncOpenAI]):
         store: bool = False,
         stream_usage: bool = True,
         params: Mapping[str, Any] | None = None,
+        group: str | None = None,
     ) -> None:
-        super().__init__(model, api_key=api_key, base_url=base_url, timeout=timeout, params=params)
+        super().__init__(
+            model, api_key=api_key, base_url=base_url, timeout=timeout, params=params, group=group
+        )
         if api not in ("responses", "chat"):
             raise ValueError("api must be 'responses' or 'chat'")
         if max_output_tokens is not None and max_output_tokens < 1:

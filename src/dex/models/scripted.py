@@ -38,11 +38,13 @@ class Scripted(Model):
         name: str = "scripted",
         summarize: Callable[[list[Item]], str] | None = None,
         fail_summaries: bool = False,
+        group: str | None = None,
     ) -> None:
         """``chunk_chars`` > 0 streams the text in chunks of that size, ``delay_per_chunk``
         apart. ``fail_attempts`` makes attempts 1..n fail (retryably); ``hang`` never answers.
         ``summarize`` writes CompactContext summaries (default: a deterministic digest);
-        ``fail_summaries`` makes every summary attempt fail."""
+        ``fail_summaries`` makes every summary attempt fail. ``group``: the model group
+        its calls count against (default ``scripted/NAME``)."""
         self.respond = respond
         self.chunk_chars = chunk_chars
         self.delay_per_chunk = delay_per_chunk
@@ -51,9 +53,13 @@ class Scripted(Model):
         self.name = name
         self._summarize = summarize or _digest
         self.fail_summaries = fail_summaries
+        self.group = group
 
     def spec(self) -> dict[str, Any]:
-        return {"provider": "scripted", "name": self.name}
+        spec = {"provider": "scripted", "name": self.name}
+        if self.group is not None:
+            spec["group"] = self.group
+        return spec
 
     async def summarize(self, request: ModelRequest) -> Summary:
         if self.fail_summaries:

@@ -36,6 +36,11 @@ RECENT_TURNS = 4
 """Ended turns each actor keeps, as committed: a waiter gets its turn without a read."""
 
 
+def unknown_session(session_id: str) -> NotFound:
+    """What a session storage does not have answers (and one a request may not see)."""
+    return NotFound(f"unknown session {session_id!r}", session_id=session_id)
+
+
 @dataclass(eq=False)
 class Actor:
     state: SessionState
@@ -181,7 +186,7 @@ class Actors:
         try:
             raw = await self.store.load_session(session_id)
             if raw is None:
-                raise NotFound(f"unknown session {session_id!r}", session_id=session_id)
+                raise unknown_session(session_id)
             try:
                 state, history, rows = records.session(raw, session_id)
             except CorruptRecord as e:

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp
 import dex
 from dex import _loop
 from dex.errors import DexError
-from dex.server.api import cluster, errors, hot, ops, sessions, workers
+from dex.server.api import cluster, errors, hot, limits, ops, sessions, workers
 from dex.server.api.auth import Auth
 from dex.server.api.browsers import Browsers
 from dex.server.api.forward import Forward
@@ -37,6 +37,7 @@ from dex.server.config import ServerConfig
 from dex.server.console import routes as console
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.engine.budget import DEFAULT_PRICES, Price, Prices
+from dex.server.flow import ModelLimits
 from dex.server.ha.leadership import Leadership, Solo
 from dex.server.ha.node import Node
 from dex.server.pages import PREFIX as CONSOLE
@@ -84,6 +85,10 @@ def create_app(
             tracing=_tracing(config, tracer_provider),
             prices=_prices(config),
         )
+        model_limits = ModelLimits(store, dispatcher.limits, config.model_limits)
+        await model_limits.load()
+        if _postgres(config):  # a cluster: the other nodes change them too
+            dispatcher.supervisor.spawn(model_limits.follow())
 
         lead = leadership or _leadership(config, store, dispatcher.clock)
         node = Node(store, dispatcher, domain, lead, on_step_down)
@@ -91,6 +96,7 @@ def create_app(
         app.state.store = store
         app.state.dispatcher = dispatcher
         app.state.sessions = domain
+        app.state.limits = model_limits
         app.state.node = node
         try:
             # a node that leads from the start recovers before it answers anything
@@ -123,6 +129,7 @@ def create_app(
     app.include_router(sessions.router)
     app.include_router(workers.router)
     app.include_router(cluster.router)
+    app.include_router(limits.router)
     app.include_router(console.router)  # the web console at /ui (docs/console.md)
     app.add_api_route("/", lambda: RedirectResponse(CONSOLE), include_in_schema=False, name="root")
     return app
@@ -169,7 +176,7 @@ def _leadership(config: ServerConfig, store: Store, clock: Clock) -> Leadership 
     """The embedded SQLite node leads from the start; nodes sharing PostgreSQL share its
     partitions out (docs/cluster.md), and a write that was fenced or whose commit is
     unknown loses the node its lease."""
-    if config.database_url.startswith(("postgresql://", "postgres://")):
+    if _postgres(config):
         from dex.server.ha.lease import Lease  # psycopg is an optional extra
         from dex.server.store.postgres import PostgresStore
 
@@ -178,6 +185,10 @@ def _leadership(config: ServerConfig, store: Store, clock: Clock) -> Leadership 
         store.on_fatal = lambda e: lease.lose(f"{e.code}: {e.message}")
         return lease
     return Solo()
+
+
+def _postgres(config: ServerConfig) -> bool:
+    return config.database_url.startswith(("postgresql://", "postgres://"))
 
 
 def asgi(config: ServerConfig, tracer_provider: Any = None) -> ASGIApp:

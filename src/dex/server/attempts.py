@@ -52,6 +52,7 @@ from dex.wire import (
     StepType,
     Summary,
     ToolOutcome,
+    Usage,
     server_frames,
     too_deep,
     worker_frames,
@@ -373,17 +374,22 @@ class Attempts:
         def build(actor: Actor) -> Handle:
             spec = self.spec(actor.state.agent)
             step = ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
-            if step is not None and step.type in _COMPLETE:
-                model, complete = _COMPLETE[step.type]
+            model, complete = _COMPLETE.get(step.type, _COMPLETE_TOOL) if step else _COMPLETE_TOOL
+            if step is not None and step.type in _COMPLETE:  # a model call: priced
                 ended.agent, ended.model = spec.name, model_name(spec.model)
-                price = self.prices.of(ended.model)
-                return lambda s, now: complete(
-                    s, spec, step_id, number, _validated(model, payload), now, price=price
-                )
-            model, complete = _COMPLETE_TOOL
-            return lambda s, now: complete(
-                s, spec, step_id, number, _validated(model, payload), now
-            )
+            price = self.prices.of(ended.model) if ended.model is not None else None
+
+            def handle(s: SessionState, now: float) -> Transition:
+                result = _validated(model, payload)
+                usage = getattr(result, "usage", None)
+                if isinstance(usage, Usage):  # a model call: what it used, for its limits
+                    tokens = usage.input_tokens + usage.output_tokens
+                    self.dispatcher.limits.settle(session_id, step_id, tokens)
+                if price is not None:
+                    return complete(s, spec, step_id, number, result, now, price=price)
+                return complete(s, spec, step_id, number, result, now)
+
+            return handle
 
         return self._settling(session_id, build, attempt, ended)
 
@@ -418,6 +424,8 @@ class Attempts:
         provider refused the call: it goes out again after ``retry_after`` or a backoff)."""
         session_id, step_id, number = _parse(attempt)
         ended = _Ended("rate_limited" if rate_limited else "handed_back", None)
+        if rate_limited:
+            self.dispatcher.limits.refused(session_id, step_id, retry_after)
 
         def build(actor: Actor) -> Handle:
             ended.step = actor.state.turn.step(step_id) if actor.state.turn else None

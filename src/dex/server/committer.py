@@ -33,6 +33,7 @@ from dex.errors import Unavailable
 from dex.server import handouts, records
 from dex.server.actors import Actor, Actors
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
+from dex.server.dispatch.limits import Ask
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import SessionState, Step, ToolCall, attempt_id
@@ -69,6 +70,9 @@ class Committer:
         self.actors = actors
         self.streams = streams
         self.metrics = metrics
+        self.ask: Callable[[SessionState, Step], Ask | None] = lambda state, step: None
+        """What a Step's hand-out asks of the limits (``handouts.ask_for``, with the
+        session's agent: ``Sessions`` sets it)."""
 
     def apply(
         self, session: str | Actor, build: Build, **options: Any
@@ -180,7 +184,7 @@ class Committer:
         for step in t.ready:
             if step.not_before is not None or step.status != StepStatus.QUEUED:
                 continue
-            worker = self.dispatcher.reserve(step.queue, state.id)
+            worker = self.dispatcher.reserve(step.queue, state.id, step.id, self.ask(state, step))
             if worker is not None:
                 handlers.assign(state, step.id, worker.id, now, worker.proof)
                 handed.append((step, worker))
@@ -194,8 +198,8 @@ class Committer:
         done: asyncio.Future[Transition],
     ) -> None:
         self.actors.drop(actor)  # the state in memory ran ahead of storage
-        for _, worker in handed:
-            self.dispatcher.release(worker, actor.state.id)
+        for step, worker in handed:
+            self.dispatcher.release(worker, actor.state.id, step.id)
         actor.release()
         if not done.done():
             done.set_exception(error)
@@ -250,7 +254,8 @@ class Committer:
         handed_steps = {id(step) for step, _ in handed}
         for step in t.ready:
             if id(step) not in handed_steps and step.status == StepStatus.QUEUED:
-                self.dispatcher.offer(sid, step.id, step.queue, step.not_before)
+                ask = self.ask(actor.state, step)
+                self.dispatcher.offer(sid, step.id, step.queue, step.not_before, ask)
         for step, worker in handed:
             worker.send(self.handout(actor, step, worker))
         for step in t.timers:

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dex._settings import Settings
+from dex.server.dispatch.limits import Limit
 
 DEFAULT_PORT = 7450
 
@@ -78,6 +79,12 @@ class ServerConfig(Settings):
     advertise: str | None = Field(None, validation_alias="DEX_ADVERTISE")
     """On PostgreSQL: the base URL other nodes and Workers reach this node at
     (``DEX_ADVERTISE``); None: ``http(s)://`` and ``listen``."""
+    model_limits: dict[str, Limit] = Field(
+        default_factory=dict, validation_alias="DEX_MODEL_LIMITS"
+    )
+    """Limits of model calls by model group (``DEX_MODEL_LIMITS``, JSON; in ``dex.toml``,
+    ``[server.model_limits."anthropic/claude-sonnet-4-5"]`` with ``concurrency``, ``rpm``,
+    ``tpm``): docs/flow-control.md. A limit set at run time replaces its group's."""
     prices: dict[str, ModelPrice] = Field(default_factory=dict, validation_alias="DEX_PRICES")
     """Model prices over the ones Dex ships, by model name (``[server.prices]`` in the
     config file: ``"gpt-4o" = { input = 2.5, output = 10.0 }``, US dollars per million

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,9 @@ OUTCOME_UNKNOWN = "outcome_unknown"
 """The status filter that selects sessions with an unsettled ``outcome_unknown`` call."""
 INBOX = "inbox"
 """The cursor kind of the inbox (the session list's kinds are its orders)."""
+TENANT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A tenant's name (docs/flow-control.md, Tenants)."""
+TENANT_RULE = "1-64 letters, digits or _.-"
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Filters:
     agent: str | None = None
     status: str | None = None
     """``idle``, ``running``, ``waiting``, ``failed`` or ``outcome_unknown``."""
+    tenant: str | None = None
     created_since: float | None = None
     created_before: float | None = None
     updated_since: float | None = None
@@ -76,6 +81,7 @@ async def list_sessions(
         before=decode_cursor(filters.order, cursor) if cursor else None,
         agent=filters.agent,
         status=None if unknown else filters.status,
+        tenant=filters.tenant,
         outcome_unknown=unknown,
         created=(filters.created_since, filters.created_before),
         updated=(filters.updated_since, filters.updated_before),
@@ -95,12 +101,14 @@ async def inbox(
     waits_of: Callable[[str], Awaitable[list[dict[str, Any]]]],
     limit: int,
     cursor: str | None,
+    tenant: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """What waits for a person in up to ``limit`` sessions, the sessions that started
-    waiting last first, and the cursor of the next page. A session in a turn stays in
-    memory, so its waits are read from there: no read per session."""
+    """What waits for a person in up to ``limit`` sessions (``tenant``: of that tenant),
+    the sessions that started waiting last first, and the cursor of the next page. A
+    session in a turn stays in memory, so its waits are read from there: no read per
+    session."""
     before = decode_cursor(INBOX, cursor) if cursor else None
-    found = await store.waiting_sessions(limit + 1, before)
+    found = await store.waiting_sessions(limit + 1, before, tenant)
     page = found[:limit]
     items = []
     for session_id, _ in page:

@@ -9,13 +9,19 @@ only the items of the model's view that the Worker's connection was not sent bef
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
 
 from dex.server.dispatch.dispatcher import WorkerConn
+from dex.server.dispatch.limits import Ask
 from dex.server.engine.state import SessionState, Step
-from dex.wire import StepType, server_frames
+from dex.wire import AgentSpec, StepType, server_frames
+
+CHARS_PER_TOKEN = 4
+"""What a model call's input tokens are estimated from: its characters."""
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 
 def step_message(
@@ -85,3 +91,46 @@ def _context_for(
         while len(worker.history_sent) > worker.history_cache:
             worker.history_sent.popitem(last=False)
     return base, tail
+
+
+def model_group(spec: AgentSpec) -> str:
+    """The model group an agent's model calls count against: the name its model config
+    gives (``group``), else the provider and the model (``anthropic/claude-sonnet-4-5``)."""
+    model = spec.model
+    group = model.get("group")
+    if isinstance(group, str) and group:
+        return group
+    name = model.get("model") or model.get("name") or ""
+    return f"{model.get('provider', 'unknown')}/{name}"
+
+
+def ask_for(state: SessionState, step: Step, spec: AgentSpec) -> Ask | None:
+    """What the hand-out of ``step`` asks of the limits (``dex.server.dispatch.limits``):
+    a model call, its group and its expected input tokens; a call of a tool with a
+    concurrency key, that key; anything else, nothing."""
+    if step.type in (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT):
+        size = state.context_chars + len(spec.instructions)
+        return Ask(model_group(spec), tokens=size // CHARS_PER_TOKEN)
+    if step.type not in (StepType.CALL_TOOL, StepType.CALL_SINGLE_ATTEMPT_TOOL):
+        return None
+    assert state.turn is not None and step.tool_call_id is not None
+    call = state.turn.tool_call(step.tool_call_id)
+    tool = spec.tool(call.name) if call is not None else None
+    if call is None or tool is None or tool.concurrency_key is None:
+        return None
+    key = concurrency_key(tool.concurrency_key, call.arguments)
+    return Ask(f"tool:{spec.name}/{tool.name}={key}", concurrency=tool.concurrency_limit)
+
+
+def concurrency_key(template: str, arguments: dict[str, Any]) -> str:
+    """A tool's concurrency key for one call: ``template`` with each ``{name}`` replaced
+    by argument ``name``'s value (a string as it is, anything else as JSON; a missing
+    argument as nothing)."""
+
+    def value(match: re.Match[str]) -> str:
+        got = arguments.get(match.group(1))
+        if got is None:
+            return ""
+        return got if isinstance(got, str) else msgspec.json.encode(got).decode()
+
+    return _PLACEHOLDER.sub(value, template)

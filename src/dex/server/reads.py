@@ -11,9 +11,9 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-from dex.errors import NotFound
+from dex.errors import CorruptRecord, NotFound
 from dex.server import fleet, records, views
-from dex.server.actors import Actor, Actors
+from dex.server.actors import Actor, Actors, unknown_session
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.engine.state import Turn
 from dex.server.store.base import SessionRow, Store
@@ -66,10 +66,11 @@ class Reads:
         )
 
     async def inbox(
-        self, limit: int, cursor: str | None
+        self, limit: int, cursor: str | None, tenant: str | None = None
     ) -> tuple[list[dict[str, Any]], str | None]:
-        """What waits for a person (approvals, questions) across sessions, one page."""
-        return await fleet.inbox(self.store, self.person_waits, limit, cursor)
+        """What waits for a person (approvals, questions) across sessions (``tenant``: of
+        that tenant), one page."""
+        return await fleet.inbox(self.store, self.person_waits, limit, cursor, tenant)
 
     def workers_view(self) -> list[dict[str, Any]]:
         """The connected Workers: what they serve and what they run."""
@@ -134,6 +135,24 @@ class Reads:
         return actor.ended.get(number) or records.maybe_turn(
             await self.store.load_turn(actor.state.id, number), actor.state.id
         )
+
+    async def check_tenant(self, session_id: str, tenant: str) -> None:
+        """Nothing if the session is ``tenant``'s; else the very ``NotFound`` of a session
+        storage does not have, so that another tenant's session looks like no session (a
+        stored record that cannot be read too: whose it is cannot be told). A session of
+        another node is read from storage, never cached here (its tenant never changes)."""
+        try:
+            if self.serves is not None and not self.serves(session_id):
+                raw = await self.store.load_session(session_id)
+                if raw is None:
+                    raise unknown_session(session_id)
+                state = records.session(raw, session_id)[0]
+            else:
+                state = (await self.actors.get(session_id)).state
+        except CorruptRecord:
+            raise unknown_session(session_id) from None
+        if state.tenant != tenant:
+            raise unknown_session(session_id)
 
     async def events(self, session_id: str, after: str | None) -> AsyncIterator[Event | None]:
         """The session's live events after id ``after`` (``Streams.subscribe``), once the

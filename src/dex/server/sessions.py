@@ -30,15 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 from dex import _failpoints as failpoints
 from dex.errors import Conflict, CorruptRecord, InvalidInput, NotFound, Unavailable
-from dex.server import records
+from dex.server import fleet, handouts, records
 from dex.server.actors import Actor, Actors
 from dex.server.attempts import Attempts
 from dex.server.committer import Committer, Handle
 from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.dispatch.limits import Ask
 from dex.server.engine import fork, handlers
 from dex.server.engine.budget import Budget, Prices
 from dex.server.engine.handlers import Transition
-from dex.server.engine.state import SessionState, ToolCall, Turn, attempt_id
+from dex.server.engine.state import SessionState, Step, ToolCall, Turn, attempt_id
 from dex.server.metrics import Metrics
 from dex.server.reads import Reads
 from dex.server.store.base import Store, Write
@@ -82,6 +83,7 @@ class Sessions:
         self.supervisor = dispatcher.supervisor
         self.agents: dict[str, AgentSpec] = {}
         """The registered agents, by name."""
+        self.committer.ask = self._ask
         self.attempts = Attempts(
             self.committer, dispatcher, self.streams, self.metrics, self.spec, prices
         )
@@ -129,7 +131,8 @@ class Sessions:
             running = await self._recover(actor, reason, reclaim=True)
             for step in actor.state.queued_steps():
                 if step.id in queued:  # retries that recover() queued are offered already
-                    self.dispatcher.offer(session_id, step.id, step.queue, step.not_before)
+                    ask = self._ask(actor.state, step)
+                    self.dispatcher.offer(session_id, step.id, step.queue, step.not_before, ask)
             for step in actor.state.waiting_steps():
                 if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
                     self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
@@ -189,6 +192,9 @@ class Sessions:
                         worker_id=attempt.worker_id,
                         proof=attempt.proof,
                     )
+                    ask = self._ask(state, step)
+                    if ask is not None:  # it may run on: it counts against its limits
+                        dispatcher.limits.count(state.id, step.id, ask)
         types = [step.type.value for step in state.running_steps() if step.id not in kept]
         if types:
             spec = self.spec(state.agent)
@@ -234,6 +240,12 @@ class Sessions:
             for spec in changed:
                 self.agents[spec.name] = spec
 
+    def _ask(self, state: SessionState, step: Step) -> Ask | None:
+        """What the hand-out of ``step`` asks of the limits (none while its agent is not
+        registered: no Worker serves it yet)."""
+        spec = self.agents.get(state.agent)
+        return handouts.ask_for(state, step, spec) if spec is not None else None
+
     def spec(self, agent: str) -> AgentSpec:
         spec = self.agents.get(agent)
         """The agent's spec; ``NotFound`` if no Worker has registered it."""
@@ -248,16 +260,26 @@ class Sessions:
     # --- client inputs ------------------------------------------------------------------
 
     async def create(
-        self, agent: str, session_id: str | None, budget: Budget | None = None
+        self,
+        agent: str,
+        session_id: str | None,
+        tenant: str | None = None,
+        budget: Budget | None = None,
     ) -> SessionState:
+        """A new session of ``agent`` (``tenant``: whose it is, for good; ``budget``: what
+        it may use in all)."""
         if agent not in self.agents and self.serves is not None:
             await self.load_agents()  # in a cluster: a Worker of another node registered it
         self.spec(agent)
+        if tenant is not None and not fleet.TENANT.fullmatch(tenant):
+            raise InvalidInput(f"a tenant is {fleet.TENANT_RULE}", tenant=tenant)
         now = self.clock.now()
         new_id = _new_id(session_id)
         if session_id is None and self.serves is not None:
             new_id = self._own_id(new_id)
-        state = SessionState(id=new_id, agent=agent, created_at=now, updated_at=now, budget=budget)
+        state = SessionState(
+            id=new_id, agent=agent, created_at=now, updated_at=now, tenant=tenant, budget=budget
+        )
         await self._write_new(records.new_session(state))
         return state
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.dispatch.limits import Blocked
 from dex.server.engine.budget import Budget as Budget
 from dex.server.engine.budget import Usage
 from dex.server.engine.state import TERMINAL_STEP as TERMINAL_STEP
@@ -47,6 +48,10 @@ def _waiting_for(step: Step, serving: bool) -> str:
     return "a free Worker" if serving else "a Worker that serves " + step.queue
 
 
+def plain_blocked(blocked: Blocked) -> dict[str, Any]:
+    return {"key": blocked.key, "limit": blocked.limit, "until": blocked.until}
+
+
 def snapshot(
     state: SessionState,
     history: list[dict[str, Any]],
@@ -58,12 +63,14 @@ def snapshot(
     waiting = []
     for step in state.queued_steps():
         serving = any(step.queue in w.queues for w in dispatcher.workers.values())
+        blocked = dispatcher.limits.blocked(state.id, step.id)
         waiting.append(
             {
                 "step_id": step.id,
                 "queue": step.queue,
-                "not_before": step.not_before,
-                "waiting_for": _waiting_for(step, serving),
+                "not_before": step.not_before or (blocked and blocked.until),
+                "waiting_for": blocked.words() if blocked else _waiting_for(step, serving),
+                "limit": plain_blocked(blocked) if blocked else None,
             }
         )
     return {
@@ -111,6 +118,7 @@ def session_row(state: SessionState) -> dict[str, Any]:
     return {
         "id": state.id,
         "agent": state.agent,
+        "tenant": state.tenant,
         "status": state.fleet_status().value,
         "created_at": state.created_at,
         "updated_at": state.updated_at or state.created_at,

@@ -66,6 +66,12 @@ class ToolSpec(Wire):
     """For kind ``task``: the time between two polls."""
     has_check: bool = False
     """The tool defines a check (a read) that settles an ``outcome_unknown`` by itself."""
+    concurrency_key: str | None = Field(None, max_length=256)
+    """Calls of this tool under one key run at most ``concurrency_limit`` at once, across
+    every Worker: a template of the call's arguments, ``{name}`` standing for argument
+    ``name``'s value (``"{customer_id}"``: one booking at a time per customer; ``""``: one
+    key for every call of the tool). The server holds the others queued."""
+    concurrency_limit: int = Field(1, ge=1)
 
 
 class AgentSpec(Wire):

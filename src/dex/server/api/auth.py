@@ -11,7 +11,9 @@ does the API description (``/openapi.json``, ``/docs``, ``/redoc``). A missing o
 handshake gets the same HTTP answer (401 or 403 with the JSON body) instead of the
 upgrade; on a server without the ASGI denial-response extension it is closed before it
 is accepted (code 4401 or 4403), which the server sends as a 403. A worker token scoped
-to some agents is checked against the Worker's hello (``dex.auth.agents`` in the scope).
+to some agents is checked against the Worker's hello (``dex.auth.agents`` in the scope);
+a client token scoped to a tenant sees only that tenant's sessions (``dex.auth.tenant`` in
+the scope, which ``dex.server.api.tenancy`` enforces).
 
 The web console (``/ui``, ``dex.server.console``) is guarded like the client API: a
 client token reads and acts, an admin token opens it too. A browser cannot send the
@@ -45,8 +47,21 @@ AGENTS_KEY = "dex.auth.agents"
 """Where a connection's agent scope is left in the ASGI scope (absent: any agent)."""
 TOKEN_KEY = "dex.auth.token"
 """Where the name of the request's token is left in the ASGI scope (absent: auth off)."""
+TENANT_KEY = "dex.auth.tenant"
+"""Where a tenant-scoped client token's tenant is left in the ASGI scope (absent: every
+session; ``dex.server.api.tenancy`` reads it)."""
 
-__all__ = ["AGENTS_KEY", "GUARDED", "OPEN", "TOKEN_KEY", "Auth", "Role", "refusal", "role_for"]
+__all__ = [
+    "AGENTS_KEY",
+    "GUARDED",
+    "OPEN",
+    "TENANT_KEY",
+    "TOKEN_KEY",
+    "Auth",
+    "Role",
+    "refusal",
+    "role_for",
+]
 
 BEARER = HTTPBearer(
     auto_error=False,  # the Auth layer refuses, before any route runs
@@ -111,6 +126,8 @@ class Auth:
             scope[TOKEN_KEY] = token.name
             if token.agents is not None:
                 scope[AGENTS_KEY] = token.agents
+            if token.tenant is not None:
+                scope[TENANT_KEY] = token.tenant
         if needed == Role.CLIENT and self.limits is not None and scope["type"] == "http":
             key = token.name if token is not None else _address(scope)
             over = self.limits.check(key, token.rate_limit if token else None)

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 from fastapi import APIRouter, Request
 
-from dex.server.api import models
+from dex.server.api import models, tenancy
 from dex.server.api.auth import GUARDED
 from dex.server.api.peers import Cluster, Peers, cluster_of
 from dex.server.api.responses import ORJSONResponse
@@ -30,7 +30,7 @@ router = APIRouter()
     tags=["cluster"],
     response_model=models.ClusterView,
     responses=models.errors(401, 403, 429, 500, 503),
-    dependencies=GUARDED,
+    dependencies=[*GUARDED, *tenancy.UNSCOPED],
 )
 async def get_cluster(request: Request) -> ORJSONResponse:
     """The nodes of the cluster, the partitions each owns now, and which one answered."""

@@ -12,8 +12,10 @@ on to the FastAPI app unchanged (its body replayed), so every refusal (a bad bod
 standby, an unknown session, a body of no declared length) is answered by the same code
 the OpenAPI document describes. The routes stay declared in FastAPI too, with the same
 parsing and rendering (``send`` and ``create`` in ``sessions.py``): one behaviour, two
-ways in. The Worker channel's upgrade goes straight to its raw endpoint
-(``workers.serve``) on a serving node; on any other the app's gate refuses it.
+ways in. A request of a tenant-scoped token goes to the FastAPI routes too: their
+dependency is the one place that keeps it to its tenant (``tenancy``). The Worker
+channel's upgrade goes straight to its raw endpoint (``workers.serve``) on a serving
+node; on any other the app's gate refuses it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from dex.errors import DexError
 from dex.server.api import workers
+from dex.server.api.auth import TENANT_KEY
 from dex.server.api.responses import encode
 from dex.server.api.sessions import CreateSession, SendMessage, create, send
 from dex.wire import error_body
@@ -50,11 +53,20 @@ class HotRoutes:
             if node is not None and node.serving:  # else the app's gate refuses it
                 await workers.serve(self.app, scope, receive, send_)
                 return
-        elif scope["type"] == "http" and scope["method"] == "POST" and _plain_json(scope):
+        elif (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and TENANT_KEY not in scope  # a tenant's request: the routes' own check
+            and _plain_json(scope)
+        ):
             path: str = scope["path"]
             if path == "/v1/sessions":
                 await self._serve(
-                    scope, receive, send_, CreateSession, lambda body: create(self.app, body)
+                    scope,
+                    receive,
+                    send_,
+                    CreateSession,
+                    lambda body: create(self.app, body, body.tenant),
                 )
                 return
             match = MESSAGES.fullmatch(path)

@@ -25,6 +25,7 @@ import msgspec
 from pydantic import BaseModel, Field
 
 from dex.server import views
+from dex.server.flow import Limit
 from dex.server.views import FleetStatus, TurnStatus
 from dex.wire import AgentSpec, Item
 
@@ -143,6 +144,9 @@ class SessionBudget(BaseModel):
 class Session(BaseModel):
     id: str
     agent: str
+    tenant: str | None = Field(
+        None, description="Whose session it is (given at creation, never changed); null: none."
+    )
     status: FleetStatus = Field(
         description="`idle`, `running`, `waiting` (the turn waits for a person: an approval "
         "or an answer), or `failed` (no turn runs, and the last one failed)."
@@ -191,13 +195,48 @@ class Forked(Session):
     messages_received: int = Field(description="Its next message starts turn this + 1.")
 
 
+class HeldByLimit(BaseModel):
+    key: str = Field(
+        description="The model group (`anthropic/claude-sonnet-4-5`), or the tool's "
+        "concurrency key (`tool:AGENT/TOOL=KEY`)."
+    )
+    limit: str = Field(
+        description="`concurrency`, `rpm`, `tpm`, or `retry_after` (the provider refused a call "
+        "of the group and said when to come back)."
+    )
+    until: float | None = Field(
+        description="When it may go (Unix time); null: when a call under `key` ends."
+    )
+
+
+class GroupLimits(BaseModel):
+    group: str
+    limit: Limit | None = Field(description="Its limits; null: none.")
+    source: Literal["config", "api"] | None = Field(
+        description="`config`: the server config's; `api`: set at run time (they win)."
+    )
+    running: int = Field(description="Its model calls running, handed out by this node.")
+    waiting: int = Field(description="Its Steps this node holds queued for a limit.")
+    lowered_to: float = Field(
+        description="The part of its limits it admits after the provider refused calls "
+        "(1: all); it grows back as calls succeed."
+    )
+
+
+class LimitsView(BaseModel):
+    groups: list[GroupLimits]
+
+
 class QueuedStep(BaseModel):
     step_id: str
     queue: str
     not_before: float | None
     waiting_for: str = Field(
-        description="`backoff`, `the model provider's rate limit`, `a free Worker`, or the queue "
-        "nobody serves."
+        description="`backoff`, `the model provider's rate limit`, `a free Worker`, the queue "
+        "nobody serves, or the limit that holds it (`limit`)."
+    )
+    limit: HeldByLimit | None = Field(
+        None, description="The limit that holds it queued (docs/flow-control.md)."
     )
 
 

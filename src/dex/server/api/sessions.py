@@ -9,11 +9,11 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field, model_validator
 
 from dex.server import views
-from dex.server.api import models, sse
+from dex.server.api import models, sse, tenancy
 from dex.server.api.auth import GUARDED
 from dex.server.api.models import errors
 from dex.server.api.responses import ORJSONResponse, RecordsResponse
-from dex.server.fleet import Filters
+from dex.server.fleet import TENANT, Filters
 from dex.server.sessions import Sessions
 from dex.server.views import Turn
 from dex.wire import Wire
@@ -22,11 +22,14 @@ router = APIRouter(
     prefix="/v1",
     tags=["sessions"],
     responses=errors(401, 403, 429, 500, 503),
-    dependencies=GUARDED,
+    dependencies=[*GUARDED, *tenancy.GUARD],  # a scoped token sees its tenant's sessions only
 )
 BODY = errors(400, 413, 422)
 """What any route with a JSON body may answer before it runs."""
 WAIT = {**BODY, **errors(404, 409, 503)}
+
+
+TENANT_PATTERN = f"^{TENANT.pattern}$"
 
 
 class Budget(Wire):
@@ -59,6 +62,13 @@ class SetBudget(Budget):
 class CreateSession(Wire):
     agent: str = Field(min_length=1, max_length=128)
     session_id: str | None = Field(None, min_length=1, max_length=128)
+    tenant: str | None = Field(
+        None,
+        pattern=TENANT_PATTERN,
+        description="Whose session it is (1-64 letters, digits or `_.-`), for good: a "
+        "client token scoped to a tenant sees only that tenant's sessions, and its sessions "
+        "are its tenant's without this (another tenant is a 403).",
+    )
     budget: Budget | None = Field(
         None,
         description="What the session may use in all: a turn whose next model call would "
@@ -164,16 +174,17 @@ def _turn_body(
     responses={201: {"links": models.SESSION_LINKS}, **BODY, **errors(404, 409, 503)},
 )
 async def create_session(body: CreateSession, request: Request) -> ORJSONResponse:
-    result, status = await create(request.app, body)
+    tenant = tenancy.tenant_for(request, body.tenant)
+    result, status = await create(request.app, body, tenant)
     return ORJSONResponse(result, status)
 
 
-async def create(app: Any, body: CreateSession) -> tuple[dict[str, Any], int]:
-    """The session creation, as this route and ``hot.HotRoutes`` both answer it: the body
-    and the status."""
+async def create(app: Any, body: CreateSession, tenant: str | None) -> tuple[dict[str, Any], int]:
+    """The session creation (of ``tenant``), as this route and ``hot.HotRoutes`` both
+    answer it: the body and the status."""
     sessions: Sessions = app.state["sessions"]
     budget = body.budget.limits() if body.budget is not None else None
-    state = await sessions.create(body.agent, body.session_id, budget)
+    state = await sessions.create(body.agent, body.session_id, tenant, budget)
     return views.session_row(state), 201
 
 
@@ -182,6 +193,14 @@ def _time(description: str) -> Any:
 
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="At most this many per page.")]
+Tenant = Annotated[
+    str | None,
+    Query(
+        pattern=TENANT_PATTERN,
+        description="Only this tenant's sessions. A token scoped to a tenant sees only "
+        "that tenant's anyway; naming another is a 403.",
+    ),
+]
 Cursor = Annotated[
     str | None,
     Query(max_length=1000, description="The `next_cursor` of the previous page."),
@@ -213,6 +232,7 @@ async def fork_session(session_id: str, body: Fork, request: Request) -> ORJSONR
 async def list_sessions(
     request: Request,
     agent: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    tenant: Tenant = None,
     status: Annotated[
         Literal["idle", "running", "waiting", "failed", "outcome_unknown"] | None,
         Query(
@@ -236,6 +256,7 @@ async def list_sessions(
     filters = Filters(
         agent=agent,
         status=status,
+        tenant=tenancy.tenant_for(request, tenant),
         created_since=created_since,
         created_before=created_before,
         updated_since=updated_since,
@@ -247,11 +268,14 @@ async def list_sessions(
 
 
 @router.get("/inbox", tags=["waits"], response_model=models.Inbox, responses=errors(422))
-async def list_inbox(request: Request, limit: Limit = 100, cursor: Cursor = None) -> ORJSONResponse:
+async def list_inbox(
+    request: Request, limit: Limit = 100, cursor: Cursor = None, tenant: Tenant = None
+) -> ORJSONResponse:
     """What waits for a person across sessions: tool calls to approve or deny, questions to
     answer. A page holds the waits of up to `limit` sessions, the sessions that started
     waiting last first."""
-    items, next_cursor = await _sessions(request).reads.inbox(limit, cursor)
+    asked = tenancy.tenant_for(request, tenant)
+    items, next_cursor = await _sessions(request).reads.inbox(limit, cursor, asked)
     return ORJSONResponse({"items": items, "next_cursor": next_cursor})
 
 

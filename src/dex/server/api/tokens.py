@@ -10,6 +10,12 @@ A tokens file is TOML, one ``[[token]]`` table per token::
     rate_limit = "20/second"        # optional: this token's limit on the client API
 
     [[token]]
+    name = "acme-app"
+    role = "client"
+    sha256 = "..."
+    tenant = "acme"                 # optional: it sees and changes only acme's sessions
+
+    [[token]]
     name = "billing-workers"
     role = "worker"
     sha256 = "..."
@@ -43,6 +49,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dex.errors import InvalidInput
+from dex.server.fleet import TENANT, TENANT_RULE
 
 log = logging.getLogger("dex.auth")
 
@@ -68,6 +75,9 @@ class Token:
     """A worker token's scope: the agents its Workers may serve (None: any)."""
     rate_limit: str | None = None
     """This token's limit on the client API (``limits`` notation); None: the default."""
+    tenant: str | None = None
+    """A client token's scope: the one tenant whose sessions it sees and changes
+    (``dex.server.api.tenancy``; None: every session)."""
 
 
 def digest(token: str | bytes) -> bytes:
@@ -82,6 +92,7 @@ class _Entry(BaseModel):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
     agents: list[Annotated[str, Field(min_length=1)]] | None = None
     rate_limit: str | None = None
+    tenant: str | None = None
 
 
 class _File(BaseModel):
@@ -109,6 +120,8 @@ def read_file(path: Path) -> list[Token]:
             raise InvalidInput(
                 f"the tokens file {path}: 'agents' limits a worker token, not a {entry.role} one"
             )
+        if entry.tenant is not None:
+            check_tenant(entry.tenant, entry.role, f"the tokens file {path}: ")
         if entry.rate_limit is not None:
             check_rate_limit(entry.rate_limit)
         tokens.append(
@@ -118,6 +131,7 @@ def read_file(path: Path) -> list[Token]:
                 digest=bytes.fromhex(entry.sha256),
                 agents=frozenset(entry.agents) if entry.agents is not None else None,
                 rate_limit=entry.rate_limit,
+                tenant=entry.tenant,
             )
         )
     names = [t.name for t in tokens]
@@ -125,6 +139,14 @@ def read_file(path: Path) -> list[Token]:
     if twice:
         raise InvalidInput(f"the tokens file {path}: names used twice: {', '.join(twice)}")
     return tokens
+
+
+def check_tenant(tenant: str, role: str, where: str = "") -> None:
+    """Refuse a tenant scope on a token that is not a client token, or a bad name."""
+    if role != "client":
+        raise InvalidInput(f"{where}'tenant' limits a client token, not a {role} one")
+    if not TENANT.fullmatch(tenant):
+        raise InvalidInput(f"{where}tenant {tenant!r}: a tenant is {TENANT_RULE}")
 
 
 def check_rate_limit(text: str) -> None:

@@ -25,7 +25,7 @@ from fastapi import APIRouter, FastAPI, Header, Request
 from starlette.routing import WebSocketRoute
 from starlette.types import Receive, Scope, Send
 
-from dex.server.api import cluster, models
+from dex.server.api import cluster, models, tenancy
 from dex.server.api.auth import AGENTS_KEY, GUARDED
 from dex.server.api.responses import ORJSONResponse
 from dex.server.ha.node import Node
@@ -275,7 +275,7 @@ async def serve(app: FastAPI, scope: Scope, receive: Receive, send: Send) -> Non
     tags=["workers"],
     response_model=models.WorkerList,
     responses=models.errors(401, 403, 422, 429, 500, 503),
-    dependencies=GUARDED,
+    dependencies=[*GUARDED, *tenancy.UNSCOPED],
 )
 async def list_workers(
     request: Request,

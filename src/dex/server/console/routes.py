@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from dex.errors import DexError, NotFound
 from dex.server import views
-from dex.server.api import models
+from dex.server.api import models, tenancy
 from dex.server.api import sessions as api
 from dex.server.api.auth import TOKEN_KEY, refusal
 from dex.server.api.cluster import all_workers, cluster_view
@@ -38,7 +38,8 @@ from dex.server.ha.node import Node
 from dex.server.pages import COOKIE, PREFIX, STATIC, render
 from dex.server.sessions import Sessions
 
-router = APIRouter(prefix=PREFIX, include_in_schema=False)
+router = APIRouter(prefix=PREFIX, include_in_schema=False, dependencies=tenancy.GUARD)
+"""A scoped token's console shows and acts on its tenant's sessions only (``tenancy``)."""
 PAGE = 50
 """Sessions per page of the session list and the inbox."""
 M = TypeVar("M", bound=BaseModel)
@@ -79,7 +80,8 @@ def _sessions(request: Request) -> Sessions:
 @router.get("", name="console_inbox")
 async def inbox(request: Request, cursor: Annotated[str | None, Query()] = None) -> Response:
     """Home: what waits for a person across sessions, the latest to start waiting first."""
-    items, next_cursor = await _sessions(request).reads.inbox(PAGE, cursor)
+    tenant = tenancy.tenant_for(request, None)
+    items, next_cursor = await _sessions(request).reads.inbox(PAGE, cursor, tenant)
     return render(request, "inbox.html", items=items, next_cursor=next_cursor)
 
 
@@ -93,7 +95,7 @@ async def session_list(
     each session's agent, status, last message (read with the page, by the store), and
     what it waits for (a session waiting for a person is in memory: no read per row)."""
     sessions = _sessions(request)
-    filters = Filters(status=SHOW[show])
+    filters = Filters(status=SHOW[show], tenant=tenancy.tenant_for(request, None))
     rows, next_cursor = await sessions.reads.list_sessions(filters, PAGE, cursor, last_message=True)
     listed = []
     for row in rows:
@@ -145,7 +147,7 @@ async def session_events(
     return await api.stream_events(session_id, request, last_event_id)
 
 
-@router.get("/cluster", name="console_cluster")
+@router.get("/cluster", name="console_cluster", dependencies=tenancy.UNSCOPED)
 async def cluster(request: Request) -> Response:
     """This node (role, epoch), the nodes of its cluster with their partitions, the Workers
     connected to every node with what they serve, and the Steps queued on this node for a

@@ -40,6 +40,7 @@ from typing import Any
 from dex import _failpoints as failpoints
 from dex.errors import DexError
 from dex.server.clock import Clock
+from dex.server.dispatch.limits import Ask, Limits
 from dex.server.supervisor import Supervisor
 from dex.wire.protocol import CLOSE_ID_IN_USE
 from dex.wire.server_frames import ServerMessage, Step
@@ -194,8 +195,10 @@ class Dispatcher:
         """Bytes of frames sent to Workers: over hand-outs, what a hand-out costs."""
         self._resume: dict[str, str] = {}
         """The resume token of each Worker id that is connected or holds attempts."""
-        self._ready: dict[str, deque[tuple[str, str]]] = {}
-        self._delayed: list[tuple[float, int, str, str, str]] = []
+        self.limits = Limits(self.clock.now)
+        """The model limits and tool concurrency keys a Step's hand-out must pass."""
+        self._ready: dict[str, deque[tuple[str, str, Ask | None]]] = {}
+        self._delayed: list[tuple[float, int, str, str, str, Ask | None]] = []
         self._timers: list[tuple[float, int, str, str]] = []
         self._deadlines: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
@@ -393,10 +396,12 @@ class Dispatcher:
         for conn in list(self.workers.values()):
             conn.close(code, reason)
 
-    def reserve(self, queue: str, session_id: str) -> WorkerConn | None:
-        """Take one credit of a Worker that serves ``queue``, if any is free right now, for
-        a Step of ``session_id``: ``hold`` (its hand-out recorded) or ``release`` (not)
-        gives it back."""
+    def reserve(
+        self, queue: str, session_id: str, step_id: str, ask: Ask | None = None
+    ) -> WorkerConn | None:
+        """Take one credit of a Worker that serves ``queue``, if any is free right now and
+        the limits admit what the Step asks (``ask``), for a Step of ``session_id``:
+        ``hold`` (its hand-out recorded) or ``release`` (not) gives it back."""
         if self.paused or self._ready.get(queue):
             return None  # keep queue order: earlier Steps go first
         best: WorkerConn | None = None
@@ -406,8 +411,9 @@ class Dispatcher:
                 free = worker.free
                 if free > most:
                     best, most = worker, free
-        if best is not None:
-            self._reserve(best, session_id)
+        if best is None or (ask is not None and self.limits.admit(session_id, step_id, ask)):
+            return None  # one a limit holds is offered, and waits at its gate
+        self._reserve(best, session_id)
         return best
 
     def _reserve(self, worker: WorkerConn, session_id: str) -> None:
@@ -424,25 +430,38 @@ class Dispatcher:
         elif not self.held and not self.handing:
             self._none_held.set()
 
-    def release(self, worker: WorkerConn, session_id: str) -> None:
-        """The hand-out of a Step of ``session_id`` was not recorded: the credit goes back."""
+    def release(self, worker: WorkerConn, session_id: str, step_id: str) -> None:
+        """The hand-out of a Step was not recorded: the credit goes back, and what the
+        limits admitted."""
         self._reserved(worker, session_id)
+        self.limits.release(session_id, step_id)
         if self._ready_count:
             self._wake()
 
-    def offer(self, session_id: str, step_id: str, queue: str, not_before: float | None) -> None:
-        """A Step is queued: hand it out when a Worker is free and its backoff is over."""
+    def offer(
+        self,
+        session_id: str,
+        step_id: str,
+        queue: str,
+        not_before: float | None,
+        ask: Ask | None = None,
+    ) -> None:
+        """A Step is queued: hand it out when a Worker is free, its backoff is over and the
+        limits admit what it asks (``ask``)."""
         if not_before is not None and not_before > self.clock.now():
-            heapq.heappush(self._delayed, (not_before, next(self._seq), session_id, step_id, queue))
+            entry = (not_before, next(self._seq), session_id, step_id, queue, ask)
+            heapq.heappush(self._delayed, entry)
         else:
-            self._ready.setdefault(queue, deque()).append((session_id, step_id))
+            self._ready.setdefault(queue, deque()).append((session_id, step_id, ask))
             self._ready_count += 1
         self._wake()
 
     def queued(self) -> dict[str, int]:
-        """How many Steps wait in each queue (ready or in backoff)."""
+        """How many Steps wait in each queue (ready, in backoff, or held by a limit)."""
         counts = {queue: len(steps) for queue, steps in self._ready.items() if steps}
-        for _, _, _, _, queue in self._delayed:
+        for _, _, _, _, queue, _ in self._delayed:
+            counts[queue] = counts.get(queue, 0) + 1
+        for _, _, queue, _ in self.limits.parked():
             counts[queue] = counts.get(queue, 0) + 1
         return counts
 
@@ -515,6 +534,7 @@ class Dispatcher:
         if not self.held and not self.handing:
             self._none_held.set()
         if held is not None:
+            self.limits.release(held.session_id, held.step_id)
             self._drop_ended()
             held.conn.attempts.discard(attempt_id)
             if held.conn.closed:
@@ -571,8 +591,11 @@ class Dispatcher:
             self._waiter = loop.create_future()
             now_wall = self.clock.now()
             while self._delayed and self._delayed[0][0] <= now_wall:
-                _, _, sid, step_id, queue = heapq.heappop(self._delayed)
-                self._ready.setdefault(queue, deque()).append((sid, step_id))
+                _, _, sid, step_id, queue, ask = heapq.heappop(self._delayed)
+                self._ready.setdefault(queue, deque()).append((sid, step_id, ask))
+                self._ready_count += 1
+            for sid, step_id, queue, ask in self.limits.due():  # ahead of the Steps after it
+                self._ready.setdefault(queue, deque()).appendleft((sid, step_id, ask))
                 self._ready_count += 1
             self._fire_timers(now_wall)
             self._pump()
@@ -581,6 +604,9 @@ class Dispatcher:
             for heap in (self._delayed, self._timers):
                 if heap:
                     timeout = min(timeout, max(0.0, heap[0][0] - self.clock.now()))
+            wake = self.limits.next_wake()
+            if wake is not None:
+                timeout = min(timeout, max(0.0, wake - self.clock.now()))
             if self._deadlines:
                 timeout = min(timeout, max(0.0, self._deadlines[0][0] - time.monotonic()))
             if not self._waiter.done():
@@ -604,15 +630,21 @@ class Dispatcher:
                 queue = next((q for q in worker.queues if self._ready.get(q)), None)
                 if queue is None:
                     break
-                sid, step_id = self._ready[queue].popleft()
+                sid, step_id, ask = self._ready[queue].popleft()
                 self._ready_count -= 1
                 if not self.dispatches(sid):
+                    self.limits.release(sid, step_id)
                     continue
+                if ask is not None:
+                    blocked = self.limits.admit(sid, step_id, ask)
+                    if blocked is not None:
+                        self.limits.park((sid, step_id, queue, ask), blocked)
+                        continue
                 self._reserve(worker, sid)
-                self.supervisor.spawn(self._hand_out(sid, step_id, queue, worker))
+                self.supervisor.spawn(self._hand_out(sid, step_id, queue, ask, worker))
 
     async def _hand_out(
-        self, session_id: str, step_id: str, queue: str, worker: WorkerConn
+        self, session_id: str, step_id: str, queue: str, ask: Ask | None, worker: WorkerConn
     ) -> None:
         assert self._assign is not None
         try:
@@ -631,11 +663,11 @@ class Dispatcher:
                     "step_id": step_id,
                 },
             )
-            self.release(worker, session_id)
-            self.offer(session_id, step_id, queue, self.clock.now() + HAND_OUT_RETRY)
+            self.release(worker, session_id, step_id)
+            self.offer(session_id, step_id, queue, self.clock.now() + HAND_OUT_RETRY, ask)
             return
         if message is None:
-            self.release(worker, session_id)
+            self.release(worker, session_id, step_id)
         else:
             failpoints.hit("server.after_record_handout")
             worker.send(message)

@@ -50,6 +50,7 @@ def fork(
         id=new_id,
         agent=state.agent,
         created_at=now,
+        tenant=state.tenant,
         messages_received=before - 1,
         history_length=cut,
         forked_from=ForkedFrom(session_id=state.id, turn=before),

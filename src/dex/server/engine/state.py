@@ -289,6 +289,9 @@ class SessionState(msgspec.Struct, kw_only=True):
     id: str
     agent: str
     created_at: float
+    tenant: str | None = None
+    """Whose session it is, given at creation and never changed (a fork keeps it); a
+    tenant-scoped client token sees only its tenant's sessions. None: no tenant."""
     status: SessionStatus = SessionStatus.IDLE
     turn: Turn | None = None
     queued: list[QueuedMessage] = field(default_factory=list)

@@ -156,6 +156,7 @@ class Node:
         self.sessions.serves = cluster.serves
         self.sessions.reads.serves = cluster.serves
         self.dispatcher.dispatches = cluster.dispatches
+        self.dispatcher.limits.share = lambda: len(cluster.serving) / cluster.partition_count
         self.sessions.attempts.members = lambda: list(self._members)
         self.sessions.attempts.recovered = cluster.recovered
         self.role = "standby" if lease.standby else "starting"

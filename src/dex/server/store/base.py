@@ -39,6 +39,8 @@ class SessionRecord(NamedTuple):
     """Since when the session waits for a person; None when it does not."""
     outcome_unknown: int = 0
     """How many of its tool calls have an unknown outcome nobody has settled."""
+    tenant: str | None = None
+    """Whose session it is: written when it is created, never changed."""
     usage: tuple[int, int, float] = (0, 0, 0.0)
     """What its model calls used: input tokens, output tokens, cost in US dollars."""
 
@@ -81,6 +83,8 @@ class Write:
     """(client message id, message number) to remember for idempotent sends."""
     agents: list[tuple[str, str]] = field(default_factory=list)
     """(name, spec as JSON) to insert or replace."""
+    limits: list[tuple[str, str | None]] = field(default_factory=list)
+    """(model group, its limits as JSON) to insert or replace; with None, to delete."""
 
     def size(self) -> int:
         """Characters of JSON this write stores: what a transition costs the disk."""
@@ -136,6 +140,7 @@ class SessionRow:
     updated_at: float
     waiting_since: float | None
     outcome_unknown: int
+    tenant: str | None
     usage: dict[str, float] | None = None
     """The tokens and cost of its model calls (``input_tokens``, ``output_tokens``,
     ``cost_usd``): the columns each transition writes (``SessionRecord.usage``)."""
@@ -165,6 +170,8 @@ class SessionQuery:
     the previous page)."""
     agent: str | None = None
     status: str | None = None
+    tenant: str | None = None
+    """Only this tenant's sessions."""
     outcome_unknown: bool = False
     """Only sessions with an ``outcome_unknown`` tool call."""
     created: tuple[float | None, float | None] = (None, None)
@@ -246,10 +253,11 @@ class Store(ABC):
 
     @abstractmethod
     async def waiting_sessions(
-        self, limit: int, before: tuple[float, str] | None
+        self, limit: int, before: tuple[float, str] | None, tenant: str | None = None
     ) -> list[tuple[str, float]]:
         """(id, waiting_since) of sessions that wait for a person, the latest to start
-        waiting first, strictly after ``before`` in that order."""
+        waiting first, strictly after ``before`` in that order (``tenant``: only that
+        tenant's)."""
 
     @abstractmethod
     async def running_sessions(self) -> list[str]:
@@ -264,6 +272,10 @@ class Store(ABC):
 
     @abstractmethod
     async def find_message(self, session_id: str, message_id: str) -> int | None: ...
+
+    @abstractmethod
+    async def load_limits(self) -> list[tuple[str, str]]:
+        """The model limits set at run time: (group, limits as JSON)."""
 
     @abstractmethod
     async def load_agents(self) -> list[str]:

@@ -37,8 +37,8 @@ UPSERT_AGENT = (
 )
 INSERT_SESSION = (
     "INSERT INTO sessions (id, agent, created_at, status, turn, state, updated_at, "
-    "waiting_since, outcome_unknown, input_tokens, output_tokens, cost_usd) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "waiting_since, outcome_unknown, tenant, input_tokens, output_tokens, cost_usd) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 UPDATE_SESSION = (
     "UPDATE sessions SET status = ?, turn = ?, state = ?, updated_at = ?, waiting_since = ?, "
@@ -62,7 +62,7 @@ SESSION_STEPS = "SELECT step FROM steps WHERE " + _CURRENT
 SESSION_CALLS = "SELECT call FROM calls WHERE " + _CURRENT
 SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
 SESSION_ROW = (
-    "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown, "
+    "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown, tenant, "
     "input_tokens, output_tokens, cost_usd"
 )
 ORDER_COLUMN = {"created": "created_at", "updated": "updated_at"}
@@ -84,7 +84,7 @@ RUNNING_SESSIONS = (
 """No ``ORDER BY``: SQLite would walk the primary key (every session) to return them in
 order instead of the index of the few in a turn; they are sorted after."""
 WAITING_SESSIONS = (
-    "SELECT id, waiting_since FROM sessions WHERE waiting_since IS NOT NULL{} "
+    "SELECT id, waiting_since FROM sessions WHERE waiting_since IS NOT NULL{}{} "
     "ORDER BY waiting_since DESC, id DESC LIMIT ?"
 )
 LOAD_TURN = "SELECT turn FROM turns WHERE session_id = ? AND number = ?"
@@ -95,6 +95,12 @@ ALL_STEPS = "SELECT turn, step FROM steps WHERE session_id = ? ORDER BY turn, se
 ALL_CALLS = "SELECT turn, call FROM calls WHERE session_id = ? ORDER BY turn, seq"
 FIND_MESSAGE = "SELECT number FROM messages WHERE session_id = ? AND message_id = ?"
 LOAD_AGENTS = "SELECT spec FROM agents ORDER BY name"
+UPSERT_LIMIT = (
+    "INSERT INTO model_limits (grp, spec, updated_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (grp) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at"
+)
+DELETE_LIMIT = "DELETE FROM model_limits WHERE grp = ?"
+LOAD_LIMITS = "SELECT grp, spec FROM model_limits ORDER BY grp"
 
 VERSION = "SELECT value FROM meta WHERE key = 'schema_version'"
 SET_VERSION = (
@@ -110,15 +116,20 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
     if w.agents:
         at = time.time() if now is None else now
         out.append((UPSERT_AGENT, [(name, spec, at) for name, spec in w.agents]))
+    if w.limits:
+        at = time.time() if now is None else now
+        if set_ := [(group, spec, at) for group, spec in w.limits if spec is not None]:
+            out.append((UPSERT_LIMIT, set_))
+        if cleared := [(group,) for group, spec in w.limits if spec is None]:
+            out.append((DELETE_LIMIT, cleared))
     s = w.session
     if s is None:
         return out
     updated_at = s.created_at if s.updated_at is None else s.updated_at
     if w.create:
-        fleet = (updated_at, s.waiting_since, s.outcome_unknown, *s.usage)
-        out.append(
-            (INSERT_SESSION, [(s.id, s.agent, s.created_at, s.status, s.turn, s.state, *fleet)])
-        )
+        row = (s.id, s.agent, s.created_at, s.status, s.turn, s.state, updated_at)
+        columns = (s.waiting_since, s.outcome_unknown, s.tenant, *s.usage)
+        out.append((INSERT_SESSION, [(*row, *columns)]))
     else:
         fleet = (updated_at, s.waiting_since, s.outcome_unknown, *s.usage)
         out.append((UPDATE_SESSION, [(s.status, s.turn, s.state, *fleet, s.id)]))
@@ -148,7 +159,11 @@ def list_sessions(q: SessionQuery, dialect: str = "sqlite") -> Query:
     column = ORDER_COLUMN[q.order]
     where: list[str] = []
     params: list[Any] = []
-    for clause, value in (("agent = ?", q.agent), ("status = ?", q.status)):
+    for clause, value in (
+        ("agent = ?", q.agent),
+        ("status = ?", q.status),
+        ("tenant = ?", q.tenant),
+    ):
         if value is not None:
             where.append(clause)
             params.append(value)
@@ -183,10 +198,17 @@ def list_sessions(q: SessionQuery, dialect: str = "sqlite") -> Query:
     return sql, (*params, q.limit)
 
 
-def waiting_sessions(limit: int, before: tuple[float, str] | None) -> Query:
+def waiting_sessions(
+    limit: int, before: tuple[float, str] | None, tenant: str | None = None
+) -> Query:
+    """The inbox's sessions: one range of ``sessions_waiting``, or with ``tenant`` of
+    ``sessions_tenant_waiting``."""
+    of_tenant = "" if tenant is None else " AND tenant = ?"
+    first = () if tenant is None else (tenant,)
     if before is None:
-        return WAITING_SESSIONS.format(""), (limit,)
-    return WAITING_SESSIONS.format(" AND (waiting_since, id) < (?, ?)"), (*before, limit)
+        return WAITING_SESSIONS.format(of_tenant, ""), (*first, limit)
+    keyset = " AND (waiting_since, id) < (?, ?)"
+    return WAITING_SESSIONS.format(of_tenant, keyset), (*first, *before, limit)
 
 
 def _row(r: tuple[Any, ...], last_message: bool) -> SessionRow:
@@ -198,13 +220,14 @@ def _row(r: tuple[Any, ...], last_message: bool) -> SessionRow:
         float(r[4]),
         None if r[5] is None else float(r[5]),
         int(r[6]),
-        {"input_tokens": int(r[7]), "output_tokens": int(r[8]), "cost_usd": float(r[9])},
+        None if r[7] is None else str(r[7]),
+        {"input_tokens": int(r[8]), "output_tokens": int(r[9]), "cost_usd": float(r[10])},
     )
     if not last_message:
         return SessionRow(*fields)
     said = None
-    if r[10] is not None:
-        role, _, text = str(r[10]).partition(":")
+    if r[11] is not None:
+        role, _, text = str(r[11]).partition(":")
         said = Said(role, text)
     return ListedSession(*fields, last_message=said)
 
@@ -280,9 +303,9 @@ class SqlStore(Store):
         return [_row(r, query.last_message) for r in rows]
 
     async def waiting_sessions(
-        self, limit: int, before: tuple[float, str] | None
+        self, limit: int, before: tuple[float, str] | None, tenant: str | None = None
     ) -> list[tuple[str, float]]:
-        [rows] = await self._read([waiting_sessions(limit, before)])
+        [rows] = await self._read([waiting_sessions(limit, before, tenant)])
         return [(str(r[0]), float(r[1])) for r in rows]
 
     async def running_sessions(self) -> list[str]:
@@ -322,3 +345,6 @@ class SqlStore(Store):
 
     async def load_agents(self) -> list[str]:
         return [str(r[0]) for r in await self._rows(LOAD_AGENTS)]
+
+    async def load_limits(self) -> list[tuple[str, str]]:
+        return [(str(g), str(spec)) for g, spec in await self._rows(LOAD_LIMITS)]

@@ -1,0 +1,184 @@
+"""The gates of flow control (``dex.server.dispatch.limits``), on a clock the test moves."""
+
+from __future__ import annotations
+
+import pytest
+
+from dex.server.dispatch.limits import BURST, Ask, Limit, Limits
+from dex.server.handouts import concurrency_key
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def limits_with(clock: Clock, **limit: float) -> Limits:
+    limits = Limits(clock)
+    limits.set("g", Limit(**limit))
+    return limits
+
+
+def run_for(limits: Limits, clock: Clock, seconds: float, ask: Ask, step: float = 0.01) -> int:
+    """Admit calls of ``ask`` as fast as the gate lets them for ``seconds`` (each ends at
+    once); how many it admitted."""
+    admitted, n, end = 0, 0, clock.t + seconds
+    while clock.t < end:
+        n += 1
+        if limits.admit("s", f"step-{n}", ask) is None:
+            admitted += 1
+            limits.release("s", f"step-{n}")
+        else:
+            clock.t += step
+    return admitted
+
+
+def test_calls_at_once_wait_for_a_call_to_end_and_go_in_order(clock: Clock) -> None:
+    limits = limits_with(clock, concurrency=1)
+    ask = Ask("g")
+    assert limits.admit("s1", "a", ask) is None
+    blocked = limits.admit("s2", "b", ask)
+    assert blocked is not None and (blocked.limit, blocked.until) == ("concurrency", None)
+    limits.park(("s2", "b", "model:x", ask), blocked)
+    assert limits.blocked("s2", "b") == blocked
+    assert list(limits.due()) == []  # nothing ended
+
+    limits.release("s1", "a")
+    # a Step that comes now does not pass the one that waited
+    assert limits.admit("s3", "c", ask) is not None
+    assert list(limits.due()) == [("s2", "b", "model:x", ask)]
+    assert limits.admit("s2", "b", ask) is None
+    assert limits.blocked("s2", "b") is None
+    assert limits.running("g") == 1
+
+
+def test_requests_per_minute_hold_the_rate_over_any_minute(clock: Clock) -> None:
+    limits = limits_with(clock, rpm=600)
+    admitted = run_for(limits, clock, 120, Ask("g"))
+    # 10 a second for two minutes, plus the burst the gate allows at once
+    assert 1200 <= admitted <= 1200 + 10 * BURST + 1
+
+
+def test_a_request_held_by_the_rate_says_until_when(clock: Clock) -> None:
+    limits = limits_with(clock, rpm=60)
+    assert limits.admit("s", "1", Ask("g")) is None
+    assert limits.admit("s", "2", Ask("g")) is None  # the burst: one second's worth
+    blocked = limits.admit("s", "3", Ask("g"))
+    assert blocked is not None and blocked.limit == "rpm"
+    assert blocked.until == pytest.approx(clock.t + 1)
+    limits.park(("s", "3", "q", Ask("g")), blocked)
+    clock.t += 1
+    assert [e[1] for e in limits.due()] == ["3"]
+    assert limits.admit("s", "3", Ask("g")) is None
+
+
+def test_tokens_are_estimated_then_corrected_by_the_usage_reported(clock: Clock) -> None:
+    limits = limits_with(clock, tpm=600)  # 10 tokens a second
+    assert limits.admit("s", "1", Ask("g", tokens=10)) is None
+    limits.settle("s", "1", 100)  # it used ten times what was estimated
+    limits.release("s", "1")
+    blocked = limits.admit("s", "2", Ask("g", tokens=10))
+    assert blocked is not None and blocked.limit == "tpm"
+    assert blocked.until == pytest.approx(clock.t + 10 - BURST)
+
+
+def test_tokens_per_minute_hold_over_time_whatever_the_estimates(clock: Clock) -> None:
+    limits = limits_with(clock, tpm=60_000)
+    used, n, end = 0, 0, clock.t + 120
+    while clock.t < end:
+        n += 1
+        if limits.admit("s", str(n), Ask("g", tokens=100)) is None:
+            limits.settle("s", str(n), 1000)  # every estimate ten times too low
+            limits.release("s", str(n))
+            used += 1000
+        else:
+            clock.t += 0.01
+    assert 120_000 <= used <= 120_000 + 2 * 1000 + 1000 * BURST
+
+
+def test_a_refusal_closes_the_group_until_retry_after_and_halves_its_rate(clock: Clock) -> None:
+    limits = limits_with(clock, rpm=600)
+    assert limits.admit("s", "1", Ask("g")) is None
+    limits.refused("s", "1", 30)
+    limits.release("s", "1")
+    blocked = limits.admit("s", "2", Ask("g"))
+    assert blocked is not None and (blocked.limit, blocked.until) == ("retry_after", clock.t + 30)
+    assert limits.lowered("g") == 0.5
+    clock.t += 30
+    assert run_for(limits, clock, 60, Ask("g")) <= 300 + 5 * BURST + 1  # half of 600 a minute
+    # calls that succeed give the rate back, a tenth at a time
+    for n in range(6):
+        clock.t += 1
+        assert limits.admit("s", f"ok-{n}", Ask("g")) is None
+        limits.settle("s", f"ok-{n}", 0)
+        limits.release("s", f"ok-{n}")
+        assert limits.lowered("g") == pytest.approx(min(1, 0.5 + 0.1 * (n + 1)))
+    assert limits.lowered("g") == 1
+
+
+def test_a_refusal_without_limits_lowers_the_calls_at_once_seen(clock: Clock) -> None:
+    limits = Limits(clock)
+    for n in range(8):
+        assert limits.admit("s", str(n), Ask("p/m")) is None
+    limits.refused("s", "0", None)
+    for n in range(8):
+        limits.release("s", str(n))
+    admitted = [n for n in range(8) if limits.admit("t", str(n), Ask("p/m")) is None]
+    assert len(admitted) == 4  # half of the eight that ran when it was refused
+
+
+def test_a_node_admits_its_share_of_the_calls_at_once(clock: Clock) -> None:
+    limits = limits_with(clock, concurrency=4)
+    limits.share = lambda: 0.5
+    assert [limits.admit("s", str(n), Ask("g")) is None for n in range(3)] == [True, True, False]
+    limits.share = lambda: 0.1  # a node with few partitions still admits one
+    limits.release("s", "0")
+    limits.release("s", "1")
+    assert limits.admit("s", "x", Ask("g")) is None
+
+
+def test_raising_a_limit_lets_the_waiting_go(clock: Clock) -> None:
+    limits = limits_with(clock, concurrency=1)
+    assert limits.admit("s", "1", Ask("g")) is None
+    blocked = limits.admit("s", "2", Ask("g"))
+    assert blocked is not None
+    limits.park(("s", "2", "q", Ask("g")), blocked)
+    limits.set("g", Limit(concurrency=2))
+    assert [e[1] for e in limits.due()] == ["2"]
+    assert limits.admit("s", "2", Ask("g")) is None
+
+
+def test_tool_keys_limit_each_key_apart_and_are_forgotten_when_idle(clock: Clock) -> None:
+    limits = Limits(clock)
+    alice, bob = Ask("tool:a/book=alice", concurrency=1), Ask("tool:a/book=bob", concurrency=1)
+    assert limits.admit("s1", "1", alice) is None
+    assert limits.admit("s2", "1", bob) is None
+    assert limits.admit("s3", "1", alice) is not None
+    limits.release("s1", "1")
+    limits.release("s2", "1")
+    assert limits.groups() == []
+
+
+def test_a_concurrency_key_is_the_template_with_the_arguments() -> None:
+    args = {"customer_id": "c-42", "date": {"d": 1}, "n": 3}
+    assert concurrency_key("{customer_id}", args) == "c-42"
+    assert concurrency_key("{customer_id}:{n}:{date}", args) == 'c-42:3:{"d":1}'
+    assert concurrency_key("", args) == ""
+    assert concurrency_key("{missing}", args) == ""
+
+
+def test_limits_refuse_bad_values() -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        Limit(concurrency=0)
+    with pytest.raises(ValueError, match="rpm"):
+        Limit(rpm=-1)
+    with pytest.raises(ValueError, match="extra"):
+        Limit.model_validate({"tokens": 5})
