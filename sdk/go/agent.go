@@ -62,6 +62,11 @@ type Tool struct {
 	PollIntervalSeconds float64
 	// Check (optional, kind Write) tells whether a call whose outcome is unknown happened.
 	Check func(ctx context.Context, call *ToolContext, args json.RawMessage) (Checked, error)
+	// ConcurrencyKey (optional) runs at most ConcurrencyLimit (default 1) calls under one
+	// key at once, across every Worker: a template of the arguments, "{customer_id}" for
+	// one at a time per customer, "" for one key for every call (docs/flow-control.md).
+	ConcurrencyKey   *string
+	ConcurrencyLimit int
 }
 
 // Checked is a Check's verdict: Happened nil means it cannot tell.
@@ -256,10 +261,17 @@ func (a *Agent) spec() agentSpec {
 		case t.Approval:
 			approval = "always"
 		}
+		limit := 0
+		if t.ConcurrencyKey != nil {
+			limit = 1
+			if t.ConcurrencyLimit > 1 {
+				limit = t.ConcurrencyLimit
+			}
+		}
 		tools = append(tools, toolSpec{
 			Name: t.Name, Description: t.Description, Kind: t.Kind, Parameters: params,
 			Approval: approval, HasCheck: t.Check != nil, PollIntervalSeconds: t.PollIntervalSeconds,
-			Retry: t.Retry,
+			Retry: t.Retry, ConcurrencyKey: t.ConcurrencyKey, ConcurrencyLimit: limit,
 		})
 	}
 	s := agentSpec{Name: a.Name, Instructions: a.Instructions, Model: a.Model.Spec(), Tools: tools, ModelRetry: a.ModelRetry}

@@ -108,6 +108,8 @@ type toolSpec struct {
 	HasCheck            bool           `json:"has_check"`
 	PollIntervalSeconds float64        `json:"poll_interval_seconds,omitempty"`
 	Retry               *RetryPolicy   `json:"retry,omitempty"`
+	ConcurrencyKey      *string        `json:"concurrency_key,omitempty"`
+	ConcurrencyLimit    int            `json:"concurrency_limit,omitempty"`
 }
 
 type agentSpec struct {

@@ -272,3 +272,32 @@ func TestAResultWithAnIntegerBeyond64BitsFailsItsAttemptInsteadOfTheConnection(t
 		}
 	}
 }
+
+// A tool's concurrency key reaches the server in the hello, with its limit (1 by default),
+// and a tool without one sends neither.
+func TestConcurrencyKeyInTheToolSpec(t *testing.T) {
+	noop := func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error) { return nil, nil }
+	key := "{customer}"
+	agent := Agent{Name: "a", Model: viewModel{}, Tools: []Tool{
+		{Name: "book", Kind: Write, Func: noop, ConcurrencyKey: &key},
+		{Name: "deploy", Kind: Write, Func: noop, ConcurrencyKey: &key, ConcurrencyLimit: 3},
+		{Name: "read", Kind: Read, Func: noop},
+	}}
+	raw, err := json.Marshal(agent.spec().Tools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []map[string]any
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got[0]["concurrency_key"] != key || got[0]["concurrency_limit"] != 1.0 {
+		t.Fatalf("book: %v", got[0])
+	}
+	if got[1]["concurrency_limit"] != 3.0 {
+		t.Fatalf("deploy: %v", got[1])
+	}
+	if _, ok := got[2]["concurrency_key"]; ok {
+		t.Fatalf("read: %v", got[2])
+	}
+}

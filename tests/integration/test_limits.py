@@ -15,12 +15,13 @@ from starlette.testclient import TestClient
 from dex.testing import wait_until
 from dex.wire import AgentSpec, ModelResponse, ModelToolCall, ToolKind, ToolSpec, Usage
 from tests.integration.conftest import (
+    AGENT,
     Api,
     FakeWorker,
     connect_fake_worker,
     make_api_app,
 )
-from tests.integration.test_api import tool_done
+from tests.integration.test_api import _metrics, tool_done
 
 GROUP = "scripted/test"  # AGENT's model: the provider and the model's name
 
@@ -78,6 +79,11 @@ def test_a_step_held_by_calls_at_once_waits_with_no_attempt_then_runs_once(
     }
     with pytest.raises(TimeoutError):
         worker.step(timeout=0.3, session_id="b")
+    page = api.http.get("/ui/sessions/b").text  # the console says it too
+    assert f"Step 1.1 is queued, waiting for the limit of calls at once of {GROUP}." in page
+    metrics = _metrics(api)
+    assert metrics[f'dex_limit_waiting{{key="{GROUP}"}}'] == 1
+    assert metrics[f'dex_limit_running{{key="{GROUP}"}}'] == 1
 
     assert worker.done(first["attempt_id"], answered())["ok"]
     second = worker.step(session_id="b")
@@ -202,3 +208,23 @@ def test_bad_limits_are_refused_and_change_nothing(api: Api, body: Any) -> None:
     assert response.status_code == 422
     assert response.json()["error"]["code"] == "invalid_request"
     assert limits(api)[GROUP]["limit"]["concurrency"] == 2
+
+
+def test_a_tenant_with_a_thousand_queued_turns_delays_anothers_by_one_hand_out_round(
+    api: Api,
+) -> None:
+    api.register(AGENT)
+    for n in range(1000):
+        api.http.post(
+            "/v1/sessions", json={"agent": AGENT.name, "session_id": f"a{n}", "tenant": "a"}
+        )
+        api.send(f"a{n}", "hello")
+    with connect_fake_worker(api, "w-one", capacity=1) as worker:
+        running = worker.step()  # the one Worker runs one call at a time
+        api.http.post("/v1/sessions", json={"agent": AGENT.name, "session_id": "b", "tenant": "b"})
+        api.send("b", "hello")
+        # the next hand-out round (one call: the Worker's capacity) is b's
+        assert worker.done(running["attempt_id"], answered())["ok"]
+        after = worker.step()
+        assert (after["session_id"], after["attempt"]) == ("b", 1)
+        assert api.snapshot("a999")["waiting"][0]["waiting_for"] == "a free Worker"

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any, cast
+
 import pytest
 
+from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.dispatch.limits import BURST, Ask, Limit, Limits
+from dex.server.dispatch.queues import Queued
 from dex.server.handouts import concurrency_key
+from dex.testing import wait_until_async
 
 
 class Clock:
@@ -47,14 +53,14 @@ def test_calls_at_once_wait_for_a_call_to_end_and_go_in_order(clock: Clock) -> N
     assert limits.admit("s1", "a", ask) is None
     blocked = limits.admit("s2", "b", ask)
     assert blocked is not None and (blocked.limit, blocked.until) == ("concurrency", None)
-    limits.park(("s2", "b", "model:x", ask), blocked)
+    limits.park(Queued("s2", "b", "model:x", ask), blocked)
     assert limits.blocked("s2", "b") == blocked
     assert list(limits.due()) == []  # nothing ended
 
     limits.release("s1", "a")
     # a Step that comes now does not pass the one that waited
     assert limits.admit("s3", "c", ask) is not None
-    assert list(limits.due()) == [("s2", "b", "model:x", ask)]
+    assert list(limits.due()) == [Queued("s2", "b", "model:x", ask)]
     assert limits.admit("s2", "b", ask) is None
     assert limits.blocked("s2", "b") is None
     assert limits.running("g") == 1
@@ -74,7 +80,7 @@ def test_a_request_held_by_the_rate_says_until_when(clock: Clock) -> None:
     blocked = limits.admit("s", "3", Ask("g"))
     assert blocked is not None and blocked.limit == "rpm"
     assert blocked.until == pytest.approx(clock.t + 1)
-    limits.park(("s", "3", "q", Ask("g")), blocked)
+    limits.park(Queued("s", "3", "q", Ask("g")), blocked)
     clock.t += 1
     assert [e[1] for e in limits.due()] == ["3"]
     assert limits.admit("s", "3", Ask("g")) is None
@@ -150,7 +156,7 @@ def test_raising_a_limit_lets_the_waiting_go(clock: Clock) -> None:
     assert limits.admit("s", "1", Ask("g")) is None
     blocked = limits.admit("s", "2", Ask("g"))
     assert blocked is not None
-    limits.park(("s", "2", "q", Ask("g")), blocked)
+    limits.park(Queued("s", "2", "q", Ask("g")), blocked)
     limits.set("g", Limit(concurrency=2))
     assert [e[1] for e in limits.due()] == ["2"]
     assert limits.admit("s", "2", Ask("g")) is None
@@ -182,3 +188,43 @@ def test_limits_refuse_bad_values() -> None:
         Limit(rpm=-1)
     with pytest.raises(ValueError, match="extra"):
         Limit.model_validate({"tokens": 5})
+
+
+async def test_a_second_offer_of_a_running_step_leaves_its_count_alone() -> None:
+    """A Step offered twice (its first offer handed out and running) is found not queued
+    by its second hand-out: its call still counts once, until its attempt ends."""
+    dispatcher = Dispatcher(heartbeat_timeout=10)
+    dispatcher.limits.set("g", Limit(concurrency=2))
+    worker = WorkerConn(id="w", queues={"q"}, capacity=4, send=lambda message: None)
+    dispatcher.connect(worker, [], None)
+    handed: list[bool] = []
+
+    async def assign(session_id: str, step_id: str, conn: WorkerConn) -> Any:
+        first = not handed
+        handed.append(first)
+        if not first:
+            return None  # running already: not queued
+        deadline = time.monotonic() + 10
+        dispatcher.hold(conn, "s/1.1/1", Held(session_id, step_id, 1, conn, deadline))
+        return cast(Any, "the step frame")
+
+    async def nothing(*args: Any) -> None:
+        pass
+
+    dispatcher.start(assign, nothing, nothing)
+    try:
+        step = Queued("s", "1.1", "q", Ask("g"))
+        dispatcher.offer(step)
+        dispatcher.offer(step)
+
+        async def both() -> bool:
+            return len(handed) == 2
+
+        await wait_until_async(both, 10, what="both hand-outs")
+        assert handed == [True, False]
+        assert dispatcher.limits.running("g") == 1
+        assert dispatcher.limits.counts("s", "1.1")
+        dispatcher.unhold("s/1.1/1")
+        assert dispatcher.limits.running("g") == 0
+    finally:
+        await dispatcher.stop()

@@ -75,6 +75,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "DEX_PARTITIONS": "128",
         "DEX_ADVERTISE": "http://10.1.2.3:7000",
         "DEX_MODEL_LIMITS": '{"anthropic/claude-sonnet-4-5": {"concurrency": 8, "tpm": 400000}}',
+        "DEX_TENANT_WEIGHTS": '{"acme": 3}',
         "DEX_PRICES": '{"gpt-4o": {"input": 2, "output": 8}}',
     }.items():
         monkeypatch.setenv(name, value)
@@ -104,6 +105,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "model_limits": {
             "anthropic/claude-sonnet-4-5": {"concurrency": 8, "rpm": None, "tpm": 400000}
         },
+        "tenant_weights": {"acme": 3.0},
         "prices": {"gpt-4o": {"input": 2.0, "output": 8.0}},
     }
     worker = WorkerConfig.load()

@@ -152,6 +152,11 @@ export interface ToolOptions<A extends Args = Args> {
   pollIntervalSeconds?: number;
   /** A write's probe: did the call happen? Run after a crash instead of outcome_unknown. */
   check?: (ctx: ToolContext, args: A) => Checked | Promise<Checked>;
+  /** At most ``concurrencyLimit`` (default 1) calls under one key at once, across every
+   * Worker: a template of the arguments, ``"{customer_id}"`` for one at a time per
+   * customer, ``""`` for one key for every call (docs/flow-control.md). */
+  concurrencyKey?: string;
+  concurrencyLimit?: number;
 }
 
 export interface Tool {
@@ -183,6 +188,10 @@ export function defineTool<A extends Args = Args>(options: ToolOptions<A>): Tool
       if (opts.retry !== undefined) spec.retry = opts.retry;
       if (opts.pollIntervalSeconds !== undefined) {
         spec.poll_interval_seconds = opts.pollIntervalSeconds;
+      }
+      if (opts.concurrencyKey !== undefined) {
+        spec.concurrency_key = opts.concurrencyKey;
+        spec.concurrency_limit = opts.concurrencyLimit ?? 1;
       }
       return spec;
     },

@@ -714,6 +714,12 @@ export interface components {
             agent: string;
             /** @description What the session may use in all: a turn whose next model call would start at or over it waits until the budget is raised (docs/flow-control.md). */
             budget?: components["schemas"]["Budget"] | null;
+            /**
+             * Priority
+             * @description Its Steps go ahead of those of its tenant's sessions of a lower priority, for good (tenants still share the Workers fairly).
+             * @default 0
+             */
+            priority: number;
             /** Session Id */
             session_id?: string | null;
             /**
@@ -1429,6 +1435,12 @@ export interface components {
              * @description How many of its tool calls are `outcome_unknown`, not reconciled yet.
              */
             outcome_unknown: number;
+            /**
+             * Priority
+             * @description Its place among its tenant's sessions in the queues (higher first).
+             * @default 0
+             */
+            priority: number;
             /** Queued Messages */
             queued_messages: components["schemas"]["QueuedMessage"][];
             /** @description `idle`, `running`, `waiting` (the turn waits for a person: an approval or an answer), or `failed` (no turn runs, and the last one failed). */

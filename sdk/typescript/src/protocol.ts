@@ -23,6 +23,8 @@ export interface ToolSpec {
   has_check?: boolean;
   poll_interval_seconds?: number;
   retry?: RetryPolicy;
+  concurrency_key?: string;
+  concurrency_limit?: number;
 }
 
 export interface AgentSpec {

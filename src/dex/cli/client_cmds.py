@@ -166,6 +166,9 @@ def new(
             "else none)."
         ),
     ] = None,
+    priority: Annotated[
+        int, typer.Option(help="Its Steps go ahead of its tenant's lower-priority sessions'.")
+    ] = 0,
     max_tokens: MaxTokens = None,
     max_cost_usd: MaxCost = None,
     json_output: JsonFlag = False,
@@ -176,7 +179,8 @@ def new(
     _call(
         address,
         lambda c: _session(
-            c.create_session(agent, session_id, tenant=tenant, budget=budget), json_output
+            c.create_session(agent, session_id, tenant=tenant, priority=priority, budget=budget),
+            json_output,
         ),
     )
 

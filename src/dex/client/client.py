@@ -110,18 +110,23 @@ class Client:
         session_id: str | None = None,
         *,
         tenant: str | None = None,
+        priority: int = 0,
         budget: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A new session of ``agent``. ``tenant``: whose it is, for good (1-64 letters,
         digits or ``_.-``); with a tenant-scoped token, its tenant by default, and another
-        one raises ``AuthError``. ``budget``: what the session may use in all,
-        ``{"max_tokens": ...}``, ``{"max_cost_usd": ...}`` or both; a turn whose next model
-        call would start at or over it waits until the budget is raised (``set_budget``)."""
+        one raises ``AuthError``. ``priority``: its Steps go ahead of those of its
+        tenant's sessions of a lower one (-1000 to 1000). ``budget``: what the session may
+        use in all, ``{"max_tokens": ...}``, ``{"max_cost_usd": ...}`` or both; a turn whose
+        next model call would start at or over it waits until the budget is raised
+        (``set_budget``)."""
         body: dict[str, Any] = {"agent": agent}
         if session_id is not None:
             body["session_id"] = session_id
         if tenant is not None:
             body["tenant"] = tenant
+        if priority:
+            body["priority"] = priority
         if budget is not None:
             body["budget"] = budget
         return await self._request("POST", "/v1/sessions", body)

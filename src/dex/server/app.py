@@ -85,6 +85,7 @@ def create_app(
             tracing=_tracing(config, tracer_provider),
             prices=_prices(config),
         )
+        dispatcher.weights = dict(config.tenant_weights)
         model_limits = ModelLimits(store, dispatcher.limits, config.model_limits)
         await model_limits.load()
         if _postgres(config):  # a cluster: the other nodes change them too

@@ -33,7 +33,7 @@ from dex.errors import Unavailable
 from dex.server import handouts, records
 from dex.server.actors import Actor, Actors
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
-from dex.server.dispatch.limits import Ask
+from dex.server.dispatch.queues import Queued
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import SessionState, Step, ToolCall, attempt_id
@@ -70,9 +70,9 @@ class Committer:
         self.actors = actors
         self.streams = streams
         self.metrics = metrics
-        self.ask: Callable[[SessionState, Step], Ask | None] = lambda state, step: None
-        """What a Step's hand-out asks of the limits (``handouts.ask_for``, with the
-        session's agent: ``Sessions`` sets it)."""
+        self.queued: Callable[[SessionState, Step], Queued] = handouts.queued
+        """A queued Step as the dispatcher holds it, with what its hand-out asks of the
+        limits (``handouts.queued``, given the session's agent: ``Sessions`` sets it)."""
 
     def apply(
         self, session: str | Actor, build: Build, **options: Any
@@ -184,7 +184,8 @@ class Committer:
         for step in t.ready:
             if step.not_before is not None or step.status != StepStatus.QUEUED:
                 continue
-            worker = self.dispatcher.reserve(step.queue, state.id, step.id, self.ask(state, step))
+            ask = self.queued(state, step).ask
+            worker = self.dispatcher.reserve(step.queue, state.id, step.id, ask)
             if worker is not None:
                 handlers.assign(state, step.id, worker.id, now, worker.proof)
                 handed.append((step, worker))
@@ -254,8 +255,7 @@ class Committer:
         handed_steps = {id(step) for step, _ in handed}
         for step in t.ready:
             if id(step) not in handed_steps and step.status == StepStatus.QUEUED:
-                ask = self.ask(actor.state, step)
-                self.dispatcher.offer(sid, step.id, step.queue, step.not_before, ask)
+                self.dispatcher.offer(self.queued(actor.state, step), step.not_before)
         for step, worker in handed:
             worker.send(self.handout(actor, step, worker))
         for step in t.timers:

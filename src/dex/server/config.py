@@ -8,6 +8,7 @@ it directly.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -85,6 +86,11 @@ class ServerConfig(Settings):
     """Limits of model calls by model group (``DEX_MODEL_LIMITS``, JSON; in ``dex.toml``,
     ``[server.model_limits."anthropic/claude-sonnet-4-5"]`` with ``concurrency``, ``rpm``,
     ``tpm``): docs/flow-control.md. A limit set at run time replaces its group's."""
+    tenant_weights: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, validation_alias="DEX_TENANT_WEIGHTS"
+    )
+    """Each tenant's share of the Workers while several wait (``DEX_TENANT_WEIGHTS``, JSON
+    like ``{"acme": 3}``; 1 for a tenant not named): docs/flow-control.md."""
     prices: dict[str, ModelPrice] = Field(default_factory=dict, validation_alias="DEX_PRICES")
     """Model prices over the ones Dex ships, by model name (``[server.prices]`` in the
     config file: ``"gpt-4o" = { input = 2.5, output = 10.0 }``, US dollars per million

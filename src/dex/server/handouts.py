@@ -16,6 +16,7 @@ import msgspec
 
 from dex.server.dispatch.dispatcher import WorkerConn
 from dex.server.dispatch.limits import Ask
+from dex.server.dispatch.queues import Queued
 from dex.server.engine.state import SessionState, Step
 from dex.wire import AgentSpec, StepType, server_frames
 
@@ -102,6 +103,13 @@ def model_group(spec: AgentSpec) -> str:
         return group
     name = model.get("model") or model.get("name") or ""
     return f"{model.get('provider', 'unknown')}/{name}"
+
+
+def queued(state: SessionState, step: Step, spec: AgentSpec | None = None) -> Queued:
+    """``step`` as the dispatcher queues it: with its session's tenant and priority, and
+    what its hand-out asks of the limits (``ask_for``; nothing without the agent's spec)."""
+    ask = ask_for(state, step, spec) if spec is not None else None
+    return Queued(state.id, step.id, step.queue, ask, state.tenant or "", state.priority)
 
 
 def ask_for(state: SessionState, step: Step, spec: AgentSpec) -> Ask | None:

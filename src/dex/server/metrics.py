@@ -211,6 +211,28 @@ def node_gauges(node: Node) -> Iterator[Metric]:
     for queue, count in sorted(dispatcher.queued().items()):
         depth.add_metric([queue], count)
     yield depth
+    limits = dispatcher.limits
+    held = GaugeMetricFamily(
+        "dex_limit_waiting",
+        "Steps held queued by a model group's limits, or by a tool's concurrency keys (all "
+        "its keys together: tool:AGENT/TOOL), by key (docs/flow-control.md).",
+        labels=["key"],
+    )
+    running = GaugeMetricFamily(
+        "dex_limit_running", "Calls running under a limited key, by key.", labels=["key"]
+    )
+    counts: dict[str, list[int]] = {}
+    waiting = limits.waiting()
+    for key in limits.groups():
+        label = key.split("=", 1)[0] if key.startswith("tool:") else key
+        tally = counts.setdefault(label, [0, 0])
+        tally[0] += waiting.get(key, 0)
+        tally[1] += limits.running(key)
+    for label, (parked, calls) in sorted(counts.items()):
+        held.add_metric([label], parked)
+        running.add_metric([label], calls)
+    yield held
+    yield running
     yield counter(
         "dex_store_commits",
         "Durable transactions committed (each holds one or more operations).",

@@ -35,7 +35,7 @@ from dex.server.actors import Actor, Actors
 from dex.server.attempts import Attempts
 from dex.server.committer import Committer, Handle
 from dex.server.dispatch.dispatcher import Dispatcher
-from dex.server.dispatch.limits import Ask
+from dex.server.dispatch.queues import Queued
 from dex.server.engine import fork, handlers
 from dex.server.engine.budget import Budget, Prices
 from dex.server.engine.handlers import Transition
@@ -83,7 +83,7 @@ class Sessions:
         self.supervisor = dispatcher.supervisor
         self.agents: dict[str, AgentSpec] = {}
         """The registered agents, by name."""
-        self.committer.ask = self._ask
+        self.committer.queued = self._queued
         self.attempts = Attempts(
             self.committer, dispatcher, self.streams, self.metrics, self.spec, prices
         )
@@ -131,8 +131,7 @@ class Sessions:
             running = await self._recover(actor, reason, reclaim=True)
             for step in actor.state.queued_steps():
                 if step.id in queued:  # retries that recover() queued are offered already
-                    ask = self._ask(actor.state, step)
-                    self.dispatcher.offer(session_id, step.id, step.queue, step.not_before, ask)
+                    self.dispatcher.offer(self._queued(actor.state, step), step.not_before)
             for step in actor.state.waiting_steps():
                 if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
                     self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
@@ -192,7 +191,7 @@ class Sessions:
                         worker_id=attempt.worker_id,
                         proof=attempt.proof,
                     )
-                    ask = self._ask(state, step)
+                    ask = self._queued(state, step).ask
                     if ask is not None:  # it may run on: it counts against its limits
                         dispatcher.limits.count(state.id, step.id, ask)
         types = [step.type.value for step in state.running_steps() if step.id not in kept]
@@ -240,11 +239,10 @@ class Sessions:
             for spec in changed:
                 self.agents[spec.name] = spec
 
-    def _ask(self, state: SessionState, step: Step) -> Ask | None:
-        """What the hand-out of ``step`` asks of the limits (none while its agent is not
-        registered: no Worker serves it yet)."""
-        spec = self.agents.get(state.agent)
-        return handouts.ask_for(state, step, spec) if spec is not None else None
+    def _queued(self, state: SessionState, step: Step) -> Queued:
+        """``step`` queued, with what its hand-out asks of the limits (nothing while its
+        agent is not registered: no Worker serves it yet)."""
+        return handouts.queued(state, step, self.agents.get(state.agent))
 
     def spec(self, agent: str) -> AgentSpec:
         spec = self.agents.get(agent)
@@ -264,10 +262,12 @@ class Sessions:
         agent: str,
         session_id: str | None,
         tenant: str | None = None,
+        priority: int = 0,
         budget: Budget | None = None,
     ) -> SessionState:
-        """A new session of ``agent`` (``tenant``: whose it is, for good; ``budget``: what
-        it may use in all)."""
+        """A new session of ``agent`` (``tenant``: whose it is, for good; ``priority``: its
+        place among its tenant's sessions in the queues; ``budget``: what it may use in
+        all)."""
         if agent not in self.agents and self.serves is not None:
             await self.load_agents()  # in a cluster: a Worker of another node registered it
         self.spec(agent)
@@ -278,7 +278,13 @@ class Sessions:
         if session_id is None and self.serves is not None:
             new_id = self._own_id(new_id)
         state = SessionState(
-            id=new_id, agent=agent, created_at=now, updated_at=now, tenant=tenant, budget=budget
+            id=new_id,
+            agent=agent,
+            created_at=now,
+            updated_at=now,
+            tenant=tenant,
+            priority=priority,
+            budget=budget,
         )
         await self._write_new(records.new_session(state))
         return state

@@ -78,6 +78,7 @@ def snapshot(
             **session_row(state),
             "last_turn_status": state.last_turn_status,
             "messages_received": state.messages_received,
+            "priority": state.priority,
             "queued_messages": plain(state.queued),
             "forked_from": plain(state.forked_from) if state.forked_from else None,
             "budget": plain(state.budget) if state.budget else None,

@@ -172,6 +172,9 @@ class SessionList(BaseModel):
 class SnapshotSession(Session):
     last_turn_status: TurnStatus | None = Field(description="How the latest ended turn ended.")
     messages_received: int
+    priority: int = Field(
+        0, description="Its place among its tenant's sessions in the queues (higher first)."
+    )
     queued_messages: list[QueuedMessage]
     forked_from: ForkedFrom | None = Field(
         description="For a fork: the session it was made from, and the first of its turns "

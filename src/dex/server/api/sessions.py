@@ -69,6 +69,13 @@ class CreateSession(Wire):
         "client token scoped to a tenant sees only that tenant's sessions, and its sessions "
         "are its tenant's without this (another tenant is a 403).",
     )
+    priority: int = Field(
+        0,
+        ge=-1000,
+        le=1000,
+        description="Its Steps go ahead of those of its tenant's sessions of a lower "
+        "priority, for good (tenants still share the Workers fairly).",
+    )
     budget: Budget | None = Field(
         None,
         description="What the session may use in all: a turn whose next model call would "
@@ -184,7 +191,7 @@ async def create(app: Any, body: CreateSession, tenant: str | None) -> tuple[dic
     answer it: the body and the status."""
     sessions: Sessions = app.state["sessions"]
     budget = body.budget.limits() if body.budget is not None else None
-    state = await sessions.create(body.agent, body.session_id, tenant, budget)
+    state = await sessions.create(body.agent, body.session_id, tenant, body.priority, budget)
     return views.session_row(state), 201
 
 

@@ -32,7 +32,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +41,7 @@ from dex import _failpoints as failpoints
 from dex.errors import DexError
 from dex.server.clock import Clock
 from dex.server.dispatch.limits import Ask, Limits
+from dex.server.dispatch.queues import FairQueue, Queued
 from dex.server.supervisor import Supervisor
 from dex.wire.protocol import CLOSE_ID_IN_USE
 from dex.wire.server_frames import ServerMessage, Step
@@ -197,8 +198,10 @@ class Dispatcher:
         """The resume token of each Worker id that is connected or holds attempts."""
         self.limits = Limits(self.clock.now)
         """The model limits and tool concurrency keys a Step's hand-out must pass."""
-        self._ready: dict[str, deque[tuple[str, str, Ask | None]]] = {}
-        self._delayed: list[tuple[float, int, str, str, str, Ask | None]] = []
+        self.weights: dict[str, float] = {}
+        """Each tenant's weight in the queues' fair shares (1 when not named)."""
+        self._ready: dict[str, FairQueue] = {}
+        self._delayed: list[tuple[float, int, Queued]] = []
         self._timers: list[tuple[float, int, str, str]] = []
         self._deadlines: list[tuple[float, int, str]] = []
         self._seq = itertools.count()
@@ -430,39 +433,40 @@ class Dispatcher:
         elif not self.held and not self.handing:
             self._none_held.set()
 
-    def release(self, worker: WorkerConn, session_id: str, step_id: str) -> None:
+    def release(
+        self, worker: WorkerConn, session_id: str, step_id: str, admitted: bool = True
+    ) -> None:
         """The hand-out of a Step was not recorded: the credit goes back, and what the
-        limits admitted."""
+        limits ``admitted`` for it."""
         self._reserved(worker, session_id)
-        self.limits.release(session_id, step_id)
+        if admitted:
+            self.limits.release(session_id, step_id)
         if self._ready_count:
             self._wake()
 
-    def offer(
-        self,
-        session_id: str,
-        step_id: str,
-        queue: str,
-        not_before: float | None,
-        ask: Ask | None = None,
-    ) -> None:
-        """A Step is queued: hand it out when a Worker is free, its backoff is over and the
-        limits admit what it asks (``ask``)."""
+    def offer(self, step: Queued, not_before: float | None = None) -> None:
+        """A Step is queued: hand it out when a Worker is free, its backoff is over, the
+        limits admit what it asks (``step.ask``), and its tenant's turn comes."""
         if not_before is not None and not_before > self.clock.now():
-            entry = (not_before, next(self._seq), session_id, step_id, queue, ask)
-            heapq.heappush(self._delayed, entry)
+            heapq.heappush(self._delayed, (not_before, next(self._seq), step))
         else:
-            self._ready.setdefault(queue, deque()).append((session_id, step_id, ask))
+            self._ready_for(step.queue).push(step)
             self._ready_count += 1
         self._wake()
+
+    def _ready_for(self, queue: str) -> FairQueue:
+        ready = self._ready.get(queue)
+        if ready is None:
+            ready = self._ready[queue] = FairQueue(lambda tenant: self.weights.get(tenant, 1.0))
+        return ready
 
     def queued(self) -> dict[str, int]:
         """How many Steps wait in each queue (ready, in backoff, or held by a limit)."""
         counts = {queue: len(steps) for queue, steps in self._ready.items() if steps}
-        for _, _, _, _, queue, _ in self._delayed:
-            counts[queue] = counts.get(queue, 0) + 1
-        for _, _, queue, _ in self.limits.parked():
-            counts[queue] = counts.get(queue, 0) + 1
+        for _, _, step in self._delayed:
+            counts[step.queue] = counts.get(step.queue, 0) + 1
+        for step in self.limits.parked():
+            counts[step.queue] = counts.get(step.queue, 0) + 1
         return counts
 
     def arm_timer(self, session_id: str, step_id: str, due: float) -> None:
@@ -591,11 +595,11 @@ class Dispatcher:
             self._waiter = loop.create_future()
             now_wall = self.clock.now()
             while self._delayed and self._delayed[0][0] <= now_wall:
-                _, _, sid, step_id, queue, ask = heapq.heappop(self._delayed)
-                self._ready.setdefault(queue, deque()).append((sid, step_id, ask))
+                _, _, step = heapq.heappop(self._delayed)
+                self._ready_for(step.queue).push(step)
                 self._ready_count += 1
-            for sid, step_id, queue, ask in self.limits.due():  # ahead of the Steps after it
-                self._ready.setdefault(queue, deque()).appendleft((sid, step_id, ask))
+            for step in self.limits.due():  # ahead of its tenant's Steps that came after it
+                self._ready_for(step.queue).push(step, front=True)
                 self._ready_count += 1
             self._fire_timers(now_wall)
             self._pump()
@@ -630,23 +634,28 @@ class Dispatcher:
                 queue = next((q for q in worker.queues if self._ready.get(q)), None)
                 if queue is None:
                     break
-                sid, step_id, ask = self._ready[queue].popleft()
+                step = self._ready[queue].pop()
                 self._ready_count -= 1
-                if not self.dispatches(sid):
-                    self.limits.release(sid, step_id)
+                if not self.dispatches(step.session_id):
+                    self.limits.forget(step.session_id, step.step_id)
                     continue
-                if ask is not None:
-                    blocked = self.limits.admit(sid, step_id, ask)
+                # a second offer of a Step that runs already (its hand-out will find it
+                # not queued) asks nothing of the limits: its call counts once
+                admitted = step.ask is not None and not self.limits.counts(
+                    step.session_id, step.step_id
+                )
+                if admitted:
+                    assert step.ask is not None
+                    blocked = self.limits.admit(step.session_id, step.step_id, step.ask)
                     if blocked is not None:
-                        self.limits.park((sid, step_id, queue, ask), blocked)
+                        self.limits.park(step, blocked)
                         continue
-                self._reserve(worker, sid)
-                self.supervisor.spawn(self._hand_out(sid, step_id, queue, ask, worker))
+                self._reserve(worker, step.session_id)
+                self.supervisor.spawn(self._hand_out(step, worker, admitted))
 
-    async def _hand_out(
-        self, session_id: str, step_id: str, queue: str, ask: Ask | None, worker: WorkerConn
-    ) -> None:
+    async def _hand_out(self, step: Queued, worker: WorkerConn, admitted: bool) -> None:
         assert self._assign is not None
+        session_id, step_id = step.session_id, step.step_id
         try:
             message = await self._assign(session_id, step_id, worker)
         except Exception as e:
@@ -663,11 +672,11 @@ class Dispatcher:
                     "step_id": step_id,
                 },
             )
-            self.release(worker, session_id, step_id)
-            self.offer(session_id, step_id, queue, self.clock.now() + HAND_OUT_RETRY, ask)
+            self.release(worker, session_id, step_id, admitted)
+            self.offer(step, self.clock.now() + HAND_OUT_RETRY)
             return
         if message is None:
-            self.release(worker, session_id, step_id)
+            self.release(worker, session_id, step_id, admitted)
         else:
             failpoints.hit("server.after_record_handout")
             worker.send(message)

@@ -33,6 +33,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,8 +44,8 @@ LOWEST = 1 / 16
 RAISE = 0.1
 """The part of its limits a group gets back with each call that succeeds."""
 
-Entry = tuple[str, str, str, "Ask"]
-"""A parked Step: (session id, Step id, queue, what it asks)."""
+if TYPE_CHECKING:
+    from dex.server.dispatch.queues import Queued
 
 
 class Limit(BaseModel):
@@ -105,7 +106,7 @@ class _Gate:
     seen: int | None = None
     """Calls running at the first refusal, when no concurrency is configured."""
     closed_until: float = 0.0
-    parked: deque[Entry] = field(default_factory=deque)
+    parked: deque[Queued] = field(default_factory=deque)
     wake: float | None = None
     """When its first parked Step is let go, if a time decides."""
 
@@ -178,6 +179,10 @@ class Limits:
         self._schedule(ask.key, gate, now)
         return None
 
+    def counts(self, session_id: str, step_id: str) -> bool:
+        """Whether the Step's call counts against its limits now (admitted, or counted)."""
+        return (session_id, step_id) in self._running
+
     def count(self, session_id: str, step_id: str, ask: Ask) -> None:
         """Count a call that runs without having been admitted here: one left running by a
         restart or a takeover, which its Worker may reclaim."""
@@ -185,18 +190,18 @@ class Limits:
             self._gate(ask.key).running += 1
             self._running[(session_id, step_id)] = (ask.key, ask.tokens)
 
-    def park(self, entry: Entry, blocked: Blocked) -> None:
+    def park(self, step: Queued, blocked: Blocked) -> None:
         """The Step waits at its gate (``admit`` said why) until ``due`` lets it go."""
-        session_id, step_id, _, ask = entry
-        gate = self._gate(ask.key)
-        if (session_id, step_id) in self._blocked and gate.parked:
-            gate.parked.appendleft(entry)  # it was first, let go, and still may not start
+        assert step.ask is not None
+        gate = self._gate(step.ask.key)
+        if (step.session_id, step.step_id) in self._blocked and gate.parked:
+            gate.parked.appendleft(step)  # it was first, let go, and still may not start
         else:
-            gate.parked.append(entry)
-        self._blocked[(session_id, step_id)] = blocked
-        self._schedule(ask.key, gate, self.now())
+            gate.parked.append(step)
+        self._blocked[(step.session_id, step.step_id)] = blocked
+        self._schedule(step.ask.key, gate, self.now())
 
-    def due(self) -> Iterator[Entry]:
+    def due(self) -> Iterator[Queued]:
         """The parked Steps that may be admitted now (each gate lets its first go)."""
         now = self.now()
         while self._wakes and self._wakes[0][0] <= now:
@@ -216,7 +221,7 @@ class Limits:
             heapq.heappop(self._wakes)
         return self._wakes[0][0] if self._wakes else None
 
-    def parked(self) -> Iterator[Entry]:
+    def parked(self) -> Iterator[Queued]:
         for gate in self._gates.values():
             yield from gate.parked
 
@@ -270,6 +275,10 @@ class Limits:
         gate.factor = max(LOWEST, gate.factor / 2)
         if retry_after:
             gate.closed_until = max(gate.closed_until, self.now() + retry_after)
+
+    def forget(self, session_id: str, step_id: str) -> None:
+        """The Step is not this node's to hand out any more: forget why it waited."""
+        self._blocked.pop((session_id, step_id), None)
 
     def release(self, session_id: str, step_id: str) -> None:
         """The Step's call ended (or its hand-out was not recorded, or it is dropped)."""
@@ -333,7 +342,9 @@ class Limits:
         """Arrange for the gate's first parked Step to go when it may."""
         if not gate.parked:
             return
-        blocked = self._blocks(gate, gate.parked[0][3], now)
+        first = gate.parked[0].ask
+        assert first is not None
+        blocked = self._blocks(gate, first, now)
         if blocked is None:
             self._due.add(key)
         elif blocked.until is not None and gate.wake != blocked.until:
@@ -346,5 +357,4 @@ class Limits:
 
 
 def _first(gate: _Gate) -> tuple[str, str]:
-    session_id, step_id, _, _ = gate.parked[0]
-    return session_id, step_id
+    return gate.parked[0].session_id, gate.parked[0].step_id

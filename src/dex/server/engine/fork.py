@@ -51,6 +51,7 @@ def fork(
         agent=state.agent,
         created_at=now,
         tenant=state.tenant,
+        priority=state.priority,
         messages_received=before - 1,
         history_length=cut,
         forked_from=ForkedFrom(session_id=state.id, turn=before),

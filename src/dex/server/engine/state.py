@@ -292,6 +292,9 @@ class SessionState(msgspec.Struct, kw_only=True):
     tenant: str | None = None
     """Whose session it is, given at creation and never changed (a fork keeps it); a
     tenant-scoped client token sees only its tenant's sessions. None: no tenant."""
+    priority: int = 0
+    """Its Steps go ahead of those of its tenant's sessions of a lower priority, for good
+    (the queues still share the Workers fairly between tenants: docs/flow-control.md)."""
     status: SessionStatus = SessionStatus.IDLE
     turn: Turn | None = None
     queued: list[QueuedMessage] = field(default_factory=list)
