@@ -10,6 +10,7 @@ import pytest
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.dispatch.limits import BURST, Ask, Limit, Limits
 from dex.server.dispatch.queues import Queued
+from dex.server.flow import DEMAND, ModelLimits
 from dex.server.handouts import concurrency_key
 from dex.testing import wait_until_async
 
@@ -228,3 +229,38 @@ async def test_a_second_offer_of_a_running_step_leaves_its_count_alone() -> None
         assert dispatcher.limits.running("g") == 0
     finally:
         await dispatcher.stop()
+
+
+class DemandStore:
+    """The part of a store ``ModelLimits.share_by_demand`` uses: the other nodes' demand."""
+
+    def __init__(self, others: list[tuple[str, str, int]]) -> None:
+        self.others = others
+        self.reported: dict[str, int] = {}
+
+    async def exchange_demand(
+        self, node: str, demand: dict[str, int], at: float, since: float
+    ) -> list[tuple[str, str, int]]:
+        self.reported = dict(demand)
+        return self.others
+
+
+async def test_nodes_share_a_groups_limits_by_their_demand(clock: Clock) -> None:
+    limits = limits_with(clock, concurrency=10, rpm=600)
+    limits.share = lambda: 0.5  # half the partitions
+    for n in range(3):  # this node runs three calls of the group
+        assert limits.admit("s", str(n), Ask("g")) is None
+    store = DemandStore([("other", "g", 12), ("other", "unlimited", 9)])
+    flow = ModelLimits(cast(Any, store), limits, {"g": Limit(concurrency=10, rpm=600)})
+    flow.node_id = lambda: "me"
+    await flow.share_by_demand()
+    assert store.reported == {"g": 3}
+    assert limits.shares == {"g": pytest.approx(DEMAND * 3 / 15 + (1 - DEMAND) * 0.5)}
+    # a node alone with its demand takes nearly all; without any demand, the partitions
+    store.others = []
+    await flow.share_by_demand()
+    assert limits.shares["g"] == pytest.approx(DEMAND + (1 - DEMAND) * 0.5)
+    for n in range(3):
+        limits.release("s", str(n))
+    await flow.share_by_demand()
+    assert limits.shares == {}

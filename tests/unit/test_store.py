@@ -909,3 +909,31 @@ async def test_sqlite_waits_for_the_lock_a_dead_node_left_to_its_dying_writer(
         if holder.returncode is None:
             holder.kill()
         await holder.wait()
+
+
+async def test_model_limits_set_at_run_time_are_stored_and_cleared(store: Store) -> None:
+    await store.write(Write(limits=[("g", '{"rpm":60.0}'), ("h", '{"concurrency":2}')]))
+    await store.write(Write(limits=[("g", '{"rpm":30.0}'), ("h", None)]))
+    assert await store.load_limits() == [("g", '{"rpm":30.0}')]
+
+
+async def test_postgres_nodes_exchange_their_demand_and_stale_reports_are_left_out(
+    pg_store: PostgresStore,
+) -> None:
+    assert await pg_store.exchange_demand("a", {"g": 3, "h": 0}, at=100.0, since=90.0) == []
+    assert await pg_store.exchange_demand("old", {"g": 50}, at=80.0, since=70.0) == [
+        ("a", "g", 3),
+        ("a", "h", 0),
+    ]
+    seen = await pg_store.exchange_demand("b", {"g": 1}, at=101.0, since=91.0)
+    assert sorted(seen or []) == [("a", "g", 3), ("a", "h", 0)]  # not its own, nor the stale
+    assert await pg_store.exchange_demand("a", {"g": 4}, at=102.0, since=92.0) == [("b", "g", 1)]
+
+
+async def test_sqlite_has_no_cluster_to_share_demand_with(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "dex.sqlite3")
+    await store.open()
+    try:
+        assert await store.exchange_demand("a", {"g": 1}, at=1.0, since=0.0) is None
+    finally:
+        await store.close()

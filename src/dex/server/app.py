@@ -98,6 +98,7 @@ def create_app(
         app.state.dispatcher = dispatcher
         app.state.sessions = domain
         app.state.limits = model_limits
+        model_limits.node_id = lambda: node.cluster.node_id if node.cluster else None
         app.state.node = node
         try:
             # a node that leads from the start recovers before it answers anything

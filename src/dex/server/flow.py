@@ -5,13 +5,21 @@ A limit set at run time (the API, ``dex limits set``) is stored, and replaces th
 config's limit of that group; cleared, the config's applies again. Every node of a
 cluster reads the stored limits every ``FOLLOW`` seconds, so a change made on one reaches
 all within that; the node that made it applies it at once.
+
+In a cluster the nodes share each group's limits by demand: every ``FOLLOW`` seconds each
+node reports its calls running and waiting per limited group and reads the others'
+(``share_by_demand``). A node admits ``DEMAND`` of the limits in proportion to its part
+of the group's demand, and the rest in proportion to its part of the partitions (so a
+node whose demand was nil still starts calls until the next report). The shares sum to
+one however the sessions are spread over the nodes; without demand, each node admits its
+part of the partitions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dex.server.dispatch.limits import Limit as Limit
 from dex.server.dispatch.limits import Limits
@@ -20,7 +28,12 @@ from dex.server.store.base import Store, Write
 log = logging.getLogger("dex.flow")
 
 FOLLOW = 2.0
-"""Seconds between two reads of the stored limits by each node of a cluster."""
+"""Seconds between two reads of the stored limits (and of the demand) by each node of a
+cluster."""
+DEMAND = 0.9
+"""The part of a group's limits the nodes share by their demand (the rest, by partitions)."""
+STALE = 3 * FOLLOW
+"""A node's report of demand older than this is ignored: the node stopped."""
 
 
 class ModelLimits:
@@ -31,6 +44,8 @@ class ModelLimits:
         """The server config's limits, by group."""
         self.stored: dict[str, Limit] = {}
         """The limits set at run time, by group."""
+        self.node_id: Callable[[], str | None] = lambda: None
+        """This node's id in the cluster (None: no cluster, or not joined yet)."""
 
     async def load(self) -> None:
         """Read the stored limits and enforce them over the config's."""
@@ -45,8 +60,32 @@ class ModelLimits:
             await asyncio.sleep(FOLLOW)
             try:
                 await self.load()
+                await self.share_by_demand()
             except Exception as e:  # storage away for a moment: read them next time
                 log.warning("could not read the limits: %r", e, extra={"action": "limits.read"})
+
+    async def share_by_demand(self) -> None:
+        """Report this node's demand on each limited group, read the other nodes', and
+        take the share of each group's limits that follows (``Limits.shares``)."""
+        node = self.node_id()
+        if node is None:
+            return
+        waiting = self.limits.waiting()
+        own = {g: self.limits.running(g) + waiting.get(g, 0) for g in self.limits.configured}
+        now = self.limits.now()
+        rows = await self.store.exchange_demand(node, own, now, now - STALE)
+        if rows is None:
+            return
+        others: dict[str, int] = {}
+        for _, group, demand in rows:
+            others[group] = others.get(group, 0) + demand
+        partitions = self.limits.share()
+        shares = {}
+        for group, mine in own.items():
+            total = mine + others.get(group, 0)
+            if total:
+                shares[group] = DEMAND * mine / total + (1 - DEMAND) * partitions
+        self.limits.shares = shares
 
     async def set(self, group: str, limit: Limit) -> None:
         """Store and enforce ``group``'s limits (``Limit()``: none, whatever the config says)."""

@@ -19,8 +19,11 @@ overloaded answer: ``refused``) closes the group until its ``Retry-After`` and h
 what the group admits (its rates, and its calls at once: those configured, or else
 those running when it was refused); each call that succeeds gives back ``RAISE`` of it.
 
-In a cluster each node admits ``share()`` of each limit: the part of the partitions it
-serves (calls at once round down, but a node that serves any partition admits one).
+In a cluster each node admits a share of each limit: the part of the group's demand
+(calls running and waiting) that is its own, as every node reports it
+(``dex.server.flow``), with a tenth kept by the part of the partitions it serves; the
+part of the partitions alone until demand is known (calls at once round down, but a
+node that serves any partition admits one).
 
 All of this lives in memory and is rebuilt by the queue itself after a restart: what is
 durable is the Step, queued, with no attempt.
@@ -95,6 +98,7 @@ class Blocked:
 
 @dataclass(eq=False)
 class _Gate:
+    key: str
     limit: Limit | None = None
     running: int = 0
     requests_at: float = 0.0
@@ -120,6 +124,9 @@ class Limits:
         """The wall clock of ``Blocked.until`` (the dispatcher's: the database's)."""
         self.share: Callable[[], float] = lambda: 1.0
         """The part of each limit this node admits: in a cluster, of the partitions."""
+        self.shares: dict[str, float] = {}
+        """By group, the part of its limits this node admits, from the cluster's demand
+        (``flow.ModelLimits.share_by_demand``); ``share()`` for a group not named."""
         self.configured: dict[str, Limit] = {}
         """The limits of model groups, by group."""
         self._gates: dict[str, _Gate] = {}
@@ -300,14 +307,14 @@ class Limits:
     def _gate(self, key: str) -> _Gate:
         gate = self._gates.get(key)
         if gate is None:
-            gate = self._gates[key] = _Gate(limit=self.configured.get(key))
+            gate = self._gates[key] = _Gate(key, limit=self.configured.get(key))
         return gate
 
     def _rates(self, gate: _Gate) -> tuple[float | None, float | None]:
         """The requests and tokens per minute this node admits now."""
         if gate.limit is None:
             return None, None
-        part = gate.factor * self.share()
+        part = gate.factor * self._share(gate.key)
         rpm = gate.limit.rpm * part if gate.limit.rpm is not None else None
         tpm = gate.limit.tpm * part if gate.limit.tpm is not None else None
         return rpm, tpm
@@ -316,12 +323,16 @@ class Limits:
         if ask.concurrency is not None:
             return ask.concurrency
         if gate.limit is not None and gate.limit.concurrency is not None:
-            most = gate.limit.concurrency * self.share()
+            most = gate.limit.concurrency * self._share(gate.key)
         elif gate.seen is not None:
             most = gate.seen
         else:
             return None
-        return max(1, math.floor(most * gate.factor)) if self.share() > 0 else 0
+        return max(1, math.floor(most * gate.factor)) if self._share(gate.key) > 0 else 0
+
+    def _share(self, key: str) -> float:
+        share = self.shares.get(key)
+        return self.share() if share is None else share
 
     def _blocks(self, gate: _Gate, ask: Ask, now: float) -> Blocked | None:
         if gate.closed_until > now:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 from dex.server.dispatch.limits import Ask
@@ -51,11 +51,6 @@ class FairQueue:
 
     def __len__(self) -> int:
         return self._size
-
-    def __iter__(self) -> Iterator[Queued]:
-        for lane in self._lanes.values():
-            for _, _, step in lane:
-                yield step
 
     def push(self, step: Queued, front: bool = False) -> None:
         """Queue ``step``; with ``front``, ahead of its tenant's other Steps (it waited)."""

@@ -277,6 +277,14 @@ class Store(ABC):
     async def load_limits(self) -> list[tuple[str, str]]:
         """The model limits set at run time: (group, limits as JSON)."""
 
+    async def exchange_demand(
+        self, node: str, demand: dict[str, int], at: float, since: float
+    ) -> list[tuple[str, str, int]] | None:
+        """In a cluster: store this node's demand on each limited model group (at ``at``)
+        and read the other nodes' reported since ``since``: (node, group, demand). None:
+        no cluster shares this store."""
+        return None
+
     @abstractmethod
     async def load_agents(self) -> list[str]:
         """Every agent spec as JSON, ordered by name."""

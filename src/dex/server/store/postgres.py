@@ -418,6 +418,20 @@ class PostgresStore(SqlStore):
         except psycopg.Error as e:
             raise StorageError(f"read failed: {e}", retryable=True) from e
 
+    async def exchange_demand(
+        self, node: str, demand: dict[str, int], at: float, since: float
+    ) -> list[tuple[str, str, int]] | None:
+        pool = self._pool
+        if pool is None:
+            raise StorageError("the store is not open")
+        try:
+            async with pool.connection() as conn, conn.transaction():
+                await conn.execute(EXCHANGE_DEMAND, (node, at, list(demand), list(demand.values())))
+                cur = await conn.execute(OTHERS_DEMAND, (since, node))
+                return [(str(n), str(g), int(d)) for n, g, d in await cur.fetchall()]
+        except psycopg.Error as e:
+            raise StorageError(f"exchanging the limits' demand failed: {e}", retryable=True) from e
+
     async def schema_version(self) -> int:
         rows = await self._rows(VERSION)
         return int(rows[0][0]) if rows else 0
@@ -466,6 +480,12 @@ def _translate(e: psycopg.Error) -> Exception:
 
 
 FENCE = "SELECT dex_fence_partitions(%s, %s)"
+EXCHANGE_DEMAND = (
+    "INSERT INTO dex_limit_demand (node, grp, demand, at) "
+    "SELECT %s, g, d, %s FROM unnest(%s::text[], %s::integer[]) AS t(g, d) "
+    "ON CONFLICT (node, grp) DO UPDATE SET demand = excluded.demand, at = excluded.at"
+)
+OTHERS_DEMAND = "SELECT node, grp, demand FROM dex_limit_demand WHERE at > %s AND node <> %s"
 PARTITIONS_AT = 5
 """The migration that creates the partitions (``0005_partitions.sql``)."""
 
