@@ -149,8 +149,10 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "RunModel, its usage",
         "After the model answered, before Dex committed the result",
         "The call's tokens and cost count once, in the commit of its result: a Worker that "
-        "lives on reclaims the attempt and its result commits once. A call whose result "
-        "never commits counts nothing (its provider may still bill it).",
+        "lives on reclaims the attempt and its result commits once; a Worker that dies has "
+        "its result committed, or its attempt fails and the retry is a new call, counted "
+        "when it commits. A call whose result never commits counts nothing (its provider "
+        "may still bill it).",
     ),
     "framework_tool.running": (
         "A tool the framework cannot defer",
