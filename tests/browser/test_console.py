@@ -9,7 +9,7 @@ from playwright.sync_api import Locator, Page, Request, Route, expect
 
 from dex.testing import ServerProcess, wait_until
 from tests.browser.conftest import screenshot
-from tests.support.rig import Rig
+from tests.support.rig import Rig, model_calls
 
 
 def open_session(page: Page, rig: Rig, session_id: str) -> None:
@@ -296,3 +296,59 @@ def test_a_refresh_that_answers_while_a_person_types_keeps_what_they_typed(
     expect(reason).to_have_value("too much money")
     wait.get_by_role("button", name="Deny").click()
     expect(page.locator(".waits")).to_have_count(0)
+
+
+def test_a_turn_in_its_budget_wait_resumes_from_the_console(rig: Rig, page: Page) -> None:
+    """A session whose budget its first model call uses up: its turn waits for a bigger
+    budget with nothing queued; the form on its page raises it, and the turn goes on with
+    one more model call."""
+    rig.start_server()
+    rig.start_worker()
+    rig.session("spender")  # the agent is registered
+    sid = rig.client.create_session("spender", budget={"max_tokens": 1_000})["id"]
+    turn = rig.call(sid, ("lookup", {"key": "a"}))  # 1,100 tokens, then the tool
+    wait_until(
+        lambda: rig.client.wait_turn(sid, turn, timeout=0)["status"] == "waiting",
+        20,
+        what="the turn waits for its budget",
+    )
+    assert len(model_calls(rig, sid)) == 1
+
+    page.goto(f"{rig.server.address}/ui")
+    row = page.locator("table.inbox tbody tr")
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text("a bigger budget")
+    expect(row).to_contain_text("1100 tokens used of a budget of 1000")
+    row.get_by_role("link", name=sid).click()
+
+    wait = page.locator(".wait.budget")
+    expect(wait).to_contain_text("1100 tokens used of a budget of 1000")
+    expect(page.locator("#usage")).to_contain_text("1,000 in · 100 out · $0.0045")
+    expect(page.locator("#budget")).to_contain_text("1,000 tokens")
+    screenshot(page, "session-budget-wait")
+    assert len(model_calls(rig, sid)) == 1  # nothing runs while it waits
+
+    tokens = wait.get_by_placeholder("max tokens")
+    tokens.fill("1050")  # raised, but still used up: it waits on
+    wait.get_by_role("button", name="Set the budget").click()
+    expect(page.locator(".wait.budget")).to_contain_text("1100 tokens used of a budget of 1050")
+    assert rig.client.wait_turn(sid, turn, timeout=0)["status"] == "waiting"
+
+    page.locator(".wait.budget").get_by_placeholder("max tokens").fill("10000")
+    page.locator(".wait.budget").get_by_role("button", name="Set the budget").click()
+    ended = rig.wait_turn(sid, turn)
+    assert ended["status"] == "completed"
+    steps = [s["type"] for s in ended["steps"]]
+    assert steps == ["RunModel", "CallTool", "AwaitBudget", "RunModel"]
+    assert model_calls(rig, sid) == [1, 1]  # one model call after the raise
+    expect(page.locator(".waits")).to_have_count(0)
+    expect(page.locator("#status")).to_have_text("idle")
+    expect(page.locator("#usage")).to_contain_text("2,000 in · 200 out · $0.0090")
+    expect(page.locator("#budget")).to_contain_text("10,000 tokens")
+    expect(page.locator(f"article.turn[data-turn='{turn}'] .turn-usage")).to_contain_text(
+        "2,000 in · 200 out · $0.0090"
+    )
+    screenshot(page, "session-budget-raised")
+    page.goto(f"{rig.server.address}/ui/sessions")
+    row = page.locator("table tbody tr", has_text=sid)
+    expect(row.locator(".usage")).to_have_text("2,200 tokens · $0.0090")

@@ -7,6 +7,7 @@ as a person would see it."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +33,13 @@ class Terminal:
             sys.executable,
             ["-m", "dex", *args],
             dimensions=(ROWS, COLUMNS),
-            env={"TERM": "xterm-256color", "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            env={
+                "TERM": "xterm-256color",
+                "PATH": "/usr/bin:/bin",
+                "LANG": "C.UTF-8",
+                # the code under test, when it is not the installed one
+                **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+            },
             timeout=60,
         )
 
@@ -342,3 +349,24 @@ def test_ctrl_c_or_cancel_ends_the_turn_and_ctrl_c_at_the_prompt_leaves(
 
     term.child.sendintr()
     term.child.expect(pexpect.EOF, timeout=10)
+
+
+def test_a_turn_that_waits_for_its_budget_says_how_to_raise_it_and_goes_on(
+    rig: Rig, terminals: list[Terminal]
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("spender")  # the agent is registered
+    sid = rig.client.create_session("spender", budget={"max_tokens": 1_000})["id"]
+    term = chat(rig, terminals, "--session", sid)
+
+    term.type(calls(("lookup", {"key": "k"})))
+    screen = term.wait(
+        lambda s: f"raise it: dex budget {sid} --max-tokens N" in s, what="the budget wait"
+    )
+    assert "the turn waits for a bigger budget: 1100 tokens used of a budget of 1000" in screen
+    rig.client.set_budget(sid, max_tokens=10_000)
+    screen = term.prompt()
+    assert "results: " in screen  # the turn went on: the model answered
+    assert rig.wait_turn(sid, 1)["status"] == "completed"
+    assert screen.count("the turn waits for a bigger budget") == 1

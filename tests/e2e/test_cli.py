@@ -284,3 +284,38 @@ def test_dex_limits_sets_shows_and_clears_a_groups_limits(rig: Rig) -> None:
     assert "concurrency" in bad.stderr and "Traceback" not in bad.stderr
     cleared = dex(rig, "limits", "clear", "openai/gpt-5")
     assert cleared.returncode == 0 and cleared.stdout.startswith("no model group has limits")
+
+
+def test_dex_budget_raises_a_budget_the_turn_waits_for(rig: Rig) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("spender")  # the agent is registered
+    created = dex(rig, "new", "spender", "--max-tokens", "1000", "--json")
+    assert created.returncode == 0, created.stderr
+    sid = json.loads(created.stdout)["id"]
+
+    sent = dex(rig, "send", sid, 'call: [["lookup", {"key": "k"}]]', "--wait", "60")
+    assert sent.returncode == 0, sent.stderr
+    assert "waits: a bigger budget: 1100 tokens used of a budget of 1000" in sent.stderr
+    assert f"dex budget {sid} --max-tokens N" in sent.stderr
+    inbox = dex(rig, "inbox")
+    [line] = [line for line in inbox.stdout.splitlines() if sid in line]
+    assert "a bigger budget" in line
+    listed = dex(rig, "sessions", "--status", "waiting")
+    [row] = [line for line in listed.stdout.splitlines() if sid in line]
+    assert "1,100 tokens $0.0045" in row
+
+    shown = dex(rig, "budget", sid)
+    assert shown.stdout.strip() == (
+        f"session {sid}: 1,000 tokens; used 1,100 tokens $0.0045; waiting"
+    )
+    bad = dex(rig, "budget", sid, "--max-cost-usd", "-1")
+    assert bad.returncode == 1 and "max_cost_usd" in bad.stderr
+    raised = dex(rig, "budget", sid, "--max-tokens", "5000", "--max-cost-usd", "0.5")
+    assert raised.returncode == 0, raised.stderr
+    assert raised.stdout.strip() == (
+        f"session {sid}: 5,000 tokens, $0.5; used 1,100 tokens $0.0045; running"
+    )
+    assert rig.wait_turn(sid, 1)["status"] == "completed"
+    removed = json.loads(dex(rig, "budget", sid, "--remove", "--json").stdout)
+    assert removed["budget"] is None and removed["usage"]["input_tokens"] == 2_000

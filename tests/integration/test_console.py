@@ -48,6 +48,7 @@ def test_every_page_renders_with_auth_off(api_with_agent: Api) -> None:
         ("POST", "/ui/sessions/s1/cancel", 409, "no running turn"),
         ("POST", "/ui/sessions/s1/calls/1.1/reconcile", 422, "form.status"),
         ("POST", "/ui/sessions/s1/messages", 422, "form.text"),
+        ("POST", "/ui/sessions/s1/budget", 422, "a budget sets max_tokens"),
     ],
 )
 def test_bad_input_is_a_4xx_page_that_changes_nothing(
@@ -75,6 +76,25 @@ def test_a_message_sent_from_the_box_is_the_apis_message(api_with_agent: Api) ->
     page = api_with_agent.http.get("/ui/sessions/s1").text
     assert re.search(r'class="msg user"[^>]*data-turn="1"', page)
     assert '<p class="text">hello</p>' in page
+
+
+def test_the_budget_form_sets_and_removes_the_api_s_budget(api_with_agent: Api) -> None:
+    api_with_agent.create("s1")
+    http = api_with_agent.http
+    refused = http.post("/ui/sessions/s1/budget", data={"max_tokens": "many"})
+    assert refused.status_code == 422 and "form.max_tokens" in message(refused.text)
+    assert api_with_agent.snapshot("s1")["session"]["budget"] is None
+    set_ = http.post(
+        "/ui/sessions/s1/budget",
+        data={"max_tokens": "5000", "max_cost_usd": ""},
+        follow_redirects=False,
+    )
+    assert (set_.status_code, set_.headers["location"]) == (303, "/ui/sessions/s1")
+    budget = {"max_tokens": 5000, "max_cost_usd": None}
+    assert api_with_agent.snapshot("s1")["session"]["budget"] == budget
+    assert "5,000 tokens" in http.get("/ui/sessions/s1").text
+    http.post("/ui/sessions/s1/budget", data={"remove": "1", "max_tokens": "5000"})
+    assert api_with_agent.snapshot("s1")["session"]["budget"] is None
 
 
 def test_the_session_list_pages_by_the_fleet_cursor_newest_first(api_with_agent: Api) -> None:

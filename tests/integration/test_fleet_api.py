@@ -122,8 +122,10 @@ def test_sessions_list_newest_first_one_page_after_another(api: Api, worker: Fak
         "updated_at",
         "waiting_since",
         "outcome_unknown",
+        "usage",
     }
     assert (first["agent"], first["status"], first["outcome_unknown"]) == ("echo", "idle", 0)
+    assert first["usage"] == {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
     assert first["updated_at"] == first["created_at"]
 
 

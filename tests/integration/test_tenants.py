@@ -80,6 +80,8 @@ BODIES: dict[str, dict[str, Any]] = {
     "console_reconcile": {"status": "failed", "note": "it did not happen"},
     "console_send": {"text": "hello"},
     "console_cancel": {},
+    "set_budget": {"max_tokens": 10},
+    "console_budget": {"max_tokens": "10"},
 }
 """A body each session route would act on, were the session the token's."""
 
@@ -359,9 +361,11 @@ def _call(
     method = sorted(getattr(route, "methods", set()) - {"HEAD"})[0]
     if method == "GET":
         return api.http.get(path, headers=bearer(token))
+    if method == "DELETE":
+        return api.http.delete(path, headers=bearer(token))
     if path.startswith(PREFIX):  # the console's forms
         return api.http.post(path, data=body, headers=bearer(token), follow_redirects=False)
-    return api.http.post(path, json=body, headers=bearer(token))
+    return api.http.request(method, path, json=body, headers=bearer(token))
 
 
 def _without(text: str, session_id: str) -> str:

@@ -38,6 +38,7 @@ from dex.wire import (
     NoteItem,
     Summary,
     ToolResultItem,
+    Usage,
     UserItem,
 )
 
@@ -415,3 +416,25 @@ limited = dex.Agent(
     tools=[book],
     model_retry=_FAST,
 )
+
+
+SPENT = Usage(input_tokens=1_000, output_tokens=100)
+"""What each model call of ``spender`` reports using: at claude-sonnet-4-5's price (the
+model it names), $0.0045."""
+
+
+def spend(history: list[Item]) -> ModelResponse:
+    """``script``'s answer, having used ``SPENT``."""
+    response = script(history)
+    response.usage = SPENT.model_copy()
+    return response
+
+
+spender = dex.Agent(
+    name="spender",
+    model=Scripted(spend, name="claude-sonnet-4-5"),
+    tools=[lookup, charge],
+    model_retry=_FAST,
+)
+"""The budget tests' agent: every model call uses 1,100 tokens (``SPENT``), so a session
+with a budget reaches it after a known number of calls."""

@@ -94,6 +94,12 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "Nothing runs again. The Timer fires once. A Timer that came due during an outage "
         "fires when Dex Server is back.",
     ),
+    "await_budget.waiting": (
+        "AwaitBudget",
+        "While it waits",
+        "Nothing runs again. The wait lives in Dex Server. Once the budget is raised above "
+        "what the session used (or removed), the model call it waited for runs once.",
+    ),
     "poll_tool_task.between_polls": (
         "PollToolTask",
         "Between two polls",
@@ -138,6 +144,15 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "After the Worker sent the result, before Dex committed it",
         "By design, Dex either commits the result or fails the attempt. A failed attempt "
         "follows the row for that Step.",
+    ),
+    "model_usage.result_sent": (
+        "RunModel, its usage",
+        "After the model answered, before Dex committed the result",
+        "The call's tokens and cost count once, in the commit of its result: a Worker that "
+        "lives on reclaims the attempt and its result commits once; a Worker that dies has "
+        "its result committed, or its attempt fails and the retry is a new call, counted "
+        "when it commits. A call whose result never commits counts nothing (its provider "
+        "may still bill it).",
     ),
     "framework_tool.running": (
         "A tool the framework cannot defer",
@@ -217,6 +232,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
         E + "waits.apply_input",
         S + "start",
     ),
+    "await_budget.waiting": (E + "turn.call_model", H + "set_budget"),
     "poll_tool_task.between_polls": (H + "complete_tool", S + "start"),
     "poll_tool_task.during_poll": (H + "fail_attempt", H + "complete_tool"),
     "compact_context.during_summary": (H + "complete_summary", H + "fail_attempt"),
@@ -234,6 +250,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "any_step.result_sent": (LINK + "receive", A + "complete", H + "recover"),
     "limits.held": (L + "admit", L + "park", D + "_pump", "dex.server.flow.ModelLimits.load"),
     "run_model.rate_limited": (A + "hand_back", H + "rate_limited", L + "refused"),
+    "model_usage.result_sent": (H + "complete_model", E + "budget.record_usage", *RECLAIM),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each
 must exist, so a rename regenerates the page): a dotted Python name (the server's, or the

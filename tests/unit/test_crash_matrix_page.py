@@ -32,11 +32,15 @@ def _without(env: Mapping[str, str], *names: str) -> dict[str, str]:
 
 
 def _pytest(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """pytest in a subprocess, with this repository importable (``tests.conftest``)."""
+    """pytest in a subprocess, with this repository importable (``tests.conftest``, and
+    its own ``dex`` when that is not the installed one)."""
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
         cwd=cwd,
-        env={**_without(os.environ, skips.ENV, "CI"), "PYTHONPATH": str(ROOT)},
+        env={
+            **_without(os.environ, skips.ENV, "CI"),
+            "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
+        },
         capture_output=True,
         text=True,
         check=False,

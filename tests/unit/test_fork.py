@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from dex.errors import Conflict
+from dex.server.engine.budget import Budget, Usage
 from dex.server.engine.fork import fork
 from dex.server.engine.state import SessionState, SessionStatus, Turn, TurnStatus
 from dex.wire import AssistantItem, Item, SummaryItem, UserItem
@@ -78,3 +79,12 @@ def test_a_fork_keeps_its_sessions_tenant() -> None:
     state.tenant = "acme"
     forked, _, _ = fork(state, history, turns, 2, "f", now=5.0)
     assert forked.tenant == "acme"
+
+
+def test_a_fork_keeps_the_budget_and_counts_its_own_usage() -> None:
+    state, history, turns = compacted_session()
+    state.budget = Budget(max_tokens=5_000)
+    state.usage.add(4_000, 500, 0.02)
+    forked, _, _ = fork(state, history, turns, 3, "f", now=5.0)
+    assert forked.budget == Budget(max_tokens=5_000)
+    assert forked.usage == Usage()  # the original's calls are the original's

@@ -47,6 +47,9 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "waiting_since": ("DOUBLE PRECISION", False, 0),
         "outcome_unknown": ("INTEGER", True, 0),
         "tenant": ("TEXT", False, 0),
+        "input_tokens": ("INTEGER", True, 0),
+        "output_tokens": ("INTEGER", True, 0),
+        "cost_usd": ("DOUBLE PRECISION", True, 0),
     },
     "steps": {
         "session_id": ("TEXT", True, 1),

@@ -76,6 +76,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
         "DEX_ADVERTISE": "http://10.1.2.3:7000",
         "DEX_MODEL_LIMITS": '{"anthropic/claude-sonnet-4-5": {"concurrency": 8, "tpm": 400000}}',
         "DEX_TENANT_WEIGHTS": '{"acme": 3}',
+        "DEX_PRICES": '{"gpt-4o": {"input": 2, "output": 8}}',
     }.items():
         monkeypatch.setenv(name, value)
     server = ServerConfig.load()
@@ -105,6 +106,7 @@ def test_the_documented_variables_keep_working(monkeypatch: pytest.MonkeyPatch) 
             "anthropic/claude-sonnet-4-5": {"concurrency": 8, "rpm": None, "tpm": 400000}
         },
         "tenant_weights": {"acme": 3.0},
+        "prices": {"gpt-4o": {"input": 2.0, "output": 8.0}},
     }
     worker = WorkerConfig.load()
     assert (worker.capacity, worker.drain_timeout, worker.token) == (3, 5, "w-secret")
@@ -184,4 +186,19 @@ def test_model_limits_come_from_the_file_by_group(tmp_path: Path) -> None:
     }
     path.write_text('[server.model_limits."openai/gpt-5"]\nconcurency = 4\n')
     with pytest.raises(ValueError, match="concurency"):
+        ServerConfig.load(path)
+
+
+def test_prices_come_from_the_config_file_over_the_shipped_ones(tmp_path: Path) -> None:
+    path = tmp_path / "dex.toml"
+    path.write_text(
+        '[server.prices]\n"gpt-4o" = { input = 1.0, output = 4.0 }\n'
+        '"my-llama" = { input = 0.5, output = 0.5 }\n'
+    )
+    prices = dex.server.app._prices(ServerConfig.load(path))
+    assert prices.of("gpt-4o-2024-08-06").output == 4.0  # overridden
+    assert prices.of("my-llama").input == 0.5  # added
+    assert prices.of("claude-sonnet-4-5").input == 3.0  # shipped
+    path.write_text('[server.prices]\n"gpt-4o" = { input = -1.0, output = 4.0 }\n')
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
         ServerConfig.load(path)

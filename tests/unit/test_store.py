@@ -367,6 +367,21 @@ async def test_the_list_reads_each_sessions_last_message_when_asked(store: Store
     assert all(type(row) is SessionRow for row in await rows(store))  # not asked: not read
 
 
+async def test_the_list_reads_each_sessions_usage_from_its_state(store: Store) -> None:
+    """What its committed model calls used (a state written before budgets: nothing)."""
+    used = idle("used")
+    used.usage.add(1_200, 34, 0.0123)
+    await create(store, used, [])
+    await create(store, idle("new"))
+    listed = {row.id: row.usage for row in await rows(store)}
+    assert listed == {
+        "used": {"input_tokens": 1_200, "output_tokens": 34, "cost_usd": 0.0123},
+        "new": {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0},
+    }
+    [row] = [r for r in await rows(store, last_message=True) if r.id == "used"]
+    assert row.usage == listed["used"]
+
+
 # --- agents -----------------------------------------------------------------------------------
 
 

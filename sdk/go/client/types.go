@@ -38,10 +38,13 @@ const (
 	CallDenied         = "denied"
 )
 
-// What a person is asked (PersonWait.Kind): approve or deny a call, or answer it.
+// What a person is asked (PersonWait.Kind): approve or deny a call, answer it, or raise
+// the session's budget (PUT /v1/sessions/{id}/budget; CallID, Tool and ArgumentsHash are
+// empty then).
 const (
 	KindApproval = "approval"
 	KindQuestion = "question"
+	KindBudget   = "budget"
 )
 
 // The events of a session's stream (Event.Type), and the stream's own notices.
@@ -52,6 +55,8 @@ const (
 	EventTurnFailed    = "turn.failed"
 	EventTurnCancelled = "turn.cancelled"
 	EventWaitStarted   = "wait.started"
+	EventWaitEnded     = "wait.ended"     // a budget wait ended: the budget was raised or removed
+	EventBudgetChanged = "budget.changed" // the session's budget changed
 	EventMessageQueued = "message.queued"
 	EventModelDelta    = "model.delta"
 	EventModelDiscard  = "model.discard"

@@ -141,7 +141,7 @@ func TestTheConstantsAreTheDocumentsEnums(t *testing.T) {
 		enum(schemas["FleetStatus"]))
 	same("tool call statuses", []string{CallPending, CallRunning, CallSucceeded, CallFailed, CallOutcomeUnknown, CallDenied},
 		enum(schemas["ToolCallStatus"]))
-	same("wait kinds", []string{KindApproval, KindQuestion}, enum(dig(schemas, "PersonWait", "properties", "kind")))
+	same("wait kinds", []string{KindApproval, KindQuestion, KindBudget}, enum(dig(schemas, "PersonWait", "properties", "kind")))
 	var statusFilter []any
 	for _, p := range dig(doc, "paths", "/v1/sessions", "get", "parameters").([]any) {
 		if p.(schema)["name"] == "status" {
@@ -154,7 +154,8 @@ func TestTheConstantsAreTheDocumentsEnums(t *testing.T) {
 		"text/event-stream", "itemSchema", "properties", "event", "description").(string)
 	same("event types", []string{
 		EventHistoryItem, EventTurnStarted, EventTurnCompleted, EventTurnFailed, EventTurnCancelled,
-		EventWaitStarted, EventMessageQueued, EventModelDelta, EventModelDiscard, EventStreamGap, EventStreamDropped,
+		EventWaitStarted, EventWaitEnded, EventBudgetChanged, EventMessageQueued, EventModelDelta, EventModelDiscard,
+		EventStreamGap, EventStreamDropped,
 	}, regexp.MustCompile(`\b[a-z]+\.[a-z_]+\b`).FindAllString(item, -1))
 }
 

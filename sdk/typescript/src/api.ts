@@ -255,6 +255,31 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set Budget
+         * @description Set the session's budget. A turn that waits for its budget goes on if the new one
+         *     is not used up: its model call is queued once.
+         */
+        put: operations["set_budget"];
+        post?: never;
+        /**
+         * Remove Budget
+         * @description Remove the session's budget: no limit. A turn that waits for its budget goes on.
+         */
+        delete: operations["remove_budget"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/cancel": {
         parameters: {
             query?: never;
@@ -566,6 +591,32 @@ export interface components {
          * @enum {string}
          */
         AttemptProgress: "UNSPECIFIED" | "NOT_STARTED" | "NOT_COMPLETED";
+        /**
+         * Budget
+         * @description What a session may use in all: give one limit or both.
+         */
+        Budget: {
+            /**
+             * Max Cost Usd
+             * @description US dollars.
+             */
+            max_cost_usd?: number | null;
+            /**
+             * Max Tokens
+             * @description Input and output tokens together.
+             */
+            max_tokens?: number | null;
+        };
+        /** BudgetSet */
+        BudgetSet: {
+            /** @description The budget now; null: no limit. */
+            budget: components["schemas"]["SessionBudget"] | null;
+            /** Session Id */
+            session_id: string;
+            /** @description The session's status after the change: a turn that waited for its budget and may go on is `running` again. */
+            status: components["schemas"]["FleetStatus"];
+            usage: components["schemas"]["SessionUsage"];
+        };
         /** Cancel */
         Cancel: {
             /**
@@ -661,6 +712,8 @@ export interface components {
         CreateSession: {
             /** Agent */
             agent: string;
+            /** @description What the session may use in all: a turn whose next model call would start at or over it waits until the budget is raised (docs/flow-control.md). */
+            budget?: components["schemas"]["Budget"] | null;
             /**
              * Priority
              * @description Its Steps go ahead of those of its tenant's sessions of a lower priority, for good (tenants still share the Workers fairly).
@@ -760,6 +813,8 @@ export interface components {
              * @description Unix time of the session's latest change.
              */
             updated_at: number;
+            /** @description The tokens and cost of its model calls so far. */
+            usage?: components["schemas"]["SessionUsage"] | null;
             /**
              * Waiting Since
              * @description Since when the turn waits for a person (Unix time); null if it does not.
@@ -911,7 +966,10 @@ export interface components {
         PersonWait: {
             /** Agent */
             agent: string;
-            /** Arguments */
+            /**
+             * Arguments
+             * @description The call's arguments; empty for a `budget`.
+             */
             arguments: {
                 [key: string]: unknown;
             };
@@ -920,9 +978,11 @@ export interface components {
              * @description What an approval is bound to.
              */
             arguments_hash: string;
+            /** @description A `budget`: the session's budget. */
+            budget?: components["schemas"]["SessionBudget"] | null;
             /**
              * Call Id
-             * @description The tool call to approve, deny or answer.
+             * @description The tool call to approve, deny or answer; empty for a `budget`.
              */
             call_id: string;
             /**
@@ -932,15 +992,20 @@ export interface components {
             choices: string[] | null;
             /**
              * Kind
-             * @description `approval`: approve or deny the call; `question`: answer it.
+             * @description `approval`: approve or deny the call; `question`: answer it; `budget`: raise or remove the session's budget (`PUT /v1/sessions/{id}/budget`), or cancel.
              * @enum {string}
              */
-            kind: "approval" | "question";
+            kind: "approval" | "question" | "budget";
             /**
              * Question
              * @description What the tool asks (a `question`).
              */
             question: string | null;
+            /**
+             * Reason
+             * @description A `budget`: how much of the budget is used, in words.
+             */
+            reason?: string | null;
             /** Session Id */
             session_id: string;
             /**
@@ -950,10 +1015,15 @@ export interface components {
             since: number;
             /** Step Id */
             step_id: string;
-            /** Tool */
+            /**
+             * Tool
+             * @description The tool of the call; empty for a `budget`.
+             */
             tool: string;
             /** Turn */
             turn: number;
+            /** @description A `budget`: what the session used. */
+            usage?: components["schemas"]["SessionUsage"] | null;
         };
         /** QueuedMessage */
         QueuedMessage: {
@@ -1130,7 +1200,7 @@ export interface components {
             turn: number;
             /**
              * Waiting For
-             * @description With `waiting`: each approval or answer the turn waits for.
+             * @description With `waiting`: each approval, answer or budget the turn waits for.
              */
             waiting_for?: components["schemas"]["PersonWait"][];
         };
@@ -1186,11 +1256,29 @@ export interface components {
              * @description Unix time of the session's latest change.
              */
             updated_at: number;
+            /** @description The tokens and cost of its model calls so far. */
+            usage?: components["schemas"]["SessionUsage"] | null;
             /**
              * Waiting Since
              * @description Since when the turn waits for a person (Unix time); null if it does not.
              */
             waiting_since: number | null;
+        };
+        /**
+         * SessionBudget
+         * @description What a session may use in all. A limit that is null does not apply.
+         */
+        SessionBudget: {
+            /**
+             * Max Cost Usd
+             * @description US dollars.
+             */
+            max_cost_usd?: number | null;
+            /**
+             * Max Tokens
+             * @description Input and output tokens together.
+             */
+            max_tokens?: number | null;
         };
         /** SessionList */
         SessionList: {
@@ -1268,6 +1356,39 @@ export interface components {
             turn: number;
         };
         /**
+         * SessionUsage
+         * @description The tokens and cost of a session's model calls whose results committed.
+         */
+        SessionUsage: {
+            /**
+             * Cost Usd
+             * @description At the server's prices (docs/flow-control.md).
+             */
+            cost_usd: number;
+            /** Input Tokens */
+            input_tokens: number;
+            /** Output Tokens */
+            output_tokens: number;
+        };
+        /** SetBudget */
+        SetBudget: {
+            /**
+             * By
+             * @description Who changes it.
+             */
+            by?: string | null;
+            /**
+             * Max Cost Usd
+             * @description US dollars.
+             */
+            max_cost_usd?: number | null;
+            /**
+             * Max Tokens
+             * @description Input and output tokens together.
+             */
+            max_tokens?: number | null;
+        };
+        /**
          * ShownTurnStatus
          * @description A turn's status as answered: ``waiting`` is a running turn that waits for a person.
          * @enum {string}
@@ -1294,6 +1415,8 @@ export interface components {
         SnapshotSession: {
             /** Agent */
             agent: string;
+            /** @description Its budget; null: no limit. */
+            budget?: components["schemas"]["SessionBudget"] | null;
             /**
              * Created At
              * @description Unix time.
@@ -1332,6 +1455,8 @@ export interface components {
              * @description Unix time of the session's latest change.
              */
             updated_at: number;
+            /** @description The tokens and cost of its model calls so far. */
+            usage?: components["schemas"]["SessionUsage"] | null;
             /**
              * Waiting Since
              * @description Since when the turn waits for a person (Unix time); null if it does not.
@@ -1342,6 +1467,8 @@ export interface components {
         Step: {
             /** Attempts */
             attempts?: components["schemas"]["Attempt"][];
+            /** Cost Usd */
+            cost_usd?: number | null;
             /** Created At */
             created_at: number;
             /** Ended At */
@@ -1399,7 +1526,7 @@ export interface components {
          * StepType
          * @enum {string}
          */
-        StepType: "RunModel" | "CallTool" | "CallSingleAttemptTool" | "PollToolTask" | "CheckToolCall" | "CompactContext" | "AwaitToolApproval" | "AwaitQuestionAnswer" | "AwaitTimer";
+        StepType: "RunModel" | "CallTool" | "CallSingleAttemptTool" | "PollToolTask" | "CheckToolCall" | "CompactContext" | "AwaitToolApproval" | "AwaitQuestionAnswer" | "AwaitTimer" | "AwaitBudget";
         /** SummaryItem */
         SummaryItem: {
             /** Text */
@@ -1567,6 +1694,7 @@ export interface components {
             tool_calls?: components["schemas"]["ToolCall"][];
             /** Trace */
             trace?: string | null;
+            usage?: components["schemas"]["Usage"];
         };
         /**
          * TurnResult
@@ -1593,7 +1721,7 @@ export interface components {
             turn: number;
             /**
              * Waiting For
-             * @description With `waiting`: each approval or answer the turn waits for.
+             * @description With `waiting`: each approval, answer or budget the turn waits for.
              */
             waiting_for?: components["schemas"]["PersonWait"][];
         };
@@ -1602,6 +1730,32 @@ export interface components {
          * @enum {string}
          */
         TurnStatus: "running" | "completed" | "failed" | "cancelled";
+        /**
+         * Usage
+         * @description Tokens and cost of the model calls whose results committed.
+         */
+        Usage: {
+            /**
+             * Calls
+             * @default 0
+             */
+            calls: number;
+            /**
+             * Cost Usd
+             * @default 0
+             */
+            cost_usd: number;
+            /**
+             * Input Tokens
+             * @default 0
+             */
+            input_tokens: number;
+            /**
+             * Output Tokens
+             * @default 0
+             */
+            output_tokens: number;
+        };
         /** UserItem */
         UserItem: {
             /** Text */
@@ -1623,6 +1777,8 @@ export interface components {
             deadline?: number | null;
             /** Question */
             question?: string | null;
+            /** Reason */
+            reason?: string | null;
             /** Resolution */
             resolution?: {
                 [key: string]: unknown;
@@ -1642,6 +1798,11 @@ export interface components {
             deadline: number | null;
             /** Question */
             question: string | null;
+            /**
+             * Reason
+             * @description An `AwaitBudget`: how much of the budget is used, in words.
+             */
+            reason?: string | null;
             /** Resolution Recorded */
             resolution_recorded: boolean;
             /** Since */
@@ -2595,6 +2756,201 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ApprovalList"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description An unknown session, agent, turn or tool call: `not_found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body, a parameter or a header is not valid (`invalid_request`, with `details.problems`), or valid but unusable (`invalid_input`). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The token (or, with auth off, the address) is over its rate limit on the client API: `rate_limited`, with `Retry-After` (seconds) and `details.limit`, `details.retry_after`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The node does not serve now (starting, a standby, stepped down: `unavailable`, with the `x-dex-role` header; try another address), or the store could not commit (nothing was written, retry: `storage_error`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    set_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetBudget"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetSet"];
+                };
+            };
+            /** @description The body is not readable JSON (invalid UTF-8, or nested too deep): `http_error`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description An unknown session, agent, turn or tool call: `not_found`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is over the server's limit: `body_too_large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body, a parameter or a header is not valid (`invalid_request`, with `details.problems`), or valid but unusable (`invalid_input`). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The token (or, with auth off, the address) is over its rate limit on the client API: `rate_limited`, with `Retry-After` (seconds) and `details.limit`, `details.retry_after`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The node does not serve now (starting, a standby, stepped down: `unavailable`, with the `x-dex-role` header; try another address), or the store could not commit (nothing was written, retry: `storage_error`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    remove_budget: {
+        parameters: {
+            query?: {
+                /** @description Who removes it. */
+                by?: string | null;
+            };
+            header?: never;
+            path: {
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BudgetSet"];
                 };
             };
             /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */

@@ -113,7 +113,8 @@ export type StepType =
   | "CompactContext"
   | "AwaitToolApproval"
   | "AwaitQuestionAnswer"
-  | "AwaitTimer";
+  | "AwaitTimer"
+  | "AwaitBudget";
 
 // --- Worker → server --------------------------------------------------------------
 

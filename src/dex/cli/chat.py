@@ -43,7 +43,7 @@ from dex.cli.render import call_text, wait_text
 from dex.client import Client
 from dex.errors import Conflict, DexError, NotFound, Unavailable
 
-PERSON_WAITS = ("AwaitToolApproval", "AwaitQuestionAnswer")
+PERSON_WAITS = ("AwaitToolApproval", "AwaitQuestionAnswer", "AwaitBudget")
 ENDED = ("completed", "failed", "cancelled")
 RECONNECT = (0.1, 0.2, 0.5, 1.0, 2.0)
 """Seconds between tries to reach the server again; the last repeats."""
@@ -241,7 +241,7 @@ class Chat:
         None while it runs on."""
         record = await self.client.wait_turn(self.session_id, turn, timeout=0)
         status = record["status"]
-        waits = [w for w in record.get("waiting_for", []) if w["call_id"] not in self.asked]
+        waits = [w for w in record.get("waiting_for", []) if wait_key(w) not in self.asked]
         if status not in ENDED and not waits:
             self.status = "waiting for a person" if status == "waiting" else self.status
             return None
@@ -506,12 +506,35 @@ def _send(loop: Loop, chat: Chat, text: str) -> int | None:
         return None
 
 
+def wait_key(wait: dict[str, Any]) -> str:
+    """What a wait is told apart by: its tool call, or (a budget wait) its Step."""
+    return str(wait["call_id"] or wait["step_id"])
+
+
+def _tell_budget(chat: Chat, wait: dict[str, Any]) -> None:
+    """A turn that waits for a bigger budget: say so, and how to raise it (elsewhere: the
+    chat follows the turn on once it goes on, and Ctrl-C cancels it)."""
+    chat.asked.add(wait_key(wait))
+    sid = wait["session_id"]
+    chat.console.print(
+        Text(
+            f"the turn waits for a bigger budget: {wait.get('reason')}\n"
+            f"raise it: dex budget {sid} --max-tokens N (or --max-cost-usd USD, or --remove),"
+            " or in the console; Ctrl-C cancels the turn",
+            style="bold yellow",
+        )
+    )
+
+
 def _turn(loop: Loop, chat: Chat, turn: int) -> None:
     """Follow a turn to its end, asking what it waits for; Ctrl-C cancels it."""
     while True:
         try:
             waits = loop.run(chat.follow(turn))
             for wait in waits:
+                if wait["kind"] == "budget":
+                    _tell_budget(chat, wait)
+                    continue
                 if (decision := _ask(loop, chat, wait)) is None:
                     break  # the turn was cancelled: following it shows how it ended
                 loop.run(chat.resolve(wait, *decision))
@@ -525,7 +548,7 @@ def _turn(loop: Loop, chat: Chat, turn: int) -> None:
 def _ask(loop: Loop, chat: Chat, wait: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """Ask the person at the terminal: the client method and its arguments, or None if
     they cancelled the turn (``/cancel``)."""
-    chat.asked.add(wait["call_id"])
+    chat.asked.add(wait_key(wait))
     approval = wait["kind"] == "approval"
     if approval:
         prompt = f"[bold yellow]approve {escape(call_text(wait))}?[/] \\[y/n] "

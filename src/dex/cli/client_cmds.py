@@ -40,6 +40,14 @@ class Order(StrEnum):
 TIME_HELP = "ISO-8601 (local time unless it says), a time ago (30m, 2h, 7d) or Unix seconds."
 # Client commands send DEX_CLIENT_TOKEN when the server has auth on (dex.Client reads it).
 By = Annotated[str | None, typer.Option(help="Who does it (recorded).")]
+MaxTokens = Annotated[
+    int | None,
+    typer.Option(min=1, help="Budget: the session's input and output tokens in all."),
+]
+MaxCost = Annotated[
+    float | None,
+    typer.Option(help="Budget: what its model calls may cost, in USD (more than 0)."),
+]
 
 
 def _call(address: str, action: Callable[[SyncClient], Any], token: str | None = None) -> None:
@@ -161,13 +169,18 @@ def new(
     priority: Annotated[
         int, typer.Option(help="Its Steps go ahead of its tenant's lower-priority sessions'.")
     ] = 0,
+    max_tokens: MaxTokens = None,
+    max_cost_usd: MaxCost = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Create a session with AGENT and say how to talk to it."""
+    limits = {"max_tokens": max_tokens, "max_cost_usd": max_cost_usd}
+    budget = limits if max_tokens is not None or max_cost_usd is not None else None
     _call(
         address,
         lambda c: _session(
-            c.create_session(agent, session_id, tenant=tenant, priority=priority), json_output
+            c.create_session(agent, session_id, tenant=tenant, priority=priority, budget=budget),
+            json_output,
         ),
     )
 
@@ -348,6 +361,8 @@ def inbox(
             render.console().print(render.inbox_table(items))
             typer.echo("approve: dex approve SESSION CALL   deny: dex deny SESSION CALL REASON")
             typer.echo("answer:  dex answer SESSION CALL ANSWER")
+            if any(i["kind"] == "budget" for i in items):
+                typer.echo("budget:  dex budget SESSION --max-tokens N | --max-cost-usd USD")
         _next_page(page["next_cursor"])
         return None
 
@@ -455,6 +470,47 @@ def cancel(
         return _said(done, json_output, f"cancelled turn {done['turn']} of {session_id}")
 
     _call(address, cancelled)
+
+
+@app.command()
+def budget(
+    session_id: str,
+    max_tokens: MaxTokens = None,
+    max_cost_usd: MaxCost = None,
+    remove: Annotated[bool, typer.Option("--remove", help="No limit any more.")] = False,
+    address: Address = DEFAULT_ADDRESS,
+    by: By = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Set a session's budget (tokens, USD or both; --remove: no limit), or show it and
+    what the session used. A turn that waits for its budget goes on once it is not used
+    up."""
+    from dex.cli import render
+
+    if remove and (max_tokens is not None or max_cost_usd is not None):
+        raise typer.BadParameter("either --remove or new limits, not both", param_hint="--remove")
+
+    def change(client: SyncClient) -> Any:
+        if remove:
+            done = client.remove_budget(session_id, by=by)
+        elif max_tokens is not None or max_cost_usd is not None:
+            done = client.set_budget(
+                session_id, max_tokens=max_tokens, max_cost_usd=max_cost_usd, by=by
+            )
+        else:
+            session = client.get_agent_snapshot(session_id)["session"]
+            done = {k: session.get(k) for k in ("budget", "usage", "status")}
+            done["session_id"] = session_id
+        if json_output:
+            return done
+        used = render.usage_text(done["usage"]) or "nothing"
+        typer.echo(
+            f"session {session_id}: {render.budget_text(done['budget'])}; used {used}; "
+            f"{done['status']}"
+        )
+        return None
+
+    _call(address, change)
 
 
 def _act(

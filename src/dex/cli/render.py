@@ -67,7 +67,17 @@ def sessions_table(sessions: list[dict[str, Any]]) -> Table:
     tenants = any(s.get("tenant") for s in sessions)
     tenant = ["TENANT"] if tenants else []
     return table(
-        ["ID", "AGENT", *tenant, "STATUS", "CREATED", "UPDATED", "WAITING SINCE", "UNKNOWN"],
+        [
+            "ID",
+            "AGENT",
+            *tenant,
+            "STATUS",
+            "CREATED",
+            "UPDATED",
+            "WAITING SINCE",
+            "UNKNOWN",
+            "USAGE",
+        ],
         [
             [
                 s["id"],
@@ -78,10 +88,33 @@ def sessions_table(sessions: list[dict[str, Any]]) -> Table:
                 local_time(s["updated_at"]),
                 local_time(s["waiting_since"]),
                 str(s["outcome_unknown"] or ""),
+                usage_text(s.get("usage")),
             ]
             for s in sessions
         ],
     )
+
+
+def usage_text(usage: dict[str, Any] | None) -> str:
+    """``1,234 tokens $0.0123``: what a session's model calls used; empty for none."""
+    if not usage:
+        return ""
+    tokens = int(usage["input_tokens"]) + int(usage["output_tokens"])
+    if not tokens and not usage["cost_usd"]:
+        return ""
+    return f"{tokens:,} tokens ${usage['cost_usd']:.4f}"
+
+
+def budget_text(budget: dict[str, Any] | None) -> str:
+    """``20,000 tokens, $1``: a session's budget; ``no budget`` for none."""
+    if not budget:
+        return "no budget"
+    limits = []
+    if budget.get("max_tokens") is not None:
+        limits.append(f"{budget['max_tokens']:,} tokens")
+    if budget.get("max_cost_usd") is not None:
+        limits.append(f"${budget['max_cost_usd']:g}")
+    return ", ".join(limits)
 
 
 def call_text(wait: dict[str, Any]) -> str:
@@ -94,6 +127,8 @@ def wait_text(wait: dict[str, Any]) -> str:
     """What a wait asks of a person, in a few words."""
     if wait["kind"] == "approval":
         return f"approve {call_text(wait)}"
+    if wait["kind"] == "budget":
+        return f"a bigger budget: {wait.get('reason') or budget_text(wait.get('budget'))}"
     choices = f" [{'/'.join(wait['choices'])}]" if wait.get("choices") else ""
     return f"answer {wait['question']}{choices} (asked by {call_text(wait)})"
 
@@ -101,13 +136,21 @@ def wait_text(wait: dict[str, Any]) -> str:
 def inbox_table(items: list[dict[str, Any]]) -> Table:
     return table(
         ["SESSION", "CALL", "WAITS FOR", "SINCE"],
-        [[i["session_id"], i["call_id"], wait_text(i), local_time(i["since"])] for i in items],
+        [
+            [i["session_id"], i["call_id"] or "-", wait_text(i), local_time(i["since"])]
+            for i in items
+        ],
     )
 
 
 def how_to_act(wait: dict[str, Any]) -> str:
     """The commands that end a wait."""
     sid, call = wait["session_id"], wait["call_id"]
+    if wait["kind"] == "budget":
+        return (
+            f"dex budget {sid} --max-tokens N | --max-cost-usd USD   (or: dex budget {sid} "
+            f"--remove, or dex cancel {sid})"
+        )
     if wait["kind"] == "approval":
         return f"dex approve {sid} {call}   (or: dex deny {sid} {call} REASON)"
     return f"dex answer {sid} {call} ANSWER"

@@ -111,11 +111,15 @@ class Client:
         *,
         tenant: str | None = None,
         priority: int = 0,
+        budget: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A new session of ``agent``. ``tenant``: whose it is, for good (1-64 letters,
         digits or ``_.-``); with a tenant-scoped token, its tenant by default, and another
         one raises ``AuthError``. ``priority``: its Steps go ahead of those of its
-        tenant's sessions of a lower one (-1000 to 1000)."""
+        tenant's sessions of a lower one (-1000 to 1000). ``budget``: what the session may
+        use in all, ``{"max_tokens": ...}``, ``{"max_cost_usd": ...}`` or both; a turn whose
+        next model call would start at or over it waits until the budget is raised
+        (``set_budget``)."""
         body: dict[str, Any] = {"agent": agent}
         if session_id is not None:
             body["session_id"] = session_id
@@ -123,7 +127,30 @@ class Client:
             body["tenant"] = tenant
         if priority:
             body["priority"] = priority
+        if budget is not None:
+            body["budget"] = budget
         return await self._request("POST", "/v1/sessions", body)
+
+    async def set_budget(
+        self,
+        session_id: str,
+        *,
+        max_tokens: int | None = None,
+        max_cost_usd: float | None = None,
+        by: str | None = None,
+    ) -> dict[str, Any]:
+        """Set the session's budget (one limit or both). A turn that waits for its budget
+        goes on if the new one is not used up. Returns the budget, the usage and the
+        session's status."""
+        body = {"max_tokens": max_tokens, "max_cost_usd": max_cost_usd, "by": by}
+        return await self._request("PUT", f"/v1/sessions/{session_id}/budget", body, retry=True)
+
+    async def remove_budget(self, session_id: str, *, by: str | None = None) -> dict[str, Any]:
+        """Remove the session's budget: no limit; a turn that waits for its budget goes on."""
+        params = {"by": by} if by is not None else None
+        return await self._request(
+            "DELETE", f"/v1/sessions/{session_id}/budget", params=params, retry=True
+        )
 
     async def fork_session(
         self, session_id: str, turn: int, new_session_id: str | None = None
@@ -300,7 +327,8 @@ class Client:
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The session's events as they happen (Server-Sent Events): ``history.item``,
         ``turn.started`` / ``turn.completed`` / ``turn.failed`` / ``turn.cancelled``,
-        ``wait.started``, ``message.queued`` and live ``model.delta`` text. Each is
+        ``wait.started`` (and ``wait.ended``, ``budget.changed`` for a budget wait),
+        ``message.queued`` and live ``model.delta`` text. Each is
         ``{"id", "type", "data"}``; ids are opaque strings: pass the last one you saw as
         ``last_event_id`` to resume after it.
 

@@ -36,6 +36,7 @@ from dex.server.clock import Clock
 from dex.server.config import ServerConfig
 from dex.server.console import routes as console
 from dex.server.dispatch.dispatcher import Dispatcher
+from dex.server.engine.budget import DEFAULT_PRICES, Price, Prices
 from dex.server.flow import ModelLimits
 from dex.server.ha.leadership import Leadership, Solo
 from dex.server.ha.node import Node
@@ -77,7 +78,13 @@ def create_app(
         )
         streams = open_streams(config.streams)
         await streams.start()
-        domain = Sessions(store, dispatcher, streams, tracing=_tracing(config, tracer_provider))
+        domain = Sessions(
+            store,
+            dispatcher,
+            streams,
+            tracing=_tracing(config, tracer_provider),
+            prices=_prices(config),
+        )
         dispatcher.weights = dict(config.tenant_weights)
         model_limits = ModelLimits(store, dispatcher.limits, config.model_limits)
         await model_limits.load()
@@ -150,6 +157,13 @@ def _fastapi_telemetry(config: ServerConfig, provider: Any) -> dict[str, Any]:
             "exclude": lambda scope: scope["type"] != "http" or scope["path"] in QUIET_PATHS,
         }
     }
+
+
+def _prices(config: ServerConfig) -> Prices:
+    """The prices Dex ships, with the configured ones over them."""
+    table = dict(DEFAULT_PRICES)
+    table.update((name, Price(input=p.input, output=p.output)) for name, p in config.prices.items())
+    return Prices(table)
 
 
 def _tracing(config: ServerConfig, provider: Any) -> Any:

@@ -30,6 +30,7 @@ from dex.server.actors import Actor
 from dex.server.committer import Committer, Handle
 from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn, WorkerIdInUse
 from dex.server.engine import handlers
+from dex.server.engine.budget import Prices, model_name
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
     AttemptError,
@@ -222,6 +223,7 @@ class Attempts:
         streams: Streams,
         metrics: Metrics,
         spec: Callable[[str], AgentSpec],
+        prices: Prices | None = None,
     ) -> None:
         self.committer = committer
         self.dispatcher = dispatcher
@@ -230,6 +232,8 @@ class Attempts:
         self.metrics = metrics
         self.spec = spec
         """The agent's registered spec (``Sessions.spec``: ``NotFound`` if none is)."""
+        self.prices = prices or Prices()
+        """What a model call costs: committed with its result (``engine.budget``)."""
         self.members: Callable[[], list[str]] = lambda: []
         """In a cluster: the base URLs of the nodes a Worker should be connected to, this
         one included (``welcome.members``); empty on a single node."""
@@ -371,6 +375,9 @@ class Attempts:
             spec = self.spec(actor.state.agent)
             step = ended.step = actor.state.turn.step(step_id) if actor.state.turn else None
             model, complete = _COMPLETE.get(step.type, _COMPLETE_TOOL) if step else _COMPLETE_TOOL
+            if step is not None and step.type in _COMPLETE:  # a model call: priced
+                ended.agent, ended.model = spec.name, model_name(spec.model)
+            price = self.prices.of(ended.model) if ended.model is not None else None
 
             def handle(s: SessionState, now: float) -> Transition:
                 result = _validated(model, payload)
@@ -378,6 +385,8 @@ class Attempts:
                 if isinstance(usage, Usage):  # a model call: what it used, for its limits
                     tokens = usage.input_tokens + usage.output_tokens
                     self.dispatcher.limits.settle(session_id, step_id, tokens)
+                if price is not None:
+                    return complete(s, spec, step_id, number, result, now, price=price)
                 return complete(s, spec, step_id, number, result, now)
 
             return handle
@@ -452,6 +461,9 @@ class Attempts:
             self.metrics.attempt_ended(step_type, ended.outcome)
         else:
             self.metrics.attempt_ended(step_type, ended.outcome, ended.progress)
+        step = ended.step
+        if ended.model is not None and step is not None and step.usage is not None:
+            self.metrics.model_used(ended.agent, ended.model, step.usage, step.cost_usd or 0.0)
         if ended.outcome == "succeeded":
             failpoints.hit("server.after_commit_result")
 
@@ -507,6 +519,9 @@ class _Ended:
     outcome: str
     progress: str | None
     step: Step | None = None
+    agent: str = ""
+    model: str | None = None
+    """For a model call: the model its agent names, for the usage metrics."""
 
 
 class _NotQueued(Exception):

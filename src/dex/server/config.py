@@ -10,12 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dex._settings import Settings
 from dex.server.dispatch.limits import Limit
 
 DEFAULT_PORT = 7450
+
+
+class ModelPrice(BaseModel):
+    """A model's price: US dollars per million input and output tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    input: float = Field(ge=0, allow_inf_nan=False)
+    output: float = Field(ge=0, allow_inf_nan=False)
 
 
 class ServerConfig(Settings):
@@ -83,6 +91,11 @@ class ServerConfig(Settings):
     )
     """Each tenant's share of the Workers while several wait (``DEX_TENANT_WEIGHTS``, JSON
     like ``{"acme": 3}``; 1 for a tenant not named): docs/flow-control.md."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict, validation_alias="DEX_PRICES")
+    """Model prices over the ones Dex ships, by model name (``[server.prices]`` in the
+    config file: ``"gpt-4o" = { input = 2.5, output = 10.0 }``, US dollars per million
+    tokens; ``DEX_PRICES`` as JSON). A model priced nowhere costs nothing: its tokens still
+    count (docs/flow-control.md, Prices)."""
     tracing: bool = Field(False, validation_alias="DEX_TRACING")
     """OpenTelemetry spans of turns, Steps and attempts (``DEX_TRACING``; needs
     ``dex-runtime[otel]``): see docs/operations.md."""

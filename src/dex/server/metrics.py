@@ -49,6 +49,10 @@ class Counts(Collector):
         values = self.values
         values[labels] = values.get(labels, 0.0) + 1.0
 
+    def add(self, amount: float, *labels: str) -> None:
+        values = self.values
+        values[labels] = values.get(labels, 0.0) + amount
+
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self.doc, labels=list(self.labels))
         for labels, value in list(self.values.items()):
@@ -119,8 +123,22 @@ class Metrics:
             "Tool calls whose turn ended with their outcome unknown (a write that may have "
             "run): each needs a person or a program to reconcile it.",
         )
+        self.model_tokens = Counts(
+            "dex_model_tokens",
+            "Tokens of the model calls whose results committed, by agent, model and "
+            "direction (input, output).",
+            ("agent", "model", "direction"),
+        )
+        self.model_cost = Counts(
+            "dex_model_cost_usd",
+            "What the model calls whose results committed cost (US dollars, at the "
+            "server's prices), by agent and model.",
+            ("agent", "model"),
+        )
         for family in (
             self.attempts,
+            self.model_tokens,
+            self.model_cost,
             self.turns,
             self.turn_seconds,
             self.step_seconds,
@@ -142,6 +160,12 @@ class Metrics:
             self.tool_calls.inc(call.kind or "unknown", status)
             if status == ToolCallStatus.OUTCOME_UNKNOWN:
                 self.outcome_unknown.inc()
+
+    def model_used(self, agent: str, model: str, usage: dict[str, int], cost_usd: float) -> None:
+        """A model call's result committed: count its tokens and cost."""
+        self.model_tokens.add(usage.get("input_tokens", 0), agent, model, "input")
+        self.model_tokens.add(usage.get("output_tokens", 0), agent, model, "output")
+        self.model_cost.add(cost_usd, agent, model)
 
     def attempt_ended(self, step_type: str, outcome: str, progress: str = "") -> None:
         self.attempts.inc(step_type, outcome, progress)

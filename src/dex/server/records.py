@@ -235,6 +235,7 @@ def session_record(state: SessionState, rows: Rows | None = None) -> SessionReco
         waiting_since=state.waiting_since(waits),
         outcome_unknown=state.outcome_unknown(calls),
         tenant=state.tenant,
+        usage=(state.usage.input_tokens, state.usage.output_tokens, state.usage.cost_usd),
     )
 
 

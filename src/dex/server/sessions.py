@@ -37,6 +37,7 @@ from dex.server.committer import Committer, Handle
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.dispatch.queues import Queued
 from dex.server.engine import fork, handlers
+from dex.server.engine.budget import Budget, Prices
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import SessionState, Step, ToolCall, Turn, attempt_id
 from dex.server.metrics import Metrics
@@ -66,6 +67,7 @@ class Sessions:
         max_cached_chars: int = 64 << 20,
         metrics: Metrics | None = None,
         tracing: Tracing | None = None,
+        prices: Prices | None = None,
     ) -> None:
         self.store = store
         self.dispatcher = dispatcher
@@ -82,7 +84,9 @@ class Sessions:
         self.agents: dict[str, AgentSpec] = {}
         """The registered agents, by name."""
         self.committer.queued = self._queued
-        self.attempts = Attempts(self.committer, dispatcher, self.streams, self.metrics, self.spec)
+        self.attempts = Attempts(
+            self.committer, dispatcher, self.streams, self.metrics, self.spec, prices
+        )
         """What Workers do to attempts."""
         self.reads = Reads(store, self.actors, self.streams, dispatcher, self.agents)
         """What clients read."""
@@ -254,10 +258,16 @@ class Sessions:
     # --- client inputs ------------------------------------------------------------------
 
     async def create(
-        self, agent: str, session_id: str | None, tenant: str | None = None, priority: int = 0
+        self,
+        agent: str,
+        session_id: str | None,
+        tenant: str | None = None,
+        priority: int = 0,
+        budget: Budget | None = None,
     ) -> SessionState:
         """A new session of ``agent`` (``tenant``: whose it is, for good; ``priority``: its
-        place among its tenant's sessions in the queues)."""
+        place among its tenant's sessions in the queues; ``budget``: what it may use in
+        all)."""
         if agent not in self.agents and self.serves is not None:
             await self.load_agents()  # in a cluster: a Worker of another node registered it
         self.spec(agent)
@@ -268,7 +278,13 @@ class Sessions:
         if session_id is None and self.serves is not None:
             new_id = self._own_id(new_id)
         state = SessionState(
-            id=new_id, agent=agent, created_at=now, updated_at=now, tenant=tenant, priority=priority
+            id=new_id,
+            agent=agent,
+            created_at=now,
+            updated_at=now,
+            tenant=tenant,
+            priority=priority,
+            budget=budget,
         )
         await self._write_new(records.new_session(state))
         return state
@@ -410,6 +426,20 @@ class Sessions:
 
         while actor.state.inbox:
             await self.committer.apply(actor, lambda _: handle)
+
+    async def set_budget(
+        self, session_id: str, budget: Budget | None, by: str | None
+    ) -> SessionState:
+        """Change the session's budget (None: no limit), in one commit with what it moves
+        on: a turn that waited for its budget and may go on now queues its model call."""
+        actor = await self.actors.get(session_id)
+        spec = self.spec(actor.state.agent)
+
+        def handle(s: SessionState, now: float) -> Transition:
+            return handlers.set_budget(s, spec, budget, by, now)
+
+        await self.committer.apply(actor, lambda _: handle)
+        return actor.state
 
     async def cancel(self, session_id: str, reason: str) -> int:
         """Cancel the running turn; returns its number."""

@@ -19,11 +19,13 @@ import msgspec
 
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.dispatch.limits import Blocked
+from dex.server.engine.budget import Budget as Budget
+from dex.server.engine.budget import Usage
 from dex.server.engine.state import TERMINAL_STEP as TERMINAL_STEP
 from dex.server.engine.state import FleetStatus as FleetStatus
 from dex.server.engine.state import ForkedFrom as ForkedFrom
 from dex.server.engine.state import QueuedMessage as QueuedMessage
-from dex.server.engine.state import SessionState
+from dex.server.engine.state import SessionState as SessionState
 from dex.server.engine.state import Step as Step
 from dex.server.engine.state import ToolCall as ToolCall
 from dex.server.engine.state import Turn as Turn
@@ -79,6 +81,7 @@ def snapshot(
             "priority": state.priority,
             "queued_messages": plain(state.queued),
             "forked_from": plain(state.forked_from) if state.forked_from else None,
+            "budget": plain(state.budget) if state.budget else None,
         },
         "current_turn": plain(state.turn) if state.turn else None,
         "waiting": waiting,
@@ -91,6 +94,7 @@ def snapshot(
                 "deadline": step.wait.deadline if step.wait else None,
                 "question": step.wait.question if step.wait else None,
                 "choices": step.wait.choices if step.wait else None,
+                "reason": step.wait.reason if step.wait else None,
                 "resolution_recorded": any(e["step_id"] == step.id for e in state.inbox),
             }
             for step in state.waiting_steps()
@@ -121,18 +125,36 @@ def session_row(state: SessionState) -> dict[str, Any]:
         "updated_at": state.updated_at or state.created_at,
         "waiting_since": state.waiting_since(),
         "outcome_unknown": state.outcome_unknown(),
+        "usage": usage(state.usage),
     }
 
 
-WAIT_KIND = {StepType.AWAIT_TOOL_APPROVAL: "approval", StepType.AWAIT_QUESTION_ANSWER: "question"}
+def usage(used: Usage) -> dict[str, Any]:
+    """A session's usage as the API shows it (the list's columns)."""
+    return {
+        "input_tokens": used.input_tokens,
+        "output_tokens": used.output_tokens,
+        "cost_usd": used.cost_usd,
+    }
+
+
+WAIT_KIND = {
+    StepType.AWAIT_TOOL_APPROVAL: "approval",
+    StepType.AWAIT_QUESTION_ANSWER: "question",
+    StepType.AWAIT_BUDGET: "budget",
+}
 
 
 def person_waits(state: SessionState) -> list[dict[str, Any]]:
-    """What the session's turn waits for a person to do: approve (or deny) a tool call, or
-    answer the question a tool asked; each with the call it is about."""
+    """What the session's turn waits for a person to do: approve (or deny) a tool call,
+    answer the question a tool asked (each with the call it is about), or raise the
+    session's budget (with the budget and what is used of it)."""
     turn = state.turn
     found = []
     for step in state.person_waits():
+        if step.type == StepType.AWAIT_BUDGET and turn is not None:
+            found.append(budget_wait(state, turn, step))
+            continue
         call = turn.tool_call(step.tool_call_id or "") if turn is not None else None
         if turn is None or call is None:
             continue
@@ -153,6 +175,27 @@ def person_waits(state: SessionState) -> list[dict[str, Any]]:
             }
         )
     return found
+
+
+def budget_wait(state: SessionState, turn: Turn, step: Step) -> dict[str, Any]:
+    """A turn's wait for a bigger budget, as the inbox lists it."""
+    return {
+        "session_id": state.id,
+        "agent": state.agent,
+        "turn": turn.number,
+        "call_id": "",
+        "step_id": step.id,
+        "kind": "budget",
+        "tool": "",
+        "arguments": {},
+        "arguments_hash": "",
+        "question": None,
+        "choices": None,
+        "since": step.wait.since if step.wait else step.created_at,
+        "reason": step.wait.reason if step.wait else None,
+        "budget": plain(state.budget) if state.budget else None,
+        "usage": usage(state.usage),
+    }
 
 
 def pending_approvals(state: SessionState) -> list[dict[str, Any]]:

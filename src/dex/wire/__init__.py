@@ -199,6 +199,7 @@ class StepType(StrEnum):
     AWAIT_TOOL_APPROVAL = "AwaitToolApproval"
     AWAIT_QUESTION_ANSWER = "AwaitQuestionAnswer"
     AWAIT_TIMER = "AwaitTimer"
+    AWAIT_BUDGET = "AwaitBudget"
 
     @property
     def is_wait(self) -> bool:
@@ -207,6 +208,7 @@ class StepType(StrEnum):
             StepType.AWAIT_TOOL_APPROVAL,
             StepType.AWAIT_QUESTION_ANSWER,
             StepType.AWAIT_TIMER,
+            StepType.AWAIT_BUDGET,
         )
 
 

@@ -126,6 +126,21 @@ NEXT_CURSOR = (
 )
 
 
+class SessionUsage(BaseModel):
+    """The tokens and cost of a session's model calls whose results committed."""
+
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float = Field(description="At the server's prices (docs/flow-control.md).")
+
+
+class SessionBudget(BaseModel):
+    """What a session may use in all. A limit that is null does not apply."""
+
+    max_tokens: int | None = Field(None, description="Input and output tokens together.")
+    max_cost_usd: float | None = Field(None, description="US dollars.")
+
+
 class Session(BaseModel):
     id: str
     agent: str
@@ -144,6 +159,9 @@ class Session(BaseModel):
     outcome_unknown: int = Field(
         description="How many of its tool calls are `outcome_unknown`, not reconciled yet."
     )
+    usage: SessionUsage | None = Field(
+        None, description="The tokens and cost of its model calls so far."
+    )
 
 
 class SessionList(BaseModel):
@@ -161,6 +179,17 @@ class SnapshotSession(Session):
     forked_from: ForkedFrom | None = Field(
         description="For a fork: the session it was made from, and the first of its turns "
         "the fork does not have."
+    )
+    budget: SessionBudget | None = Field(None, description="Its budget; null: no limit.")
+
+
+class BudgetSet(BaseModel):
+    session_id: str
+    budget: SessionBudget | None = Field(description="The budget now; null: no limit.")
+    usage: SessionUsage
+    status: FleetStatus = Field(
+        description="The session's status after the change: a turn that waited for its "
+        "budget and may go on is `running` again."
     )
 
 
@@ -222,6 +251,9 @@ class WaitInfo(BaseModel):
     deadline: float | None
     question: str | None
     choices: list[str] | None
+    reason: str | None = Field(
+        None, description="An `AwaitBudget`: how much of the budget is used, in words."
+    )
     resolution_recorded: bool
 
 
@@ -261,17 +293,25 @@ class PersonWait(BaseModel):
     session_id: str
     agent: str
     turn: int
-    call_id: str = Field(description="The tool call to approve, deny or answer.")
-    step_id: str
-    kind: Literal["approval", "question"] = Field(
-        description="`approval`: approve or deny the call; `question`: answer it."
+    call_id: str = Field(
+        description="The tool call to approve, deny or answer; empty for a `budget`."
     )
-    tool: str
-    arguments: dict[str, Any]
+    step_id: str
+    kind: Literal["approval", "question", "budget"] = Field(
+        description="`approval`: approve or deny the call; `question`: answer it; `budget`: "
+        "raise or remove the session's budget (`PUT /v1/sessions/{id}/budget`), or cancel."
+    )
+    tool: str = Field(description="The tool of the call; empty for a `budget`.")
+    arguments: dict[str, Any] = Field(description="The call's arguments; empty for a `budget`.")
     arguments_hash: str = Field(description="What an approval is bound to.")
     question: str | None = Field(description="What the tool asks (a `question`).")
     choices: list[str] | None = Field(description="The answers it takes, if it named them.")
     since: float = Field(description="Unix time the wait started.")
+    reason: str | None = Field(
+        None, description="A `budget`: how much of the budget is used, in words."
+    )
+    budget: SessionBudget | None = Field(None, description="A `budget`: the session's budget.")
+    usage: SessionUsage | None = Field(None, description="A `budget`: what the session used.")
 
 
 class Inbox(BaseModel):
@@ -300,7 +340,7 @@ class TurnResult(BaseModel):
     status: ShownTurnStatus
     waiting_for: list[PersonWait] = Field(
         default_factory=list,
-        description="With `waiting`: each approval or answer the turn waits for.",
+        description="With `waiting`: each approval, answer or budget the turn waits for.",
     )
     text: str | None = None
     error: str | None = None
@@ -425,7 +465,8 @@ SSE_EVENT: dict[str, Any] = {
         "event": {
             "type": "string",
             "description": "history.item, turn.started, turn.completed, turn.failed, "
-            "turn.cancelled, wait.started, message.queued, model.delta, model.discard; "
+            "turn.cancelled, wait.started, wait.ended (a budget wait), budget.changed, "
+            "message.queued, model.delta, model.discard; "
             "the stream's own notices, with no id: stream.gap (events after the "
             "Last-Event-ID are no longer kept) first, stream.dropped (this subscriber "
             "fell too far behind: the response ends, resume with Last-Event-ID) last",
@@ -475,6 +516,8 @@ SESSION_LINKS = _links(
         "deny",
         "answer",
         "reconcile",
+        "set_budget",
+        "remove_budget",
     ],
 )
 """A created session's id, for every route about one session."""

@@ -32,6 +32,33 @@ WAIT = {**BODY, **errors(404, 409, 503)}
 TENANT_PATTERN = f"^{TENANT.pattern}$"
 
 
+class Budget(Wire):
+    """What a session may use in all: give one limit or both."""
+
+    max_tokens: int | None = Field(
+        None, ge=1, le=1 << 62, description="Input and output tokens together."
+    )
+    max_cost_usd: float | None = Field(
+        None, gt=0, le=1e12, allow_inf_nan=False, description="US dollars."
+    )
+
+    @model_validator(mode="after")
+    def _a_limit(self) -> Budget:
+        if self.max_tokens is None and self.max_cost_usd is None:
+            raise ValueError(
+                "a budget sets max_tokens, max_cost_usd or both (to remove a session's "
+                "budget: DELETE /v1/sessions/{id}/budget)"
+            )
+        return self
+
+    def limits(self) -> views.Budget:
+        return views.Budget(max_tokens=self.max_tokens, max_cost_usd=self.max_cost_usd)
+
+
+class SetBudget(Budget):
+    by: str | None = Field(None, max_length=200, description="Who changes it.")
+
+
 class CreateSession(Wire):
     agent: str = Field(min_length=1, max_length=128)
     session_id: str | None = Field(None, min_length=1, max_length=128)
@@ -48,6 +75,11 @@ class CreateSession(Wire):
         le=1000,
         description="Its Steps go ahead of those of its tenant's sessions of a lower "
         "priority, for good (tenants still share the Workers fairly).",
+    )
+    budget: Budget | None = Field(
+        None,
+        description="What the session may use in all: a turn whose next model call would "
+        "start at or over it waits until the budget is raised (docs/flow-control.md).",
     )
 
 
@@ -158,7 +190,8 @@ async def create(app: Any, body: CreateSession, tenant: str | None) -> tuple[dic
     """The session creation (of ``tenant``), as this route and ``hot.HotRoutes`` both
     answer it: the body and the status."""
     sessions: Sessions = app.state["sessions"]
-    state = await sessions.create(body.agent, body.session_id, tenant, body.priority)
+    budget = body.budget.limits() if body.budget is not None else None
+    state = await sessions.create(body.agent, body.session_id, tenant, body.priority, budget)
     return views.session_row(state), 201
 
 
@@ -378,6 +411,44 @@ async def deny(session_id: str, call_id: str, body: Deny, request: Request) -> O
 async def answer(session_id: str, call_id: str, body: Answer, request: Request) -> ORJSONResponse:
     await _decide(request, session_id, call_id, "answer", body)
     return ORJSONResponse({"call_id": call_id, "answered": True})
+
+
+def _budget_body(session_id: str, state: views.SessionState) -> dict[str, Any]:
+    return {
+        "session_id": session_id,
+        "budget": views.plain(state.budget) if state.budget else None,
+        "usage": views.usage(state.usage),
+        "status": state.fleet_status().value,
+    }
+
+
+@router.put(
+    "/sessions/{session_id}/budget",
+    tags=["sessions"],
+    response_model=models.BudgetSet,
+    responses={**BODY, **errors(404, 503)},
+)
+async def set_budget(session_id: str, body: SetBudget, request: Request) -> ORJSONResponse:
+    """Set the session's budget. A turn that waits for its budget goes on if the new one
+    is not used up: its model call is queued once."""
+    state = await _sessions(request).set_budget(session_id, body.limits(), body.by)
+    return ORJSONResponse(_budget_body(session_id, state))
+
+
+@router.delete(
+    "/sessions/{session_id}/budget",
+    tags=["sessions"],
+    response_model=models.BudgetSet,
+    responses=errors(404, 422, 503),
+)
+async def remove_budget(
+    session_id: str,
+    request: Request,
+    by: Annotated[str | None, Query(max_length=200, description="Who removes it.")] = None,
+) -> ORJSONResponse:
+    """Remove the session's budget: no limit. A turn that waits for its budget goes on."""
+    state = await _sessions(request).set_budget(session_id, None, by)
+    return ORJSONResponse(_budget_body(session_id, state))
 
 
 @router.post(

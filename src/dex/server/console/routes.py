@@ -278,6 +278,24 @@ async def send(session_id: str, request: Request) -> Response:
     return _back(session_id, "#send")
 
 
+@router.post("/sessions/{session_id}/budget", name="console_budget")
+async def budget(session_id: str, request: Request) -> Response:
+    """Set the session's budget from the form (an empty field: no such limit), or remove it
+    (``remove``), through ``PUT`` or ``DELETE /v1/sessions/{id}/budget``: a turn that waits
+    for its budget goes on once it is not used up."""
+    form = await _action(request)
+    if form.get("remove"):
+        await api.remove_budget(session_id, request, by=_by(request))
+        return _back(session_id)
+    limits = {
+        name: value
+        for name in ("max_tokens", "max_cost_usd")
+        if (value := form.get(name, "").strip())
+    }
+    await api.set_budget(session_id, _body(api.SetBudget, by=_by(request), **limits), request)
+    return _back(session_id)
+
+
 @router.post("/sessions/{session_id}/cancel", name="console_cancel")
 async def cancel(session_id: str, request: Request) -> Response:
     form = await _action(request)

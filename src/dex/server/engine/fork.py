@@ -55,6 +55,7 @@ def fork(
         messages_received=before - 1,
         history_length=cut,
         forked_from=ForkedFrom(session_id=state.id, turn=before),
+        budget=state.budget,  # the same limit; its usage counts its own model calls
     )
     summaries = [i for i, item in enumerate(kept) if isinstance(item, SummaryItem)]
     if summaries:

@@ -32,12 +32,12 @@ from typing import Any
 import msgspec
 
 from dex.errors import Conflict
+from dex.server.engine.budget import FREE, Budget, Price, record_usage
 from dex.server.engine.outcomes import reconcile_call, settle_checked, settle_failed_call
 from dex.server.engine.state import (
     Attempt,
     AttemptError,
     QueuedMessage,
-    Retry,
     SessionState,
     SessionStatus,
     Step,
@@ -52,12 +52,11 @@ from dex.server.engine.steps import (
     end_attempt,
     end_unfinished,
     find_step,
-    model_queue,
     new_step,
     running_step,
 )
 from dex.server.engine.transition import Transition, append_history, merge
-from dex.server.engine.turn import after_tool_call, end_turn, queue_tool, start_turn
+from dex.server.engine.turn import after_tool_call, call_model, end_turn, queue_tool, start_turn
 from dex.server.engine.waits import apply_input, end_wait, record_input, start_wait
 from dex.wire import (
     AgentSpec,
@@ -90,6 +89,7 @@ __all__ = [
     "reconcile_call",
     "record_input",
     "recover",
+    "set_budget",
 ]
 
 
@@ -143,6 +143,40 @@ def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -
     return t
 
 
+def set_budget(
+    state: SessionState, spec: AgentSpec, budget: Budget | None, by: str | None, now: float
+) -> Transition:
+    """A new budget for the session (None: no limit). A turn that waits for its budget
+    goes on if the new one is not used up: the model call it waited to start is queued,
+    once (the wait has ended, so a second change finds nothing waiting)."""
+    t = Transition()
+    state.budget = budget
+    t.events.append({"type": "budget.changed", "budget": _budget_json(budget), "by": by})
+    turn = state.turn
+    waiting = [
+        step
+        for step in (turn.steps if turn is not None else [])
+        if step.type == StepType.AWAIT_BUDGET and step.status == StepStatus.WAITING
+    ]
+    for step in waiting:
+        assert turn is not None and step.wait is not None
+        reason = budget.reached(state.usage) if budget is not None else None
+        if reason is not None:
+            step.wait.reason = reason  # it still waits: for what, now
+            continue
+        resolution = {"kind": "budget", "budget": _budget_json(budget), "by": by}
+        end_wait(step, now, resolution)
+        t.events.append(
+            {"type": "wait.ended", "turn": turn.number, "wait": step.type.value, **resolution}
+        )
+        call_model(state, spec, now, t)
+    return t
+
+
+def _budget_json(budget: Budget | None) -> dict[str, Any] | None:
+    return msgspec.to_builtins(budget) if budget is not None else None
+
+
 # --- inputs from the dispatcher and Workers ------------------------------------------
 
 
@@ -174,7 +208,10 @@ def complete_model(
     number: int,
     response: ModelResponse,
     now: float,
+    *,
+    price: Price = FREE,
 ) -> Transition:
+    """``price``: of the agent's model, to count what the call cost."""
     step = running_step(state, step_id, number, StepType.RUN_MODEL)
     turn = current_turn(state)
     t = Transition()
@@ -182,6 +219,7 @@ def complete_model(
     step.status = StepStatus.SUCCEEDED
     step.ended_at = now
     step.usage = response.usage.model_dump()
+    step.cost_usd = record_usage(state.usage, turn.usage, step.usage, price)
     step.stop_reason = response.stop_reason
     append_history(
         state,
@@ -221,7 +259,14 @@ def complete_model(
 
 
 def complete_summary(
-    state: SessionState, spec: AgentSpec, step_id: str, number: int, summary: Summary, now: float
+    state: SessionState,
+    spec: AgentSpec,
+    step_id: str,
+    number: int,
+    summary: Summary,
+    now: float,
+    *,
+    price: Price = FREE,
 ) -> Transition:
     step = running_step(state, step_id, number, StepType.COMPACT_CONTEXT)
     t = Transition()
@@ -230,15 +275,13 @@ def complete_summary(
     step.ended_at = now
     step.usage = summary.usage.model_dump()
     turn = current_turn(state)
+    step.cost_usd = record_usage(state.usage, turn.usage, step.usage, price)
     start = state.history_length + len(t.history)
     append_history(state, t, SummaryItem(text=summary.text))
     # the summary replaces what came before the turn; the turn's own items stay
     state.context_start, state.summary_at = turn.history_start, start
     state.context_chars = len(summary.text) + turn.history_chars
-    retry = Retry.of(spec.model_retry)
-    t.ready.append(
-        new_step(current_turn(state), StepType.RUN_MODEL, model_queue(spec.name), retry, now)
-    )
+    call_model(state, spec, now, t)  # nothing before the turn is left to compact: RunModel
     return t
 
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import field
 
+from dex.server.engine.budget import Budget, Usage
 from dex.wire import (
     AttemptOutcome,
     AttemptProgress,
@@ -106,6 +107,8 @@ class Wait(msgspec.Struct, kw_only=True):
     """For a timer: when it fires."""
     question: str | None = None
     choices: list[str] | None = None
+    reason: str | None = None
+    """For a budget wait: how much of the budget is used, in words."""
     resolved_at: float | None = None
     resolution: dict[str, Any] | None = None
 
@@ -127,6 +130,8 @@ class Step(msgspec.Struct, kw_only=True):
     ended_at: float | None = None
     error: AttemptError | None = None
     usage: dict[str, int] | None = None
+    cost_usd: float | None = None
+    """RunModel and CompactContext: what the call cost (its usage at its model's price)."""
     stop_reason: str | None = None
     """Why the model stopped (RunModel): end_turn, tool_use, max_tokens, ..."""
     wait: Wait | None = None
@@ -211,6 +216,8 @@ class Turn(msgspec.Struct, kw_only=True):
     tool_calls: list[ToolCall] = field(default_factory=list)
     batch: list[str] = field(default_factory=list)
     """The tool calls of the latest model response, in the model's order."""
+    usage: Usage = field(default_factory=Usage)
+    """The tokens and cost of the turn's model calls whose results committed."""
 
     def step(self, step_id: str) -> Step | None:
         """A Step by id (``{turn}.{n}``: the n-th Step of the turn)."""
@@ -265,12 +272,16 @@ class FleetStatus(StrEnum):
     RUNNING = "running"
     """A turn runs and waits for no person."""
     WAITING = "waiting"
-    """A turn waits for a person: an approval or an answer to a question."""
+    """A turn waits for a person: an approval, an answer to a question, or a bigger budget."""
     FAILED = "failed"
     """No turn runs, and the last one failed."""
 
 
-PERSON_WAITS = (StepType.AWAIT_TOOL_APPROVAL, StepType.AWAIT_QUESTION_ANSWER)
+PERSON_WAITS = (
+    StepType.AWAIT_TOOL_APPROVAL,
+    StepType.AWAIT_QUESTION_ANSWER,
+    StepType.AWAIT_BUDGET,
+)
 """The waits that a person ends (a timer ends by itself)."""
 
 
@@ -304,6 +315,10 @@ class SessionState(msgspec.Struct, kw_only=True):
     """How the latest ended turn ended."""
     unknown_ended: int = 0
     """Tool calls of ended turns that are ``outcome_unknown`` and not reconciled yet."""
+    usage: Usage = field(default_factory=Usage)
+    """The tokens and cost of every model call of the session whose result committed."""
+    budget: Budget | None = None
+    """What the session may use in all; None: no limit."""
 
     def context(self, history: Sequence[T], end: int | None = None) -> list[T]:
         """What the model sees: the latest summary, then the history from ``context_start``

@@ -4,6 +4,7 @@ ends."""
 
 from __future__ import annotations
 
+from dex.server.engine.budget import Budget
 from dex.server.engine.outcomes import failed_turn_note, may_have_run, maybe_check
 from dex.server.engine.state import (
     SINGLE_ATTEMPT,
@@ -14,6 +15,7 @@ from dex.server.engine.state import (
     ToolCall,
     Turn,
     TurnStatus,
+    Wait,
     attempt_id,
 )
 from dex.server.engine.steps import current_turn, end_unfinished, model_queue, new_step, tool_queue
@@ -49,8 +51,14 @@ def start_turn(
 
 def call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition) -> None:
     """The next model call: compact the history first if it grew past the threshold and
-    there is something before the current turn to compact (the turn's items stay)."""
+    there is something before the current turn to compact (the turn's items stay). With
+    the session's budget used up, the turn waits for a bigger one instead."""
     turn = current_turn(state)
+    if state.budget is not None:
+        reason = state.budget.reached(state.usage)
+        if reason is not None:
+            await_budget(state, turn, state.budget, reason, now, t)
+            return
     threshold = spec.compact_threshold_chars
     if (
         threshold is not None
@@ -64,6 +72,27 @@ def call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition) 
         retry = Retry.of(spec.model_retry)
         step = new_step(turn, StepType.RUN_MODEL, model_queue(spec.name), retry, now)
     t.ready.append(step)
+
+
+def await_budget(
+    state: SessionState, turn: Turn, budget: Budget, reason: str, now: float, t: Transition
+) -> None:
+    """The turn waits for its session's budget to be raised (``handlers.set_budget``): an
+    ``AwaitBudget`` Step, in place of the model call it would start."""
+    step = new_step(turn, StepType.AWAIT_BUDGET, "", SINGLE_ATTEMPT, now)
+    step.status = StepStatus.WAITING
+    step.wait = Wait(since=now, reason=reason)
+    t.events.append(
+        {
+            "type": "wait.started",
+            "turn": turn.number,
+            "wait": StepType.AWAIT_BUDGET.value,
+            "step_id": step.id,
+            "reason": reason,
+            "budget": {"max_tokens": budget.max_tokens, "max_cost_usd": budget.max_cost_usd},
+            "usage": {"tokens": state.usage.tokens, "cost_usd": state.usage.cost_usd},
+        }
+    )
 
 
 def queue_tool(

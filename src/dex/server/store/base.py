@@ -41,6 +41,8 @@ class SessionRecord(NamedTuple):
     """How many of its tool calls have an unknown outcome nobody has settled."""
     tenant: str | None = None
     """Whose session it is: written when it is created, never changed."""
+    usage: tuple[int, int, float] = (0, 0, 0.0)
+    """What its model calls used: input tokens, output tokens, cost in US dollars."""
 
 
 class Row(NamedTuple):
@@ -139,6 +141,9 @@ class SessionRow:
     waiting_since: float | None
     outcome_unknown: int
     tenant: str | None
+    usage: dict[str, float] | None = None
+    """The tokens and cost of its model calls (``input_tokens``, ``output_tokens``,
+    ``cost_usd``): the columns each transition writes (``SessionRecord.usage``)."""
 
 
 @dataclass

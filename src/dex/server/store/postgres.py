@@ -80,11 +80,14 @@ BULK: dict[str, tuple[LiteralString, tuple[int, ...], tuple[type, ...]]] = {
     UPDATE_SESSION: (
         "UPDATE sessions SET status = v.status, turn = v.turn, state = v.state, "
         "updated_at = v.updated_at, waiting_since = v.waiting_since, "
-        "outcome_unknown = v.outcome_unknown FROM unnest(%b::text[], %b::int[], %b::text[], "
-        "%b::float8[], %b::float8[], %b::int[], %b::text[]) AS v(status, turn, state, "
-        "updated_at, waiting_since, outcome_unknown, id) WHERE sessions.id = v.id",
-        (6,),
-        (str, int, str, float, float, int, str),
+        "outcome_unknown = v.outcome_unknown, input_tokens = v.input_tokens, "
+        "output_tokens = v.output_tokens, cost_usd = v.cost_usd FROM unnest(%b::text[], "
+        "%b::int[], %b::text[], %b::float8[], %b::float8[], %b::int[], %b::int8[], "
+        "%b::int8[], %b::float8[], %b::text[]) AS v(status, turn, state, updated_at, "
+        "waiting_since, outcome_unknown, input_tokens, output_tokens, cost_usd, id) "
+        "WHERE sessions.id = v.id",
+        (9,),
+        (str, int, str, float, float, int, int, int, float, str),
     ),
     INSERT_MESSAGE: (
         "INSERT INTO messages (session_id, message_id, number) "

@@ -37,11 +37,12 @@ UPSERT_AGENT = (
 )
 INSERT_SESSION = (
     "INSERT INTO sessions (id, agent, created_at, status, turn, state, updated_at, "
-    "waiting_since, outcome_unknown, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "waiting_since, outcome_unknown, tenant, input_tokens, output_tokens, cost_usd) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 UPDATE_SESSION = (
     "UPDATE sessions SET status = ?, turn = ?, state = ?, updated_at = ?, waiting_since = ?, "
-    "outcome_unknown = ? WHERE id = ?"
+    "outcome_unknown = ?, input_tokens = ?, output_tokens = ?, cost_usd = ? WHERE id = ?"
 )
 INSERT_MESSAGE = "INSERT INTO messages (session_id, message_id, number) VALUES (?, ?, ?)"
 INSERT_HISTORY = "INSERT INTO history (session_id, seq, item) VALUES (?, ?, ?)"
@@ -60,7 +61,10 @@ _CURRENT = "session_id = ? AND turn = (SELECT turn FROM sessions WHERE id = ?) O
 SESSION_STEPS = "SELECT step FROM steps WHERE " + _CURRENT
 SESSION_CALLS = "SELECT call FROM calls WHERE " + _CURRENT
 SESSION_HISTORY = "SELECT item FROM history WHERE session_id = ? ORDER BY seq"
-SESSION_ROW = "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown, tenant"
+SESSION_ROW = (
+    "id, agent, created_at, status, updated_at, waiting_since, outcome_unknown, tenant, "
+    "input_tokens, output_tokens, cost_usd"
+)
 ORDER_COLUMN = {"created": "created_at", "updated": "updated_at"}
 ITEM_FIELD = {"sqlite": "json_extract(item, '$.{}')", "postgresql": "(item::json ->> '{}')"}
 """A text field of a history item (its JSON), in each dialect."""
@@ -124,9 +128,10 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
     updated_at = s.created_at if s.updated_at is None else s.updated_at
     if w.create:
         row = (s.id, s.agent, s.created_at, s.status, s.turn, s.state, updated_at)
-        out.append((INSERT_SESSION, [(*row, s.waiting_since, s.outcome_unknown, s.tenant)]))
+        columns = (s.waiting_since, s.outcome_unknown, s.tenant, *s.usage)
+        out.append((INSERT_SESSION, [(*row, *columns)]))
     else:
-        fleet = (updated_at, s.waiting_since, s.outcome_unknown)
+        fleet = (updated_at, s.waiting_since, s.outcome_unknown, *s.usage)
         out.append((UPDATE_SESSION, [(s.status, s.turn, s.state, *fleet, s.id)]))
     if w.message is not None:
         out.append((INSERT_MESSAGE, [(s.id, w.message[0], w.message[1])]))
@@ -216,12 +221,13 @@ def _row(r: tuple[Any, ...], last_message: bool) -> SessionRow:
         None if r[5] is None else float(r[5]),
         int(r[6]),
         None if r[7] is None else str(r[7]),
+        {"input_tokens": int(r[8]), "output_tokens": int(r[9]), "cost_usd": float(r[10])},
     )
     if not last_message:
         return SessionRow(*fields)
     said = None
-    if r[8] is not None:
-        role, _, text = str(r[8]).partition(":")
+    if r[11] is not None:
+        role, _, text = str(r[11]).partition(":")
         said = Said(role, text)
     return ListedSession(*fields, last_message=said)
 

@@ -131,8 +131,8 @@
     // events were lost (stream.gap), or this page fell behind and the server let it go
     // (stream.dropped; the browser opens the stream again by itself): the state has them
     for (const type of ["history.item", "turn.started", "turn.completed", "turn.failed",
-                        "turn.cancelled", "wait.started", "message.queued", "stream.gap",
-                        "stream.dropped"]) {
+                        "turn.cancelled", "wait.started", "wait.ended", "budget.changed",
+                        "message.queued", "stream.gap", "stream.dropped"]) {
       source.addEventListener(type, () => refreshSoon());
     }
     source.onopen = () => {
