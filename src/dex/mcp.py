@@ -38,7 +38,7 @@ from mcp.types import Tool as RemoteTool
 
 from dex.errors import ToolError
 from dex.tools import Tool, ToolContext
-from dex.wire import RetryPolicy, ToolKind, ToolSpec
+from dex.wire import TOOL_CALL_NOT_RUN_ERROR_PREFIX, RetryPolicy, ToolKind, ToolSpec
 
 log = logging.getLogger("dex.mcp")
 
@@ -156,13 +156,17 @@ class MCPTools:
             return ToolKind.IDEMPOTENT_WRITE
         return ToolKind.WRITE
 
-    async def call(self, name: str, arguments: dict[str, Any], ctx: ToolContext) -> CallToolResult:
+    async def call(
+        self, name: str, arguments: dict[str, Any], ctx: ToolContext, *, checked: bool = False
+    ) -> CallToolResult:
+        """``tools/call`` with the call's ids in ``_meta``; ``checked``: on a session that
+        answers a probe first."""
         meta = {
             IDEMPOTENCY_KEY_META: ctx.idempotency_key,
             CALL_ID_META: ctx.call_id,
             ATTEMPT_META: ctx.attempt,
         }
-        return await self._session.call(name, arguments, meta)
+        return await self._session.call(name, arguments, meta, checked=checked)
 
 
 class MCPTool(Tool):
@@ -203,8 +207,15 @@ class MCPTool(Tool):
         return dict(arguments)
 
     async def invoke(self, ctx: ToolContext, kwargs: dict[str, Any]) -> Any:
+        write = self.kind == ToolKind.WRITE
         try:
-            result = await self._source.call(self.remote_name, kwargs, ctx)
+            # a write goes only on a session that answered just now: a server that restarted
+            # since the last call is found before the call, not by losing it
+            result = await self._source.call(self.remote_name, kwargs, ctx, checked=write)
+        except MCPUnreachable as e:
+            if write:  # nothing was sent: a known outcome, not an unknown one
+                raise ToolError(f"{TOOL_CALL_NOT_RUN_ERROR_PREFIX}: {e}") from e
+            raise
         except MCPError as e:
             if e.code in _ANSWERED:  # refused before it ran
                 raise ToolError(f"MCP server {self._source.label} refused the call: {e}") from e
@@ -229,8 +240,16 @@ def _value(result: CallToolResult) -> Any:
 
 
 class MCPUnreachable(Exception):
-    """No session with the MCP server now: the attempt fails, and the call's kind decides
-    what follows."""
+    """No session with the MCP server answered within ``connect_timeout``: the call was not
+    sent. A ``read`` or an ``idempotent_write`` fails the attempt (it runs again); a
+    ``write`` records ``failed``, with ``TOOL_CALL_NOT_RUN_ERROR_PREFIX``."""
+
+    retryable = True
+
+
+class MCPConnectionLost(Exception):
+    """The session was lost while the call was in flight: the call may or may not have
+    run. The attempt fails, and the call's kind decides what follows."""
 
     retryable = True
 
@@ -266,9 +285,12 @@ class _Session:
 
     async def _hold(self) -> None:
         delay = 0.1
+        quiet = False  # a try that opens no session, after one that failed too: debug level
         while True:
+            opened = False
             try:
                 async with Client(self.target) as client:
+                    opened = True
                     self.connections += 1
                     self._client = client
                     self._up.set()
@@ -283,18 +305,22 @@ class _Session:
                         },
                     )
                     await self._lost.wait()
+                    self._failure = "a call found the session broken"
             except Exception as e:
                 self._failure = _describe(e)
-                log.warning(
-                    "MCP session with %s lost: %s",
-                    self.label,
-                    self._failure,
-                    extra={"action": "mcp.connection_lost", "server": self.label},
-                )
             finally:
                 self._client = None
                 self._up.clear()
                 self._lost.clear()
+            log.log(
+                logging.DEBUG if quiet and not opened else logging.WARNING,
+                "MCP session with %s %s: %s",
+                self.label,
+                "lost" if opened else "not opened",
+                self._failure,
+                extra={"action": "mcp.connection_lost", "server": self.label, "opened": opened},
+            )
+            quiet = not opened
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, 2.0)
 
@@ -332,19 +358,38 @@ class _Session:
                 return tools
 
     async def call(
-        self, name: str, arguments: dict[str, Any], meta: dict[str, Any]
+        self, name: str, arguments: dict[str, Any], meta: dict[str, Any], *, checked: bool
     ) -> CallToolResult:
         client = await self._connected()
+        if checked:
+            client = await self._alive(client)
         try:
             return await client.call_tool(name, arguments, meta=cast(RequestParamsMeta, meta))
         except MCPError as e:
             if e.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                 self._drop(client)
-                raise MCPUnreachable(f"lost the MCP session with {self.label}: {e}") from e
+                raise MCPConnectionLost(f"lost the MCP session with {self.label}: {e}") from e
             raise
         except Exception as e:  # the transport failed: the call may or may not have run
             self._drop(client)
-            raise MCPUnreachable(f"lost the MCP session with {self.label}: {_describe(e)}") from e
+            raise MCPConnectionLost(
+                f"lost the MCP session with {self.label}: {_describe(e)}"
+            ) from e
+
+    async def _alive(self, client: Client) -> Client:
+        """A session that answers now: ``client``, or (it did not answer) the next one
+        opened; ``MCPUnreachable`` if that one does not answer either. The probe is a
+        ``tools/list`` past the cache (protocol 2026-07-28 has no ``ping``)."""
+        for _ in range(2):
+            try:
+                probe = client.list_tools(cache_mode="bypass")
+                await asyncio.wait_for(probe, self.connect_timeout)
+                return client
+            except Exception as e:
+                self._failure = _describe(e)
+                self._drop(client)
+            client = await self._connected()
+        raise MCPUnreachable(f"MCP server {self.label} does not answer: {self._failure}")
 
 
 def _describe(e: BaseException) -> str:
@@ -397,6 +442,7 @@ __all__ = [
     "ATTEMPT_META",
     "CALL_ID_META",
     "IDEMPOTENCY_KEY_META",
+    "MCPConnectionLost",
     "MCPTool",
     "MCPTools",
     "MCPUnreachable",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import dex
-from dex.mcp import IDEMPOTENCY_KEY_META, MCPTools, MCPUnreachable, mcp_tools
+from dex.mcp import IDEMPOTENCY_KEY_META, MCPConnectionLost, MCPTools, mcp_tools
 from dex.models import Scripted, say
 from dex.testing import Ledger
 from dex.wire import ToolKind
@@ -181,7 +181,7 @@ async def test_the_worker_reconnects_after_the_server_restarts_and_keeps_its_too
         http.kill()
         # it comes back with one tool more
         await asyncio.to_thread(Path(env["DEX_TEST_MCP_EXTRA"]).write_text, "")
-        with pytest.raises(MCPUnreachable):  # the session is lost: the attempt fails
+        with pytest.raises(MCPConnectionLost):  # lost mid-call: the attempt fails
             await find.invoke(context("c2"), {"key": "b"})
         http.start()
         assert await find.invoke(context("c3"), {"key": "c"}) == "c is C"
@@ -209,3 +209,40 @@ async def test_an_agent_lists_a_source_s_tools_once_opened(env: dict[str, str]) 
         assert agent.tool("find") is tools.listed()[0]
     finally:
         await tools.aclose()
+
+
+async def test_a_write_goes_on_a_live_session_so_a_server_restart_between_calls_costs_nothing(
+    http: MCPServerProcess, ledger: Ledger
+) -> None:
+    tools = mcp_tools(url=http.url, connect_timeout=20)
+    try:
+        await tools.open()
+        send = next(t for t in tools.listed() if t.name == "send")
+        assert await send.invoke(context("c1"), {"to": "ann"}) == "sent to ann"
+        http.kill()
+        http.start()
+        # the write pings first, finds the old session dead, and goes on a new one
+        assert await send.invoke(context("c2"), {"to": "bob"}) == "sent to bob"
+    finally:
+        await tools.aclose()
+    assert [(e["to"], e["call_id"]) for e in ledger.entries("send")] == [
+        ("ann", "c1"),
+        ("bob", "c2"),
+    ]
+
+
+async def test_a_write_to_a_server_that_does_not_answer_did_not_run(
+    http: MCPServerProcess, ledger: Ledger
+) -> None:
+    tools = mcp_tools(url=http.url, connect_timeout=1)
+    try:
+        await tools.open()
+        send = next(t for t in tools.listed() if t.name == "send")
+        http.kill()
+        with pytest.raises(dex.ToolError) as refused:  # a known outcome: not sent
+            await send.invoke(context(), {"to": "ann"})
+        assert refused.value.message.startswith(dex.TOOL_CALL_NOT_RUN_ERROR_PREFIX)
+        assert "unreachable" in refused.value.message
+    finally:
+        await tools.aclose()
+    assert ledger.entries("send") == []
