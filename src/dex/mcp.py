@@ -82,6 +82,8 @@ class MCPTools:
             )
         if (env is not None or cwd is not None) and command is None:
             raise ValueError("env and cwd are for a stdio server (command=...)")
+        if isinstance(include, str):
+            raise ValueError("include is a list of tool names: ['search', ...]")
         if connect_timeout <= 0:
             raise ValueError("connect_timeout must be positive")
         self.kinds = {name: ToolKind(kind) for name, kind in (kinds or {}).items()}
@@ -413,8 +415,8 @@ def mcp_tools(
     """The tools of an MCP server, to put among an agent's tools.
 
     ``url``: a Streamable HTTP server (``http://host:port/mcp``); or ``command``: a stdio
-    server, started by the Worker (``["python", "server.py"]``, with ``env`` and ``cwd``;
-    without ``env`` the SDK passes only a safe few variables such as ``PATH`` and ``HOME``).
+    server, started by the Worker (``["python", "server.py"]``, in ``cwd``; it gets only a
+    safe few of the Worker's variables, such as ``PATH`` and ``HOME``, and those of ``env``).
 
     A tool's kind comes from its annotations: ``readOnlyHint`` makes it a ``read``,
     ``idempotentHint`` an ``idempotent_write``, anything else a ``write`` (runs at most

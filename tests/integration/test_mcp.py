@@ -131,6 +131,8 @@ def test_bad_arguments_get_clear_errors() -> None:
         mcp_tools(command="python server.py")
     with pytest.raises(ValueError, match="http"):
         mcp_tools(url="localhost:8000")
+    with pytest.raises(ValueError, match="list of tool names"):
+        mcp_tools(url="http://x/mcp", include="find")
     with pytest.raises(ValueError, match="cannot be a task"):
         mcp_tools(url="http://x/mcp", kinds={"start": "task"})
     with pytest.raises(ValueError, match="is not a valid ToolKind"):
