@@ -271,6 +271,7 @@ class _Session:
         self._lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: str = "not connected yet"
+        self._closing = False
         self.connections = 0
         """How many sessions were opened (1 at start; each reconnect adds one)."""
 
@@ -280,15 +281,19 @@ class _Session:
         await self._connected()
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
+        """Close the session and stop reopening it. The SDK's connect code can swallow a
+        cancellation (anyio's cancel scopes), so the holder also checks ``_closing``, and
+        is cancelled again until it ends."""
+        self._closing = True
+        task = self._task
+        while task is not None and not task.done():
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.wait({task}, timeout=1.0)
 
     async def _hold(self) -> None:
         delay = 0.1
         quiet = False  # a try that opens no session, after one that failed too: debug level
-        while True:
+        while not self._closing:
             opened = False
             try:
                 async with Client(self.target) as client:
@@ -329,7 +334,7 @@ class _Session:
     async def _connected(self) -> Client:
         if self._task is None:
             raise MCPUnreachable(f"the Worker has not opened MCP server {self.label}")
-        if self._task.done():  # cannot happen unless cancelled: say so rather than hang
+        if self._task.done():  # closed: say so rather than hang
             raise MCPUnreachable(f"the session with MCP server {self.label} was closed")
         try:
             await asyncio.wait_for(self._up.wait(), self.connect_timeout)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import dex
-from dex.mcp import IDEMPOTENCY_KEY_META, MCPConnectionLost, MCPTools, mcp_tools
+from dex.mcp import IDEMPOTENCY_KEY_META, MCPConnectionLost, MCPTools, MCPUnreachable, mcp_tools
 from dex.models import Scripted, say
-from dex.testing import Ledger
+from dex.testing import Ledger, free_port
 from dex.wire import ToolKind
 from tests.support.mcp_process import SERVER, MCPServerProcess
 
@@ -248,3 +248,23 @@ async def test_a_write_to_a_server_that_does_not_answer_did_not_run(
     finally:
         await tools.aclose()
     assert ledger.entries("send") == []
+
+
+async def test_a_worker_whose_mcp_server_does_not_answer_does_not_start() -> None:
+    tools = mcp_tools(url=f"http://127.0.0.1:{free_port()}/mcp", connect_timeout=0.5)
+    agent = dex.Agent("a", Scripted(lambda h: say("hi")), tools=[tools])
+    worker = dex.Worker([agent], f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(MCPUnreachable, match=r"MCP server http://127\.0\.0\.1:\d+/mcp unreachable"):
+        await worker.run()
+
+
+async def test_a_worker_refuses_two_tools_of_one_agent_with_one_name(env: dict[str, str]) -> None:
+    @dex.tool(kind="read")
+    async def find(key: str) -> str:
+        """A local tool named as one of the server's."""
+        return key
+
+    agent = dex.Agent("a", Scripted(lambda h: say("hi")), tools=[stdio(env), find])
+    worker = dex.Worker([agent], f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(ValueError, match=r"agent 'a' has two tools named \['find'\]"):
+        await worker.run()
