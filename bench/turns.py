@@ -107,7 +107,7 @@ async def inprocess_floor(
     with the history kept the same way (a fresh session every ``turns_per_session`` turns).
     The tools' specs are built once: they are the agent's definition, not the turn's work."""
     agent = agents.bench
-    tools = [t.spec() for t in agent.tools]
+    tools = [t.spec() for t in agent.all_tools()]
     samples: list[float] = []
     history: list[Item] = []
     stop = time.perf_counter() + seconds

@@ -26,9 +26,11 @@ from dex.wire import TOOL_CALL_NOT_RUN_ERROR_PREFIX, RetryPolicy, ToolKind
 
 if TYPE_CHECKING:
     from dex.client import Client, SyncClient
+    from dex.mcp import mcp_tools
     from dex.worker import Worker, WorkerConfig
 else:
     _LAZY = {
+        "mcp_tools": "dex.mcp",  # needs dex-runtime[mcp]
         "Client": "dex.client",
         "SyncClient": "dex.client",
         "Worker": "dex.worker",
@@ -72,6 +74,7 @@ __all__ = [
     "Unavailable",
     "Worker",
     "WorkerConfig",
+    "mcp_tools",
     "timer_tool",
     "tool",
 ]

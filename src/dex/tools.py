@@ -16,7 +16,7 @@ import threading
 import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any, overload
+from typing import Annotated, Any, Protocol, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
@@ -426,6 +426,23 @@ def tool(
     return wrap(fn) if fn is not None else wrap
 
 
+class ToolSource(Protocol):
+    """Tools known only once a Worker starts (an MCP server's, ``dex.mcp_tools``): the
+    Worker opens each source before it says hello, so the tools it registers, and the
+    ones its agents offer the model, are the ones listed then, for the life of the
+    process."""
+
+    def listed(self) -> list[Tool]:
+        """The tools, once opened (``RuntimeError`` before)."""
+        ...
+
+    async def open(self) -> None:
+        """Connect and list the tools; a second call keeps the first list."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 __all__ = [
     "PENDING",
     "Checked",
@@ -433,6 +450,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolError",
+    "ToolSource",
     "timer_tool",
     "tool",
 ]

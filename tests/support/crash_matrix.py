@@ -178,6 +178,18 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "The refusal uses no attempt. The call runs again, as the same attempt, no sooner "
         "than the Retry-After, which the failure does not shorten.",
     ),
+    "mcp_write.running": (
+        "CallSingleAttemptTool, for an MCP tool without hints (a write)",
+        "While the MCP server runs the call",
+        "The call records outcome_unknown and is not sent again: the MCP server's own "
+        "ledger shows one call. The model is offered the same tools after the crash.",
+    ),
+    "mcp_idempotent.running": (
+        "CallTool, for an MCP tool with idempotentHint",
+        "While the MCP server runs the call",
+        "The call is sent again with the same idempotency key in its _meta "
+        "(dex/idempotency_key). The model is offered the same tools after the crash.",
+    ),
 }
 
 E = "dex.server.engine."
@@ -186,6 +198,7 @@ S = "dex.server.sessions.Sessions."
 A = "dex.server.attempts.Attempts."
 LINK = "dex.server.attempts.Link."
 PY = "dex.worker.runner.Runner."
+MCP = "dex.mcp."
 TS = "sdk/typescript/src/runner.ts:Runner."
 GO = "sdk/go/runner.go:(*Worker)."
 D = "dex.server.dispatch.dispatcher.Dispatcher."
@@ -251,6 +264,13 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "limits.held": (L + "admit", L + "park", D + "_pump", "dex.server.flow.ModelLimits.load"),
     "run_model.rate_limited": (A + "hand_back", H + "rate_limited", L + "refused"),
     "model_usage.result_sent": (H + "complete_model", E + "budget.record_usage", *RECLAIM),
+    "mcp_write.running": (*SINGLE_ATTEMPT, MCP + "MCPTools._kind", MCP + "MCPTool.invoke"),
+    "mcp_idempotent.running": (
+        H + "fail_attempt",
+        H + "complete_model",
+        MCP + "MCPTools._kind",
+        MCP + "MCPTools.call",
+    ),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each
 must exist, so a rename regenerates the page): a dotted Python name (the server's, or the

@@ -30,6 +30,7 @@ def test_the_public_names_are_exactly_these() -> None:
             "Unavailable",
             "Worker",
             "WorkerConfig",
+            "mcp_tools",
             "timer_tool",
             "tool",
         ]

@@ -395,7 +395,7 @@ class Runner:
             agent=agent.name,
             instructions=agent.instructions,
             history=history,
-            tools=[t.spec() for t in agent.tools],
+            tools=[t.spec() for t in agent.all_tools()],
             attempt=h.attempt,
         )
         response: ModelResponse | None = None

@@ -26,6 +26,7 @@ from dex import _loop
 from dex._address import addresses
 from dex.agent import Agent
 from dex.models.base import Model
+from dex.tools import ToolSource
 from dex.wire.worker_frames import Drain
 from dex.worker.cluster import Cluster
 from dex.worker.config import WorkerConfig
@@ -113,6 +114,7 @@ class Worker:
         try:
             for model in self._models():
                 model.warm_up()
+            await self._open_sources()
             async with aiohttp.ClientSession() as http:
                 await self._cluster.run(http)
         except Exception as e:
@@ -121,12 +123,30 @@ class Worker:
         else:
             self._cluster.seed.log.stopped(self._stop_reason)
         finally:
+            for source in self._sources():
+                try:
+                    await source.aclose()
+                except Exception:
+                    log.exception(
+                        "closing a tool source failed", extra={"action": "worker.close_tools"}
+                    )
             for model in self._models():
                 try:
                     await model.aclose()
                 except Exception:
                     log.exception("closing a model failed", extra={"action": "worker.close_model"})
             self._stopped.set()
+
+    def _sources(self) -> list[ToolSource]:
+        return list({id(s): s for a in self.agents.values() for s in a.sources}.values())
+
+    async def _open_sources(self) -> None:
+        """List the tools of each source (an MCP server) before the first hello: the
+        agents register them, and offer the model these, for the life of the process."""
+        for source in self._sources():
+            await source.open()
+        for agent in self.agents.values():
+            agent.check_tools()
 
     def _models(self) -> list[Model]:
         return list({id(a.model): a.model for a in self.agents.values()}.values())
