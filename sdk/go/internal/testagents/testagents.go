@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	dex "github.com/dex-run/dex/sdk/go"
+	"github.com/dex-run/dex/sdk/go/dex"
 )
 
 // Ledger appends one JSON line per side effect (DEX_TEST_LEDGER), as dex.testing.Ledger.

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"log"
 
-	dex "github.com/dex-run/dex/sdk/go"
+	"github.com/dex-run/dex/sdk/go/dex"
 )
 
 // A tool that reads: no side effects, so after a crash it simply runs again. The Worker

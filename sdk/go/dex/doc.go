@@ -18,7 +18,9 @@
 //	w := dex.NewWorker(dex.WorkerOptions{Agents: []dex.Agent{agent}})
 //	err := w.RunUntilSignal(context.Background()) // Run(ctx) leaves signals to you
 //
-// The Client, which creates sessions, sends messages and approves calls over the HTTP
-// API, is the package client of this module. docs/go-worker.md and docs/go-client.md
+// Import it as "github.com/dex-run/dex/sdk/go/dex" (the module is
+// github.com/dex-run/dex/sdk/go). The Client, which creates sessions, sends messages and
+// approves calls over the HTTP API, is its sibling package
+// "github.com/dex-run/dex/sdk/go/client". docs/go-worker.md and docs/go-client.md
 // describe both; docs/worker-protocol.md the protocol the Worker speaks.
 package dex
