@@ -7,7 +7,7 @@ after the message (a list as its items joined by commas, a value with a space, a
 an ``=`` in JSON quotes); ``json`` prints one JSON object per line with every field.
 
 The TypeScript and Go Workers write both formats the same way (``sdk/typescript/src/log.ts``,
-``sdk/go/log.go``): one definition, in docs/operations.md ("Logs").
+``sdk/go/dex/log.go``): one definition, in docs/operations.md ("Logs").
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ def test_the_typescript_page_runs_as_written(tmp_path: Path) -> None:
     sdk = ROOT / "sdk" / "typescript"
     assert (sdk / "dist" / "src" / "index.js").exists(), "run scripts/typescript"  # npm ci && build
     package = json.loads(files["package.json"])
-    assert package["dependencies"]["@dex/worker"] == f"file:{CHECKOUT}/sdk/typescript"
+    assert package["dependencies"]["dex-runtime"] == f"file:{CHECKOUT}/sdk/typescript"
     assert package["scripts"]["start"] == "node dist/concierge.js"
 
     folder = tmp_path / "concierge"

@@ -200,7 +200,7 @@ LINK = "dex.server.attempts.Link."
 PY = "dex.worker.runner.Runner."
 MCP = "dex.mcp."
 TS = "sdk/typescript/src/runner.ts:Runner."
-GO = "sdk/go/runner.go:(*Worker)."
+GO = "sdk/go/dex/runner.go:(*Worker)."
 D = "dex.server.dispatch.dispatcher.Dispatcher."
 L = "dex.server.dispatch.limits.Limits."
 RECLAIM = (S + "_recover", D + "await_reclaim", D + "connect", D + "claim")
@@ -275,7 +275,7 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
 """For each row, the functions whose code decides what happens (shown on the page; each
 must exist, so a rename regenerates the page): a dotted Python name (the server's, or the
 Python Worker's ``dex.worker``), or ``FILE:NAME`` for the TypeScript and Go Workers' ports
-(``sdk/typescript/src/runner.ts:Runner.runTool``, ``sdk/go/runner.go:(*Worker).runTool``;
+(``sdk/typescript/src/runner.ts:Runner.runTool``, ``sdk/go/dex/runner.go:(*Worker).runTool``;
 a function outside a class or without a receiver is ``FILE:name``)."""
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -435,7 +435,7 @@ result. "Decided by" names the functions whose code decides the row (`handlers`,
 the Worker channel gives each message a Worker sends to `Link.receive`). Where the
 Workers' code decides too, the row names it for each Worker language after the server's:
 the Python Worker's `runner` is `src/dex/worker/runner.py`, the TypeScript Worker's
-`runner.ts` is in `sdk/typescript/src/` and the Go Worker's `runner.go` in `sdk/go/`.
+`runner.ts` is in `sdk/typescript/src/` and the Go Worker's `runner.go` in `sdk/go/dex/`.
 
 The page is written from the results of a run of every crash test (`pytest tests/crash
 --write-crash-matrix docs/crash-matrix.md`). A unit test fails when the page does not

@@ -160,9 +160,9 @@ def test_the_page_is_written_from_results_a_skipped_and_a_failed_case_do_not_rea
             "sdk/typescript/src/connection.ts:Connection.runTool",  # Runner's, not Connection's
         ),
         ("sdk/typescript/src/runner.ts:needsApproval", "sdk/typescript/src/runner.ts:runTool"),
-        ("sdk/go/runner.go:(*Worker).runTool", "sdk/go/runner.go:(*Worker).runTools"),
-        ("sdk/go/runner.go:(*Worker).runTool", "sdk/go/runner.go:(Worker).runTool"),
-        ("sdk/go/results.go:done", "sdk/go/results.go:(*Worker).done"),
+        ("sdk/go/dex/runner.go:(*Worker).runTool", "sdk/go/dex/runner.go:(*Worker).runTools"),
+        ("sdk/go/dex/runner.go:(*Worker).runTool", "sdk/go/dex/runner.go:(Worker).runTool"),
+        ("sdk/go/dex/results.go:done", "sdk/go/dex/results.go:(*Worker).done"),
     ],
 )
 def test_the_page_names_only_functions_that_exist_in_each_worker_language(

@@ -26,6 +26,6 @@ def test_the_tool_call_not_run_prefix_is_the_same_in_every_language() -> None:
     typescript = constant(
         "sdk/typescript/src/agent.ts", r"export const toolCallNotRunErrorPrefix\s*=\s*"
     )
-    go = constant("sdk/go/wire.go", r"const ToolCallNotRunErrorPrefix\s*=\s*")
+    go = constant("sdk/go/dex/wire.go", r"const ToolCallNotRunErrorPrefix\s*=\s*")
     assert typescript == python
     assert go == python

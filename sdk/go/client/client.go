@@ -395,7 +395,7 @@ type ApproveOptions struct {
 // on another address: it may have been committed.
 func (c *Client) Approve(ctx context.Context, sessionID, callID string, opts ApproveOptions) (*Approved, error) {
 	var out Approved
-	err := c.onCall(ctx, sessionID, callID, "approve", approve{opts.By, opts.ArgumentsHash}, &out)
+	err := c.onCall(ctx, sessionID, callID, "approve", approve(opts), &out)
 	return result(&out, err)
 }
 
@@ -438,7 +438,7 @@ type Reconciliation struct {
 // in the history. It returns the call.
 func (c *Client) Reconcile(ctx context.Context, sessionID, callID string, r Reconciliation) (*ToolCall, error) {
 	var out ToolCall
-	err := c.onCall(ctx, sessionID, callID, "reconcile", reconcile{r.Status, r.Result, r.Error, r.By}, &out)
+	err := c.onCall(ctx, sessionID, callID, "reconcile", reconcile(r), &out)
 	return result(&out, err)
 }
 

@@ -1,14 +1,49 @@
 /** Agents, tools and models: what a Worker serves, and the plain data it tells the server. */
-import type {
-  AgentSpec,
-  Item,
-  ModelResponse,
-  RetryPolicy,
-  Summary,
-  ToolKind,
-  ToolOutcome,
-  ToolSpec,
-} from "./protocol";
+import type * as p from "./protocol";
+import type { Item, ModelToolCall, ToolKind } from "./protocol";
+
+/** How a Step is tried again after a failed attempt (the server's defaults for a field
+ * left out). */
+export interface RetryPolicy {
+  maxAttempts?: number;
+  initialBackoffSeconds?: number;
+  backoffMultiplier?: number;
+  maxBackoffSeconds?: number;
+  /** Give up once this long has passed since the first attempt. */
+  withinSeconds?: number;
+}
+
+/** What a model call used, as its provider counts it. */
+export interface Usage {
+  inputTokens?: number;
+  outputTokens?: number;
+}
+
+/** A model's answer: its text, and the tools it calls (each with its own ``id``). */
+export interface ModelResponse {
+  text?: string;
+  toolCalls?: ModelToolCall[];
+  stopReason?: string;
+  usage?: Usage;
+  /** The ids of the calls a person must approve first (besides the tools' own rules). */
+  approvalRequired?: string[];
+  /** The provider's own data to keep with the answer (plain JSON). */
+  state?: unknown;
+}
+
+/** The summary a CompactContext Step asks the model for. */
+export interface Summary {
+  text: string;
+  usage?: Usage;
+}
+
+/** A tool as the model is told of it. */
+export interface ModelTool {
+  name: string;
+  description: string;
+  /** JSON Schema of the arguments. */
+  parameters: Record<string, unknown>;
+}
 
 /** What a model is asked: the session's history as the model sees it. */
 export interface ModelRequest {
@@ -16,7 +51,7 @@ export interface ModelRequest {
   agent: string;
   instructions: string;
   history: Item[];
-  tools: ToolSpec[];
+  tools: ModelTool[];
   attempt: number;
   signal: AbortSignal;
   /** With tracing on at the server: the W3C ``traceparent`` of the attempt's span there.
@@ -97,7 +132,7 @@ export const PENDING: unique symbol = Symbol("dex.PENDING");
 /** Thrown by ``ctx.ask`` and ``ctx.sleep``: the call ends now and runs again later. */
 export class Interrupt extends Error {
   override name = "Interrupt";
-  constructor(readonly outcome: ToolOutcome) {
+  constructor(readonly outcome: p.ToolOutcome) {
     super(`tool interrupted: ${outcome.status}`);
   }
 }
@@ -161,7 +196,8 @@ export interface ToolOptions<A extends Args = Args> {
 
 export interface Tool {
   readonly options: ToolOptions;
-  spec(): ToolSpec;
+  /** The tool as the Worker's ``hello`` describes it to the server. */
+  spec(): p.ToolSpec;
 }
 
 export function defineTool<A extends Args = Args>(options: ToolOptions<A>): Tool {
@@ -171,8 +207,8 @@ export function defineTool<A extends Args = Args>(options: ToolOptions<A>): Tool
   const opts = options as unknown as ToolOptions;
   return {
     options: opts,
-    spec(): ToolSpec {
-      const spec: ToolSpec = {
+    spec(): p.ToolSpec {
+      const spec: p.ToolSpec = {
         name: opts.name,
         description: opts.description ?? "",
         kind: opts.kind,
@@ -185,7 +221,7 @@ export function defineTool<A extends Args = Args>(options: ToolOptions<A>): Tool
               : "predicate",
         has_check: opts.check !== undefined,
       };
-      if (opts.retry !== undefined) spec.retry = opts.retry;
+      if (opts.retry !== undefined) spec.retry = wireRetry(`tool ${opts.name}: retry`, opts.retry);
       if (opts.pollIntervalSeconds !== undefined) {
         spec.poll_interval_seconds = opts.pollIntervalSeconds;
       }
@@ -212,7 +248,8 @@ export interface Agent {
   readonly instructions: string;
   readonly model: Model;
   readonly tools: ReadonlyMap<string, Tool>;
-  spec(): AgentSpec;
+  /** The agent as the Worker's ``hello`` describes it to the server. */
+  spec(): p.AgentSpec;
 }
 
 export function defineAgent(options: AgentOptions): Agent {
@@ -228,18 +265,82 @@ export function defineAgent(options: AgentOptions): Agent {
     instructions: options.instructions ?? "",
     model: options.model,
     tools,
-    spec(): AgentSpec {
-      const spec: AgentSpec = {
+    spec(): p.AgentSpec {
+      const spec: p.AgentSpec = {
         name: options.name,
         instructions: options.instructions ?? "",
         model: options.model.spec(),
         tools: [...tools.values()].map((t) => t.spec()),
       };
-      if (options.modelRetry !== undefined) spec.model_retry = options.modelRetry;
+      if (options.modelRetry !== undefined) {
+        spec.model_retry = wireRetry(`agent ${options.name}: modelRetry`, options.modelRetry);
+      }
       if (options.compactThresholdChars !== undefined) {
         spec.compact_threshold_chars = options.compactThresholdChars;
       }
       return spec;
     },
   };
+}
+
+/** Throws when ``value`` has a field of the wire's snake_case spelling (``tool_calls``):
+ * from JavaScript, such a field would otherwise be dropped without a word. */
+function camelCaseOnly(what: string, value: object, fields: Record<string, string>): void {
+  for (const [wire, field] of Object.entries(fields)) {
+    if (wire in value) throw new TypeError(`${what}: no field ${wire}; did you mean ${field}?`);
+  }
+}
+
+/** ``policy`` as the protocol writes it. */
+export function wireRetry(what: string, policy: RetryPolicy): p.RetryPolicy {
+  camelCaseOnly(what, policy, {
+    max_attempts: "maxAttempts",
+    initial_backoff_seconds: "initialBackoffSeconds",
+    backoff_multiplier: "backoffMultiplier",
+    max_backoff_seconds: "maxBackoffSeconds",
+    within_seconds: "withinSeconds",
+  });
+  const wire: p.RetryPolicy = {};
+  if (policy.maxAttempts !== undefined) wire.max_attempts = policy.maxAttempts;
+  if (policy.initialBackoffSeconds !== undefined) {
+    wire.initial_backoff_seconds = policy.initialBackoffSeconds;
+  }
+  if (policy.backoffMultiplier !== undefined) wire.backoff_multiplier = policy.backoffMultiplier;
+  if (policy.maxBackoffSeconds !== undefined) wire.max_backoff_seconds = policy.maxBackoffSeconds;
+  if (policy.withinSeconds !== undefined) wire.within_seconds = policy.withinSeconds;
+  return wire;
+}
+
+function wireUsage(usage: Usage): p.Usage {
+  const wire: p.Usage = {};
+  if (usage.inputTokens !== undefined) wire.input_tokens = usage.inputTokens;
+  if (usage.outputTokens !== undefined) wire.output_tokens = usage.outputTokens;
+  return wire;
+}
+
+/** A model's ``response`` as the protocol writes it, every field there: a call without
+ * arguments gets ``{}``, and ``approvalRequired`` joins ``approvals`` (the calls whose
+ * tools' predicates said yes). */
+export function wireResponse(response: ModelResponse, approvals: string[]): p.ModelResponse {
+  camelCaseOnly("ModelResponse", response, {
+    tool_calls: "toolCalls",
+    stop_reason: "stopReason",
+    approval_required: "approvalRequired",
+  });
+  const wire: p.ModelResponse = {
+    text: response.text ?? "",
+    tool_calls: (response.toolCalls ?? []).map((c) => ({ arguments: {}, ...c })),
+    stop_reason: response.stopReason ?? "end_turn",
+    approval_required: [...(response.approvalRequired ?? []), ...approvals],
+  };
+  if (response.usage !== undefined) wire.usage = wireUsage(response.usage);
+  if (response.state !== undefined) wire.state = response.state;
+  return wire;
+}
+
+/** A model's ``summary`` as the protocol writes it. */
+export function wireSummary(summary: Summary): p.Summary {
+  const wire: p.Summary = { text: summary.text };
+  if (summary.usage !== undefined) wire.usage = wireUsage(summary.usage);
+  return wire;
 }

@@ -14,13 +14,9 @@ import * as failpoints from "./failpoints";
 import { HistoryCache } from "./history";
 import type { ConnectionLog, Log } from "./log";
 import * as p from "./protocol";
+import { WorkerRefusedError } from "./refused";
 import type { Origin, Runner } from "./runner";
 import type { Settings } from "./settings";
-
-/** The server refused this Worker for good (a token, or a worker_id in use): do not retry. */
-export class WorkerRefusedError extends Error {
-  override name = "WorkerRefusedError";
-}
 
 interface Link {
   ws: WebSocket;

@@ -18,15 +18,23 @@ export type {
   Checked,
   Model,
   ModelRequest,
+  ModelResponse,
+  ModelTool,
+  RetryPolicy,
+  Summary,
   Tool,
   ToolContext,
   ToolOptions,
+  Usage,
 } from "./agent";
 export { Scripted, call, say } from "./scripted";
 export type { Script } from "./scripted";
 export { Worker, WorkerRefusedError } from "./worker";
 export type { WorkerOptions } from "./worker";
-export type * from "./protocol";
+/** The session's history as the server keeps it (the HTTP API's items, snake_case), and
+ * the names a tool's definition uses; the rest of the Worker protocol's frames stay
+ * internal. */
+export type { Item, ModelToolCall, ToolCallStatus, ToolKind } from "./protocol";
 export { ApiError, Client, LONG_POLL, UnavailableError } from "./client";
 export type {
   AgentSnapshot,

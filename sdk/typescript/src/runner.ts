@@ -13,10 +13,14 @@ import {
   Interrupt,
   MAX_RETRY_AFTER,
   ModelRequest,
+  ModelResponse,
+  ModelTool,
   PENDING,
   RateLimitedError,
   ToolContext,
   ToolError,
+  wireResponse,
+  wireSummary,
 } from "./agent";
 import * as failpoints from "./failpoints";
 import { HistoryCache, HistoryError, checkItems } from "./history";
@@ -409,9 +413,14 @@ export class Runner {
 
   private async runModel(agent: Agent, attempt: Attempt): Promise<p.ModelResponse> {
     const step = attempt.step;
-    const request = modelRequest(agent, attempt, [...agent.tools.values()].map((t) => t.spec()));
+    const tools = [...agent.tools.values()].map(({ options: o }) => ({
+      name: o.name,
+      description: o.description ?? "",
+      parameters: o.parameters,
+    }));
+    const request = modelRequest(agent, attempt, tools);
     failpoints.hit("worker.run_model.before_output");
-    let response: p.ModelResponse | null = null;
+    let response: ModelResponse | null = null;
     for await (const event of agent.model.stream(request)) {
       if (attempt.abandoned) throw attempt.abort.signal.reason;
       if (typeof event === "string") {
@@ -424,20 +433,14 @@ export class Runner {
     if (response === null) {
       throw new Error(`model ${JSON.stringify(agent.model.spec())} returned no response`);
     }
-    const approvalRequired = [...(response.approval_required ?? [])];
-    for (const call of response.tool_calls ?? []) {
+    const approvals: string[] = [];
+    for (const call of response.toolCalls ?? []) {
       const approval = agent.tools.get(call.name)?.options.approval;
       if (typeof approval === "function" && needsApproval(this.log, approval, call.arguments ?? {})) {
-        approvalRequired.push(call.id);
+        approvals.push(call.id);
       }
     }
-    return {
-      text: "",
-      stop_reason: "end_turn",
-      ...response,
-      tool_calls: (response.tool_calls ?? []).map((c) => ({ arguments: {}, ...c })),
-      approval_required: approvalRequired,
-    };
+    return wireResponse(response, approvals);
   }
 
   private async compact(agent: Agent, attempt: Attempt): Promise<p.Summary> {
@@ -445,7 +448,7 @@ export class Runner {
       throw new ToolError(`the model of agent ${agent.name} cannot summarize`);
     }
     failpoints.hit("worker.compact_context.running");
-    return agent.model.summarize(modelRequest(agent, attempt, []));
+    return wireSummary(await agent.model.summarize(modelRequest(agent, attempt, [])));
   }
 
   private async runTool(agent: Agent, attempt: Attempt): Promise<p.ToolOutcome | null> {
@@ -552,7 +555,7 @@ export class Runner {
 }
 
 /** What a model call of ``attempt`` is asked: its view of the history, and ``tools``. */
-function modelRequest(agent: Agent, attempt: Attempt, tools: p.ToolSpec[]): ModelRequest {
+function modelRequest(agent: Agent, attempt: Attempt, tools: ModelTool[]): ModelRequest {
   const step = attempt.step;
   return {
     sessionId: step.session_id,

@@ -3,8 +3,8 @@
  * dex.models.Scripted: for a first program, a demo or a test, with no provider and no
  * key. A model call that runs again after a crash gets the same response.
  */
-import type { Model, ModelRequest } from "./agent";
-import type { Item, ModelResponse, ModelToolCall, Summary } from "./protocol";
+import type { Model, ModelRequest, ModelResponse, Summary } from "./agent";
+import type { Item, ModelToolCall } from "./protocol";
 
 /** The model's response to a history: a ModelResponse, or its text alone. */
 export type Script = (
@@ -16,7 +16,7 @@ export function say(text: string): ModelResponse {
   return { text };
 }
 
-/** One tool call, for a ModelResponse's ``tool_calls`` (give each of several calls in
+/** One tool call, for a ModelResponse's ``toolCalls`` (give each of several calls in
  * one response its own ``id``). */
 export function call(name: string, args: Record<string, unknown> = {}, id = "call_1"): ModelToolCall {
   return { id, name, arguments: args };

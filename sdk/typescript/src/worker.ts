@@ -8,7 +8,7 @@ import { Log } from "./log";
 import { Runner } from "./runner";
 import { Settings, WorkerOptions, resolveSettings } from "./settings";
 
-export { WorkerRefusedError } from "./connection";
+export { WorkerRefusedError } from "./refused";
 export type { WorkerOptions } from "./settings";
 
 /** The tracing module, loaded only when tracing is on: with it off the Worker needs no

@@ -97,8 +97,8 @@ function script(history: Item[]): ModelResponse {
   }
   const calls = JSON.parse(user.text.slice("call:".length)) as [string, Args][];
   return {
-    tool_calls: calls.map(([name, args], i) => ({ id: `c${i}`, name, arguments: args })),
-    stop_reason: "tool_use",
+    toolCalls: calls.map(([name, args], i) => ({ id: `c${i}`, name, arguments: args })),
+    stopReason: "tool_use",
   };
 }
 
@@ -148,7 +148,7 @@ class GatedSummaries extends Recorded {
   }
 }
 
-const FAST: RetryPolicy = { max_attempts: 3, initial_backoff_seconds: 0.05 };
+const FAST: RetryPolicy = { maxAttempts: 3, initialBackoffSeconds: 0.05 };
 
 function keyed(extra: Record<string, unknown>): Record<string, unknown> {
   return {
@@ -223,7 +223,7 @@ const flaky = defineTool({
   name: "flaky",
   description: "Raises on every attempt: a failed attempt, not a known outcome.",
   kind: "read",
-  retry: { max_attempts: 2, initial_backoff_seconds: 0.05 },
+  retry: { maxAttempts: 2, initialBackoffSeconds: 0.05 },
   parameters: keyed({}),
   run(_args: Args, ctx: ToolContext) {
     record("flaky", { idempotency_key: ctx.idempotencyKey, attempt: ctx.attempt });

@@ -24,7 +24,7 @@ const provider = {
   async *stream(request: ModelRequest): AsyncIterable<string | ModelResponse> {
     const refused = refusal(request);
     if (refused !== null) throw refused;
-    yield { text: "answered", stop_reason: "end_turn" };
+    yield { text: "answered", stopReason: "end_turn" };
   },
   async summarize(request: ModelRequest): Promise<Summary> {
     const refused = refusal(request);

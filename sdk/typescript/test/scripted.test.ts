@@ -12,7 +12,7 @@ import { FakeNode, runModelStep } from "./fake-node";
 function script(history: Item[]): ModelResponse {
   const last = history[history.length - 1];
   if (last.type === "tool_result") return say(`Done: ${String(last.result)}`);
-  return { tool_calls: [call("get_weather", { city: "Paris" })] };
+  return { toolCalls: [call("get_weather", { city: "Paris" })] };
 }
 
 const node = new FakeNode();
@@ -29,7 +29,7 @@ test("a Worker serves the scripted model: a tool call, then an answer from its r
   node.send([runModel("m1", 0, [{ type: "user", text: "Weather in Paris?" }])]);
   const asked = (await node.result("m1")) as p.Done;
   const calls = [{ id: "call_1", name: "get_weather", arguments: { city: "Paris" } }];
-  assert.deepEqual((asked.result as ModelResponse).tool_calls, calls);
+  assert.deepEqual((asked.result as p.ModelResponse).tool_calls, calls);
 
   const result: Item = {
     ...{ type: "tool_result", call_id: "call_1", name: "get_weather" },
@@ -40,8 +40,8 @@ test("a Worker serves the scripted model: a tool call, then an answer from its r
   const delta = frame.find((m) => m.t === "delta" && m.attempt_id === "m2") as p.Delta;
   const answer = frame.find((m) => m.t === "done" && m.attempt_id === "m2") as p.Done;
   assert.equal(delta.text, "Done: sunny in Paris"); // streamed, then the response
-  assert.equal((answer.result as ModelResponse).text, "Done: sunny in Paris");
-  assert.deepEqual((answer.result as ModelResponse).tool_calls, []);
+  assert.equal((answer.result as p.ModelResponse).text, "Done: sunny in Paris");
+  assert.deepEqual((answer.result as p.ModelResponse).tool_calls, []);
 });
 
 const request = (history: Item[]): ModelRequest => ({

@@ -24,7 +24,7 @@ const viewer = {
           { id: "c3", name: "pay", arguments: { amount: "lots" } },
         ]
       : [];
-    yield { text, tool_calls: calls, stop_reason: "end_turn" };
+    yield { text, toolCalls: calls, stopReason: "end_turn" };
   },
 };
 
@@ -108,7 +108,7 @@ test("a RunModel hand-out builds on the view the Worker kept, or goes back", asy
 test("approval predicates list their calls; one that throws asks a person", async () => {
   node.send([runModel("m5", "s3", 0, [{ type: "user", text: "pay" }])]);
   const done = (await node.result("m5")) as p.Done;
-  assert.deepEqual((done.result as ModelResponse).approval_required, ["c2", "c3"]);
+  assert.deepEqual((done.result as p.ModelResponse).approval_required, ["c2", "c3"]);
 });
 
 test("arguments are checked before the body, which sees defaults and traceparent", async () => {

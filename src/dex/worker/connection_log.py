@@ -2,7 +2,7 @@
 cluster each connection (one per node) logs its own, with its node's address.
 
 The TypeScript and Go Workers log the same lines, with the same actions, messages and
-fields (``sdk/typescript/src/log.ts``, ``sdk/go/log.go``; the table in docs/operations.md):
+fields (``sdk/typescript/src/log.ts``, ``sdk/go/dex/log.go``; the table in docs/operations.md):
 
 - ``worker.connected`` (info), the first welcome: ``address``, ``agents``, ``capacity``,
   ``worker_id``;

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	dex "github.com/dex-run/dex/sdk/go"
+	"github.com/dex-run/dex/sdk/go/dex"
 )
 
 // Ledger appends one JSON line per side effect (DEX_TEST_LEDGER), as dex.testing.Ledger.
@@ -358,14 +358,14 @@ func tasks(ledger Ledger, gates Gates, fast *dex.RetryPolicy) []dex.Tool {
 			if exists(gate(handle, "done")) {
 				return "rendered " + handle, nil
 			}
-			return dex.Pending, nil
+			return nil, dex.ErrPending
 		})
 	export := task("export", "report", "Starts an export job polled once a second; the handle is the idempotency key.", 1.0,
 		func(ctx context.Context, handle string) (any, error) {
 			if exists(gate(handle, "done")) {
 				return "exported " + handle, nil
 			}
-			return dex.Pending, nil
+			return nil, dex.ErrPending
 		})
 	return []dex.Tool{render, export}
 }

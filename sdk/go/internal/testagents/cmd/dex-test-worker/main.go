@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"os"
 
-	dex "github.com/dex-run/dex/sdk/go"
+	"github.com/dex-run/dex/sdk/go/dex"
 	"github.com/dex-run/dex/sdk/go/internal/testagents"
 )
 

@@ -577,11 +577,11 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 	switch s.StepType {
 	case StepPollToolTask:
 		value, err := tool.Poll(ctx, call, s.TaskHandle)
+		if errors.Is(err, ErrPending) || (err == nil && value == Pending) {
+			return done(s, toolOutcome{Status: "pending"})
+		}
 		if err != nil {
 			return toolError(s, err)
-		}
-		if value == Pending {
-			return done(s, toolOutcome{Status: "pending"})
 		}
 		return succeeded(s, value)
 	case StepCheckToolCall:

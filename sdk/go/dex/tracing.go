@@ -31,7 +31,7 @@ func (w *Worker) startSpan(ctx context.Context, agent *Agent, s step) (context.C
 	attributes := []attribute.KeyValue{
 		attribute.String("dex.session_id", s.SessionID),
 		attribute.String("dex.step_id", s.StepID),
-		attribute.String("dex.step_type", s.StepType),
+		attribute.String("dex.step_type", string(s.StepType)),
 		attribute.String("dex.attempt_id", s.AttemptID),
 		attribute.Int("dex.attempt", s.Attempt),
 		attribute.String("dex.agent", s.Agent),

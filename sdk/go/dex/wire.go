@@ -19,14 +19,17 @@ const (
 	closeNotReady     = 4503
 )
 
-// Step types a hand-out names.
+// StepKind is the kind of Step a hand-out runs: what it asks of the Worker.
+type StepKind string
+
+// The kinds of Step a Worker runs.
 const (
-	StepRunModel              = "RunModel"
-	StepCallTool              = "CallTool"
-	StepCallSingleAttemptTool = "CallSingleAttemptTool"
-	StepPollToolTask          = "PollToolTask"
-	StepCheckToolCall         = "CheckToolCall"
-	StepCompactContext        = "CompactContext"
+	StepRunModel              StepKind = "RunModel"              // a model call
+	StepCallTool              StepKind = "CallTool"              // a Read, IdempotentWrite or Task tool's call
+	StepCallSingleAttemptTool StepKind = "CallSingleAttemptTool" // a Write tool's one attempt
+	StepPollToolTask          StepKind = "PollToolTask"          // a poll of a Task tool's job
+	StepCheckToolCall         StepKind = "CheckToolCall"         // a Write tool's Check
+	StepCompactContext        StepKind = "CompactContext"        // a summary of the history
 )
 
 // ModelToolCall is one tool call as the model asked for it.
@@ -137,7 +140,7 @@ type step struct {
 	AttemptID      string          `json:"attempt_id"`
 	SessionID      string          `json:"session_id"`
 	StepID         string          `json:"step_id"`
-	StepType       string          `json:"step_type"`
+	StepType       StepKind        `json:"step_type"`
 	Attempt        int             `json:"attempt"`
 	Agent          string          `json:"agent"`
 	History        []Item          `json:"history"`

@@ -55,7 +55,7 @@ type Tool struct {
 	Retry         *RetryPolicy
 	// Func runs the call. Its arguments are the JSON object the model sent.
 	Func func(ctx context.Context, call *ToolContext, args json.RawMessage) (any, error)
-	// Poll (kind Task) asks whether the job with this handle is done: return Pending
+	// Poll (kind Task) asks whether the job with this handle is done: return ErrPending
 	// while it runs.
 	Poll func(ctx context.Context, call *ToolContext, handle json.RawMessage) (any, error)
 	// PollIntervalSeconds is the gap between two polls (default 1).
@@ -75,7 +75,13 @@ type Checked struct {
 	Result   any
 }
 
-// Pending is what Poll returns while the task still runs.
+// ErrPending is what Poll returns while the task still runs (return nil, ErrPending; a
+// wrapped ErrPending counts too): the server polls again after PollIntervalSeconds.
+var ErrPending = errors.New("dex: the task is still running")
+
+// Pending, returned by Poll as its value, says what ErrPending says.
+//
+// Deprecated: return ErrPending as the error, as io.EOF ends a read.
 var Pending = &struct{ pending bool }{true}
 
 // ToolContext describes the tool call being run.
