@@ -264,7 +264,11 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "limits.held": (L + "admit", L + "park", D + "_pump", "dex.server.flow.ModelLimits.load"),
     "run_model.rate_limited": (A + "hand_back", H + "rate_limited", L + "refused"),
     "model_usage.result_sent": (H + "complete_model", E + "budget.record_usage", *RECLAIM),
-    "mcp_write.running": (*SINGLE_ATTEMPT, MCP + "MCPTools._kind", MCP + "MCPTool.invoke"),
+    "mcp_write.running": (  # MCP tools are the Python Worker's only: no port to name
+        *(name for name in SINGLE_ATTEMPT if not name.startswith((TS, GO))),
+        MCP + "MCPTools._kind",
+        MCP + "MCPTool.invoke",
+    ),
     "mcp_idempotent.running": (
         H + "fail_attempt",
         H + "complete_model",

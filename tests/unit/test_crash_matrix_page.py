@@ -210,14 +210,17 @@ def test_a_call_is_not_taken_for_a_declaration(
 
 def test_a_row_that_names_a_workers_code_names_it_for_each_worker_language() -> None:
     """The rows whose tests run the Python, TypeScript and Go Workers name each one's
-    port of the code that decides them, after the server's."""
+    port of the code that decides them, after the server's; a row of the Python Worker's
+    only (MCP tools) names its code alone."""
     sdks = ("Python Worker: ", "TypeScript Worker: ", "Go Worker: ")
     named = {key for key in ROWS if any(sdk in decided_by(key) for sdk in sdks)}
-    assert named == {"single_attempt.before_heartbeat", "single_attempt.running"}
+    every = {"single_attempt.before_heartbeat", "single_attempt.running"}
+    assert named == {*every, "mcp_write.running"}
     for key in named:
         cell = decided_by(key)
         assert cell.startswith("Server: `turn.queue_tool`")
-        assert all(sdk in cell for sdk in sdks), key
+        assert all(sdk in cell for sdk in sdks) == (key in every), key
+        assert "Python Worker: " in cell
         assert "`attempts.Link.receive`" in cell  # the start acknowledgement, lease-checked
 
 
