@@ -6,7 +6,7 @@ random ids spread them, and every session in one node's partitions (the share ru
 worst case: the other node's share goes unused).
 
     .venv/bin/python -m bench.flow_cluster [--rpm 1200] [--seconds 20] [--sessions 64]
-    .venv/bin/python -m bench.flow_cluster --short      # CI: about a minute
+    .venv/bin/python -m bench.flow_cluster --short      # CI: under a minute
 
 The agent is ``bench/agents.py``'s (two model calls a turn, group ``scripted/scripted``).
 Model calls are counted by each node's ``dex_attempts_total`` of succeeded RunModel
@@ -148,10 +148,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds a phase")
     parser.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds a phase")
     parser.add_argument("--sessions", type=int, default=64, help="concurrent sessions")
-    parser.add_argument("--short", action="store_true", help="CI: 8 s phases")
+    parser.add_argument("--short", action="store_true", help="CI: 4 s phases")
     args = parser.parse_args(argv)
     if args.short:
-        args.seconds, args.warmup = 8.0, 2.0
+        args.seconds, args.warmup = 4.0, 1.0
     if args.rpm <= 0 or args.seconds <= 0 or args.sessions < 1:
         parser.error("--rpm, --seconds and --sessions must be positive")
     return args
