@@ -10,8 +10,18 @@ import pytest
 from dex.errors import NotFound
 from dex.server import records
 from dex.server.engine import handlers
-from dex.server.engine.budget import DEFAULT_PRICES, FREE, Budget, Price, Prices, model_name
+from dex.server.engine.budget import (
+    DEFAULT_PRICES,
+    FREE,
+    Budget,
+    Price,
+    Prices,
+    TenantBudget,
+    model_name,
+)
+from dex.server.engine.budget import Usage as UsageTotals
 from dex.server.engine.state import AttemptError, SessionState, Step, TurnStatus
+from dex.server.engine.turn import hold_for_tenant
 from dex.wire import (
     AgentSpec,
     AttemptProgress,
@@ -291,3 +301,65 @@ def test_a_session_without_a_budget_never_waits() -> None:
     assert state.turn is None  # the answer ended the turn
     send(state, spec, "and again")
     queued_model(state)
+
+
+# --- a tenant's budget ----------------------------------------------------------------------
+
+
+def test_a_tenant_budget_says_which_limit_of_which_period_is_used_up() -> None:
+    budget = TenantBudget(max_tokens_per_day=100, max_cost_usd_per_month=2.0)
+    day, month = UsageTotals(input_tokens=60), UsageTotals(input_tokens=60, cost_usd=1.0)
+    assert budget.reached("acme", day, month) is None
+    day.output_tokens = 40
+    assert budget.reached("acme", day, month) == "tenant acme: 100 tokens used today of 100"
+    month.cost_usd = 2.5
+    day.output_tokens = 0
+    assert budget.reached("acme", day, month) == "tenant acme: $2.500000 used this month of $2"
+    assert TenantBudget().reached("acme", day, month) is None
+
+
+def test_a_model_call_held_for_its_tenant_becomes_a_budget_wait_on_the_tenant() -> None:
+    spec = make_spec()
+    state = new_state()
+    state.tenant = "acme"
+    t = send(state, spec, "hi")
+    [model] = t.ready
+    hold_for_tenant(state, t, {"max_tokens_per_day": 10}, "tenant acme: 10 tokens", T0)
+    assert t.ready == []
+    assert state.turn is not None and [s.type for s in state.turn.steps] == [StepType.AWAIT_BUDGET]
+    [wait] = budget_waits(state)
+    assert wait.id == model.id  # the Step it replaced was never stored
+    assert wait.wait is not None and wait.wait.tenant == "acme"
+    [started] = [e for e in t.events if e["type"] == "wait.started"]
+    assert started["tenant"] == "acme" and started["budget"] == {"max_tokens_per_day": 10}
+
+    still = handlers.recheck_budget(state, spec, "tenant acme: 20 tokens", None, T0 + 1)
+    assert still.ready == [] and wait.wait.reason == "tenant acme: 20 tokens"
+    t = handlers.recheck_budget(state, spec, None, None, T0 + 2)
+    assert [s.type for s in t.ready] == [StepType.RUN_MODEL]
+    assert wait.wait.resolution == {"kind": "budget", "tenant": "acme", "by": None}
+    assert handlers.recheck_budget(state, spec, None, None, T0 + 3).ready == []  # once
+
+
+def test_a_retried_model_call_is_not_held_for_its_tenant() -> None:
+    spec = make_spec()
+    state = new_state()
+    state.tenant = "acme"
+    send(state, spec, "hi")
+    step = queued_model(state)
+    attempt = handlers.assign(state, step.id, "w", T0)
+    error = AttemptError(message="overloaded", attempt_progress=AttemptProgress.NOT_STARTED)
+    t = handlers.fail_attempt(state, spec, step.id, attempt.number, error, T0 + 1)
+    assert t.ready == [step]
+    hold_for_tenant(state, t, {}, "tenant acme: used up", T0 + 1)
+    assert t.ready == [step] and budget_waits(state) == []
+
+
+def test_the_session_s_own_budget_wins_the_reason_of_a_recheck() -> None:
+    spec = make_spec()
+    state = over_budget_turn(spec, Budget(max_tokens=1_000))
+    state.tenant = "acme"
+    t = handlers.recheck_budget(state, spec, "tenant acme: used up", None, T0 + 5)
+    [wait] = budget_waits(state)
+    assert t.ready == [] and wait.wait is not None
+    assert (wait.wait.reason, wait.wait.tenant) == ("1100 tokens used of a budget of 1000", None)

@@ -41,6 +41,7 @@ from dex.server.store.base import (
     SessionRecord,
     SessionRow,
     Store,
+    TenantUsage,
     TurnRecord,
     Write,
 )
@@ -915,6 +916,41 @@ async def test_model_limits_set_at_run_time_are_stored_and_cleared(store: Store)
     await store.write(Write(limits=[("g", '{"rpm":60.0}'), ("h", '{"concurrency":2}')]))
     await store.write(Write(limits=[("g", '{"rpm":30.0}'), ("h", None)]))
     assert await store.load_limits() == [("g", '{"rpm":30.0}')]
+
+
+async def test_tenant_budgets_are_stored_replaced_and_deleted(store: Store) -> None:
+    await store.write(Write(tenant_budgets=[("acme", '{"a":1}'), ("bolt", '{"b":2}')]))
+    await store.write(Write(tenant_budgets=[("acme", '{"a":3}'), ("bolt", None)]))
+    assert await store.load_tenant_budgets() == [("acme", '{"a":3}')]
+
+
+async def test_a_tenant_s_usage_adds_up_by_day_over_writes_committed_together(
+    store: Store,
+) -> None:
+    sessions = [idle(f"s{i}") for i in range(6)]
+    for state in sessions:
+        await create(store, state)
+    days = ["2026-11-30", "2026-12-01", "2026-12-01", "2026-12-02", "2026-12-02", "2026-12-02"]
+
+    def charged(i: int, tenant: str) -> Write:
+        w = write(session=sessions[i])
+        w.tenant_usage = TenantUsage(tenant, days[i], 100 * i, i, 0.25 * i)
+        return w
+
+    # committed at once: a backend that runs one statement over many writes adds them up
+    await asyncio.gather(*(store.write(charged(i, "acme")) for i in range(6)))
+    await store.write(charged(5, "bolt"))
+    await store.write(charged(4, "acme"))
+
+    assert await store.tenant_usage("2026-12-01", ["acme"]) == [
+        TenantUsage("acme", "2026-12-01", 300, 3, 0.75, 2),
+        TenantUsage("acme", "2026-12-02", 1_600, 16, 4.0, 4),
+    ]
+    assert [(u.tenant, u.day) for u in await store.tenant_usage("2026-12-02")] == [
+        ("acme", "2026-12-02"),
+        ("bolt", "2026-12-02"),
+    ]
+    assert await store.tenant_usage("2026-12-01", []) == []
 
 
 async def test_postgres_nodes_exchange_their_demand_and_stale_reports_are_left_out(

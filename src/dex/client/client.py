@@ -322,6 +322,51 @@ class Client:
         groups: list[dict[str, Any]] = result["groups"]
         return groups
 
+    async def list_tenants(self) -> list[dict[str, Any]]:
+        """Each tenant with a budget or with usage this month: its ``budget``, and what its
+        sessions' model calls used ``today`` and ``this_month`` (UTC: ``input_tokens``,
+        ``output_tokens``, ``tokens``, ``cost_usd``, ``calls``), and ``reached`` (how its
+        budget is used up, or None). Needs an admin token (docs/flow-control.md)."""
+        result = await self._request("GET", "/admin/tenants")
+        tenants: list[dict[str, Any]] = result["tenants"]
+        return tenants
+
+    async def get_tenant(self, tenant: str) -> dict[str, Any]:
+        """One tenant's budget and usage, as ``list_tenants`` shows each."""
+        tenant_view: dict[str, Any] = await self._request("GET", f"/admin/tenants/{quote(tenant)}")
+        return tenant_view
+
+    async def set_tenant_budget(
+        self,
+        tenant: str,
+        *,
+        max_tokens_per_day: int | None = None,
+        max_cost_usd_per_day: float | None = None,
+        max_tokens_per_month: int | None = None,
+        max_cost_usd_per_month: float | None = None,
+        by: str | None = None,
+    ) -> dict[str, Any]:
+        """Set what all of a tenant's sessions may use in a UTC day and month (at least one
+        limit; one left out does not apply). Its sessions' turns that wait for it go on if
+        it allows them. Needs an admin token. Returns the tenant as ``get_tenant`` does."""
+        body = {
+            "max_tokens_per_day": max_tokens_per_day,
+            "max_cost_usd_per_day": max_cost_usd_per_day,
+            "max_tokens_per_month": max_tokens_per_month,
+            "max_cost_usd_per_month": max_cost_usd_per_month,
+            "by": by,
+        }
+        path = f"/admin/tenants/{quote(tenant)}/budget"
+        result: dict[str, Any] = await self._request("PUT", path, body, retry=True)
+        return result
+
+    async def remove_tenant_budget(self, tenant: str, *, by: str | None = None) -> dict[str, Any]:
+        """Remove a tenant's budget: its sessions' turns that wait for it go on."""
+        params = {"by": by} if by is not None else None
+        path = f"/admin/tenants/{quote(tenant)}/budget"
+        result: dict[str, Any] = await self._request("DELETE", path, params=params, retry=True)
+        return result
+
     async def stream_events(
         self, session_id: str, *, last_event_id: str | None = None, reconnect: bool = True
     ) -> AsyncGenerator[dict[str, Any], None]:

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp
 import dex
 from dex import _loop
 from dex.errors import DexError
-from dex.server.api import cluster, errors, hot, limits, ops, sessions, workers
+from dex.server.api import cluster, errors, hot, limits, ops, sessions, tenants, workers
 from dex.server.api.auth import Auth
 from dex.server.api.browsers import Browsers
 from dex.server.api.forward import Forward
@@ -88,8 +88,11 @@ def create_app(
         dispatcher.weights = dict(config.tenant_weights)
         model_limits = ModelLimits(store, dispatcher.limits, config.model_limits)
         await model_limits.load()
+        domain.tenants.cluster = _postgres(config)
+        await domain.tenants.load()
         if _postgres(config):  # a cluster: the other nodes change them too
             dispatcher.supervisor.spawn(model_limits.follow())
+        dispatcher.supervisor.spawn(domain.tenants.follow())  # new days end waits too
 
         lead = leadership or _leadership(config, store, dispatcher.clock)
         node = Node(store, dispatcher, domain, lead, on_step_down)
@@ -132,6 +135,7 @@ def create_app(
     app.include_router(workers.router)
     app.include_router(cluster.router)
     app.include_router(limits.router)
+    app.include_router(tenants.router)
     app.include_router(console.router)  # the web console at /ui (docs/console.md)
     app.add_api_route("/", lambda: RedirectResponse(CONSOLE), include_in_schema=False, name="root")
     return app

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from dex.errors import Unavailable
 from dex.server import handouts, records
 from dex.server.actors import Actor, Actors
@@ -37,8 +39,10 @@ from dex.server.dispatch.queues import Queued
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import SessionState, Step, ToolCall, attempt_id
+from dex.server.engine.turn import hold_for_tenant
+from dex.server.flow import TenantBudgets, day_of
 from dex.server.metrics import Metrics
-from dex.server.store.base import Store
+from dex.server.store.base import Store, TenantUsage
 from dex.server.streams import Streams
 from dex.wire import StepStatus, server_frames
 
@@ -73,6 +77,9 @@ class Committer:
         self.queued: Callable[[SessionState, Step], Queued] = handouts.queued
         """A queued Step as the dispatcher holds it, with what its hand-out asks of the
         limits (``handouts.queued``, given the session's agent: ``Sessions`` sets it)."""
+        self.tenants: TenantBudgets | None = None
+        """The tenants' budgets: a model call a handler queues for a session whose tenant's
+        budget is used up waits instead (``Sessions`` sets it)."""
 
     def apply(
         self, session: str | Actor, build: Build, **options: Any
@@ -146,6 +153,14 @@ class Committer:
             if not done.done():
                 done.set_exception(e)
             return done
+        used = None
+        if state.tenant is not None:
+            tenants = self.tenants
+            if t.ready and tenants is not None and (held := tenants.reached(state.tenant, now)):
+                reason, budget = held
+                hold_for_tenant(state, t, msgspec.to_builtins(budget), reason, now)
+            if t.used is not None:
+                used = TenantUsage(state.tenant, day_of(now), *t.used)
         handed = self._hand_out_now(state, t, now) if dispatch else []
         if self.tracing is not None:
             self.tracing.before_commit(state)
@@ -164,13 +179,14 @@ class Committer:
                 message=(message_id, state.messages_received) if message_id else None,
                 archived_call=archived_call,
             )
+            write.tenant_usage = used
             stored = self.store.submit(write)
         except BaseException as e:
             self._failed(actor, handed, e, done)
             return done
         grown = sum(map(len, write.history))
         stored.add_done_callback(
-            functools.partial(self._committed, actor, t, handed, release, done, plain, grown)
+            functools.partial(self._committed, actor, t, handed, release, done, plain, grown, used)
         )
         return done
 
@@ -214,6 +230,7 @@ class Committer:
         done: asyncio.Future[Transition],
         plain: list[dict[str, Any]],
         grown: int,
+        used: TenantUsage | None,
         stored: asyncio.Future[None],
     ) -> None:
         error = asyncio.CancelledError() if stored.cancelled() else stored.exception()
@@ -225,6 +242,10 @@ class Committer:
             self.actors.grew(actor, grown)
             if release is not None:
                 self.dispatcher.unhold(release)
+            if used is not None:
+                self.metrics.tenant_used(used)
+                if self.tenants is not None:
+                    self.tenants.counted(used)
             # durable: resolve before the effects, so that the answer (a Worker's ack) is
             # queued ahead of what the effects send and leaves in the same frame as the
             # next hand-out; whoever awaits it runs later, when the effects have run

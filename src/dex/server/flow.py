@@ -1,5 +1,5 @@
 """Flow control's domain: the model limits a node enforces (``dex.server.dispatch.limits``),
-from its server config and from storage.
+from its server config and from storage, and the tenants' budgets (``TenantBudgets``).
 
 A limit set at run time (the API, ``dex limits set``) is stored, and replaces the server
 config's limit of that group; cleared, the config's applies again. Every node of a
@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import msgspec
 
 from dex.server.dispatch.limits import Limit as Limit
 from dex.server.dispatch.limits import Limits
-from dex.server.store.base import Store, Write
+from dex.server.engine.budget import TenantBudget as TenantBudget
+from dex.server.engine.budget import Usage
+from dex.server.store.base import Store, TenantUsage, Write
 
 log = logging.getLogger("dex.flow")
 
@@ -121,3 +126,178 @@ class ModelLimits:
                 }
             )
         return out
+
+
+def day_of(at: float) -> str:
+    """The UTC day of a Unix time, as a tenant's usage is counted: ``2026-12-08``. Its
+    first seven characters are its month."""
+    return time.strftime("%Y-%m-%d", time.gmtime(at))
+
+
+class TenantBudgets:
+    """The tenants' budgets, and what each tenant with one has used this UTC month, by day.
+
+    A tenant's usage is added to by the commit of each model result of its sessions
+    (``Committer``, ``Write.tenant_usage``), so storage counts every call once. A node
+    knows what its own commits added (``counted``); in a cluster it reads the whole of it
+    every ``FOLLOW`` seconds, so the others' calls reach its count within that.
+
+    A turn whose tenant's budget is used up (``reached``) waits (``turn.hold_for_tenant``).
+    ``check`` ends those waits when the budget allows again: raised, removed, or a new day
+    or month; it runs every ``FOLLOW`` seconds and at once after a change on this node.
+    """
+
+    def __init__(self, store: Store, now: Callable[[], float], cluster: bool = False) -> None:
+        self.store = store
+        self.now = now
+        self.cluster = cluster
+        """Other nodes add to the tenants' usage: read it every ``FOLLOW`` seconds."""
+        self.budgets: dict[str, TenantBudget] = {}
+        self.days: dict[str, dict[str, Usage]] = {}
+        """What each tenant with a budget used, by day, this month."""
+        self.held: set[str] = set()
+        """Tenants whose budget may hold turns waiting: ``check`` looks at them."""
+        self.resume: Callable[[str], Awaitable[None]] | None = None
+        """Ends the waits on a tenant's budget where it allows them to go on
+        (``Sessions.recheck_budgets``)."""
+
+    def reached(self, tenant: str, now: float) -> tuple[str, TenantBudget] | None:
+        """Why a model call of ``tenant``'s may not start now (in words), with its budget;
+        None if it may (as for a tenant with no budget)."""
+        budget = self.budgets.get(tenant)
+        if budget is None:
+            return None
+        today, month = self.used(tenant, day_of(now))
+        reason = budget.reached(tenant, today, month)
+        if reason is None:
+            return None
+        self.held.add(tenant)
+        return reason, budget
+
+    def used(self, tenant: str, day: str) -> tuple[Usage, Usage]:
+        """What ``tenant`` used on ``day`` and in its month, as this node knows it."""
+        days = self.days.get(tenant, {})
+        month = Usage()
+        for d, u in days.items():
+            if d[:7] == day[:7]:
+                month += u
+        return days.get(day) or Usage(), month
+
+    def counted(self, usage: TenantUsage) -> None:
+        """A model call of the tenant's committed on this node."""
+        days = self.days.get(usage.tenant)
+        if days is None:
+            return  # no budget: storage counts it, this node need not
+        day = days.setdefault(usage.day, Usage())
+        day.add(usage.input_tokens, usage.output_tokens, usage.cost_usd)
+
+    async def load(self) -> None:
+        """Read the budgets, and what the tenants with one used this month."""
+        rows = await self.store.load_tenant_budgets()
+        budgets = {t: msgspec.json.decode(spec, type=TenantBudget) for t, spec in rows}
+        changed = {t for t in {*budgets, *self.budgets} if budgets.get(t) != self.budgets.get(t)}
+        self.held |= changed  # raised or removed elsewhere: its waits may go on
+        self.budgets = budgets
+        await self._read_usage(list(budgets))
+
+    async def _read_usage(self, tenants: list[str]) -> None:
+        month = day_of(self.now())[:7]
+        days: dict[str, dict[str, Usage]] = {t: {} for t in tenants}
+        for u in await self.store.tenant_usage(month + "-01", tenants):
+            days[u.tenant][u.day] = _usage(u)
+        for tenant in [t for t in self.days if t not in self.budgets]:
+            del self.days[tenant]
+        self.days.update(days)
+
+    async def follow(self) -> None:
+        """Every ``FOLLOW`` seconds, until cancelled: in a cluster, read the budgets and
+        usage again; then end the waits that may go on (``check``)."""
+        while True:
+            await asyncio.sleep(FOLLOW)
+            try:
+                if self.cluster:
+                    await self.load()
+                await self.check()
+            except Exception as e:  # storage away for a moment: next time
+                log.warning(
+                    "could not check the tenants' budgets: %r",
+                    e,
+                    extra={"action": "tenant_budgets.check"},
+                )
+
+    async def check(self) -> None:
+        """For each tenant whose budget may hold turns and allows them now (raised,
+        removed, a new day or month): end the waits on it."""
+        now = self.now()
+        month = day_of(now)[:7]
+        for days in self.days.values():
+            for day in [d for d in days if d[:7] != month]:
+                del days[day]
+        for tenant in sorted(self.held):
+            if tenant in self.budgets and self.reached(tenant, now) is not None:
+                continue
+            self.held.discard(tenant)
+            if self.resume is not None:
+                await self.resume(tenant)
+
+    async def set(self, tenant: str, budget: TenantBudget | None) -> None:
+        """Store ``tenant``'s budget (None: no budget) and apply it on this node at once:
+        waits it allows end now, on other nodes within ``FOLLOW`` seconds."""
+        spec = None if budget is None else msgspec.json.encode(budget).decode()
+        await self.store.write(Write(tenant_budgets=[(tenant, spec)]))
+        if budget is None:
+            self.budgets.pop(tenant, None)
+            self.days.pop(tenant, None)
+        else:
+            self.budgets[tenant] = budget
+            await self._read_usage([tenant])
+        self.held.add(tenant)
+        await self.check()
+
+    async def view(self, tenant: str | None = None) -> list[dict[str, object]]:
+        """Each tenant with a budget or usage this month (``tenant``: that one, even with
+        neither): its budget and what it used today and this month, as storage counts it."""
+        day = day_of(self.now())
+        rows = await self.store.tenant_usage(day[:7] + "-01", None if tenant is None else [tenant])
+        found: dict[str, dict[str, Usage]] = {}
+        for u in rows:
+            found.setdefault(u.tenant, {})[u.day] = _usage(u)
+        names = [tenant] if tenant is not None else sorted({*found, *self.budgets})
+        out: list[dict[str, object]] = []
+        for name in names:
+            days = found.get(name, {})
+            month = Usage()
+            for used in days.values():
+                month += used
+            budget = self.budgets.get(name)
+            today = days.get(day) or Usage()
+            out.append(
+                {
+                    "tenant": name,
+                    "budget": msgspec.to_builtins(budget) if budget is not None else None,
+                    "day": day,
+                    "today": usage_view(today),
+                    "this_month": usage_view(month),
+                    "reached": budget.reached(name, today, month) if budget else None,
+                }
+            )
+        return out
+
+
+def _usage(row: TenantUsage) -> Usage:
+    return Usage(
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
+        cost_usd=row.cost_usd,
+        calls=row.calls,
+    )
+
+
+def usage_view(used: Usage) -> dict[str, object]:
+    return {
+        "input_tokens": used.input_tokens,
+        "output_tokens": used.output_tokens,
+        "tokens": used.tokens,
+        "cost_usd": used.cost_usd,
+        "calls": used.calls,
+    }

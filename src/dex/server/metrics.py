@@ -31,6 +31,7 @@ from dex.wire import ToolCallStatus
 if TYPE_CHECKING:
     from dex.server.engine.state import Turn
     from dex.server.ha.node import Node
+    from dex.server.store.base import TenantUsage
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
 _BOUNDS = (*map(floatToGoString, SECONDS), "+Inf")
@@ -135,10 +136,24 @@ class Metrics:
             "server's prices), by agent and model.",
             ("agent", "model"),
         )
+        self.tenant_tokens = Counts(
+            "dex_tenant_tokens",
+            "Tokens of the model calls whose results committed on this node, by tenant and "
+            "direction (input, output); sessions without a tenant are not counted here.",
+            ("tenant", "direction"),
+        )
+        self.tenant_cost = Counts(
+            "dex_tenant_cost_usd",
+            "What the model calls whose results committed on this node cost (US dollars, at "
+            "the server's prices), by tenant.",
+            ("tenant",),
+        )
         for family in (
             self.attempts,
             self.model_tokens,
             self.model_cost,
+            self.tenant_tokens,
+            self.tenant_cost,
             self.turns,
             self.turn_seconds,
             self.step_seconds,
@@ -166,6 +181,12 @@ class Metrics:
         self.model_tokens.add(usage.get("input_tokens", 0), agent, model, "input")
         self.model_tokens.add(usage.get("output_tokens", 0), agent, model, "output")
         self.model_cost.add(cost_usd, agent, model)
+
+    def tenant_used(self, used: TenantUsage) -> None:
+        """A model call of a tenant's session committed: count its tokens and cost."""
+        self.tenant_tokens.add(used.input_tokens, used.tenant, "input")
+        self.tenant_tokens.add(used.output_tokens, used.tenant, "output")
+        self.tenant_cost.add(used.cost_usd, used.tenant)
 
     def attempt_ended(self, step_type: str, outcome: str, progress: str = "") -> None:
         self.attempts.inc(step_type, outcome, progress)

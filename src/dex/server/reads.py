@@ -16,6 +16,7 @@ from dex.server import fleet, records, views
 from dex.server.actors import Actor, Actors, unknown_session
 from dex.server.dispatch.dispatcher import Dispatcher
 from dex.server.engine.state import Turn
+from dex.server.flow import TenantBudgets
 from dex.server.store.base import SessionRow, Store
 from dex.server.streams import Event, Streams
 from dex.wire import AgentSpec
@@ -36,6 +37,8 @@ class Reads:
         self.dispatcher = dispatcher
         self.agents = agents
         """The registered agents (``Sessions.agents``, read as it changes)."""
+        self.tenants: TenantBudgets | None = None
+        """The tenants' budgets: a snapshot shows its session's tenant's usage."""
         self.waits_ended = False
         """The node stopped serving: a request that waits for a turn answers at once."""
         self.turn_waits = 0
@@ -172,7 +175,10 @@ class Reads:
             state = actor.state
             ended = [records.turn(t, session_id) for t in await self.store.load_turns(session_id)]
             snapshot = views.snapshot(state, actor.history_json, ended, self.dispatcher)
-            return snapshot, [*ended, *filter(None, [state.turn])]
+            turns = [*ended, *filter(None, [state.turn])]
+        if state.tenant is not None and self.tenants is not None:
+            [snapshot["session"]["tenant_usage"]] = await self.tenants.view(state.tenant)
+        return snapshot, turns
 
     async def approvals(self, session_id: str) -> list[dict[str, Any]]:
         async with self._as_stored(session_id) as actor:

@@ -40,6 +40,7 @@ from dex.server.engine import fork, handlers
 from dex.server.engine.budget import Budget, Prices
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import SessionState, Step, ToolCall, Turn, attempt_id
+from dex.server.flow import TenantBudgets
 from dex.server.metrics import Metrics
 from dex.server.reads import Reads
 from dex.server.store.base import Store, Write
@@ -84,11 +85,16 @@ class Sessions:
         self.agents: dict[str, AgentSpec] = {}
         """The registered agents, by name."""
         self.committer.queued = self._queued
+        self.tenants = TenantBudgets(store, self.clock.now)
+        """The tenants' budgets (read by ``app``, followed in a cluster)."""
+        self.tenants.resume = self.recheck_budgets
+        self.committer.tenants = self.tenants
         self.attempts = Attempts(
             self.committer, dispatcher, self.streams, self.metrics, self.spec, prices
         )
         """What Workers do to attempts."""
         self.reads = Reads(store, self.actors, self.streams, dispatcher, self.agents)
+        self.reads.tenants = self.tenants
         """What clients read."""
         self.serves: Callable[[str], bool] | None = None
         """In a cluster, whether this node serves a session (its partition): a new
@@ -135,6 +141,8 @@ class Sessions:
             for step in actor.state.waiting_steps():
                 if step.type == StepType.AWAIT_TIMER and step.wait and step.wait.deadline:
                     self.dispatcher.arm_timer(session_id, step.id, step.wait.deadline)
+                if step.type == StepType.AWAIT_BUDGET and step.wait and step.wait.tenant:
+                    self.tenants.held.add(step.wait.tenant)  # it may go on now: checked soon
             await self._process_inbox(session_id)
             return running
 
@@ -436,10 +444,45 @@ class Sessions:
         spec = self.spec(actor.state.agent)
 
         def handle(s: SessionState, now: float) -> Transition:
-            return handlers.set_budget(s, spec, budget, by, now)
+            return handlers.set_budget(s, spec, budget, by, now, self._tenant_reason(s, now))
 
         await self.committer.apply(actor, lambda _: handle)
         return actor.state
+
+    async def recheck_budgets(self, tenant: str) -> None:
+        """``tenant``'s budget allows more now (raised, removed, a new day or month): the
+        turns of its sessions this node serves that wait for a budget go on, each in one
+        commit, where their own session's budget allows it too."""
+        before: tuple[float, str] | None = None
+        while page := await self.store.waiting_sessions(500, before, tenant):
+            before = (page[-1][1], page[-1][0])
+            for session_id, _ in page:
+                if not self.dispatcher.dispatches(session_id):
+                    continue  # another node serves it, and rechecks it
+                try:
+                    await self.committer.apply(session_id, self._recheck_budget)
+                except (NotFound, Conflict):
+                    continue  # it waits for something else, or no longer at all
+                except Unavailable:  # reloaded meanwhile: try again at the next check
+                    self.tenants.held.add(tenant)
+
+    def _recheck_budget(self, actor: Actor) -> Handle:
+        state = actor.state
+        if not any(
+            step.type == StepType.AWAIT_BUDGET and step.wait and step.wait.tenant
+            for step in state.waiting_steps()
+        ):
+            raise Conflict(f"session {state.id} does not wait for its tenant's budget")
+        spec = self.spec(state.agent)
+
+        def handle(s: SessionState, now: float) -> Transition:
+            return handlers.recheck_budget(s, spec, self._tenant_reason(s, now), None, now)
+
+        return handle
+
+    def _tenant_reason(self, state: SessionState, now: float) -> str | None:
+        held = self.tenants.reached(state.tenant, now) if state.tenant is not None else None
+        return held[0] if held is not None else None
 
     async def cancel(self, session_id: str, reason: str) -> int:
         """Cancel the running turn; returns its number."""

@@ -181,6 +181,11 @@ class SnapshotSession(Session):
         "the fork does not have."
     )
     budget: SessionBudget | None = Field(None, description="Its budget; null: no limit.")
+    tenant_usage: Tenant | None = Field(
+        None,
+        description="Its tenant's budget and usage today and this month; null for a session "
+        "without a tenant.",
+    )
 
 
 class BudgetSet(BaseModel):
@@ -228,6 +233,44 @@ class GroupLimits(BaseModel):
 
 class LimitsView(BaseModel):
     groups: list[GroupLimits]
+
+
+class TenantBudgetView(BaseModel):
+    """What all of a tenant's sessions may use in a UTC day and month. A limit that is
+    null does not apply."""
+
+    max_tokens_per_day: int | None = None
+    max_cost_usd_per_day: float | None = None
+    max_tokens_per_month: int | None = None
+    max_cost_usd_per_month: float | None = None
+
+
+class TenantUsage(BaseModel):
+    """What a tenant's model calls whose results committed used in a period."""
+
+    input_tokens: int
+    output_tokens: int
+    tokens: int = Field(description="Input and output tokens together.")
+    cost_usd: float = Field(description="At the server's prices (docs/flow-control.md).")
+    calls: int
+
+
+class Tenant(BaseModel):
+    tenant: str
+    budget: TenantBudgetView | None = Field(description="Its budget; null: none.")
+    day: str = Field(description="Today (UTC), as `2026-12-08`: the day `today` counts.")
+    today: TenantUsage
+    this_month: TenantUsage = Field(description="This UTC month, today included.")
+    reached: str | None = Field(
+        description="How its budget is used up, in words: its sessions' next model calls "
+        "wait (`AwaitBudget`) until it is raised or the day or month ends; null if not."
+    )
+
+
+class Tenants(BaseModel):
+    tenants: list[Tenant] = Field(
+        description="Each tenant with a budget or with usage this month, by name."
+    )
 
 
 class QueuedStep(BaseModel):

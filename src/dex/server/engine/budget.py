@@ -14,6 +14,12 @@ A budget limits the session's total tokens, its cost, or both. A turn whose next
 call (``RunModel``, ``CompactContext``) would start at or over the budget waits for it in
 an ``AwaitBudget`` Step (``turn.call_model``) until a person raises or removes the budget
 (``handlers.set_budget``) or cancels the turn. Nothing runs meanwhile.
+
+A tenant's budget (``TenantBudget``) limits what all its sessions use in a UTC day and in
+a UTC month. Its usage is counted by day in the commit of each model result
+(``dex.server.flow.TenantBudgets``), and a turn whose next model call would start with the
+tenant's day or month used up waits in the same ``AwaitBudget`` Step, its ``Wait.tenant``
+set, until the tenant's budget is raised or removed, or the day or month it is over ends.
 """
 
 from __future__ import annotations
@@ -113,6 +119,13 @@ class Usage(msgspec.Struct, kw_only=True):
         self.cost_usd += cost_usd
         self.calls += 1
 
+    def __iadd__(self, other: Usage) -> Usage:
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost_usd += other.cost_usd
+        self.calls += other.calls
+        return self
+
 
 class Budget(msgspec.Struct, kw_only=True, frozen=True):
     """What a session may use in all: tokens (input and output), US dollars, or both. A
@@ -130,12 +143,38 @@ class Budget(msgspec.Struct, kw_only=True, frozen=True):
         return None
 
 
-def record_usage(session: Usage, turn: Usage, usage: Mapping[str, int], price: Price) -> float:
+class TenantBudget(msgspec.Struct, kw_only=True, frozen=True):
+    """What all of a tenant's sessions may use in a day and in a month (UTC), in tokens
+    (input and output) or US dollars. A limit left None does not apply."""
+
+    max_tokens_per_day: int | None = None
+    max_cost_usd_per_day: float | None = None
+    max_tokens_per_month: int | None = None
+    max_cost_usd_per_month: float | None = None
+
+    def reached(self, tenant: str, today: Usage, month: Usage) -> str | None:
+        """Why a model call of the tenant's may not start with this usage (in words); None
+        if it may."""
+        for used, tokens, cost, period in (
+            (today, self.max_tokens_per_day, self.max_cost_usd_per_day, "today"),
+            (month, self.max_tokens_per_month, self.max_cost_usd_per_month, "this month"),
+        ):
+            if tokens is not None and used.tokens >= tokens:
+                return f"tenant {tenant}: {used.tokens} tokens used {period} of {tokens}"
+            if cost is not None and used.cost_usd >= cost:
+                return f"tenant {tenant}: ${used.cost_usd:.6f} used {period} of ${cost:g}"
+        return None
+
+
+def record_usage(
+    session: Usage, turn: Usage, usage: Mapping[str, int], price: Price
+) -> tuple[int, int, float]:
     """Add one committed model call's usage to its session's and turn's totals; returns
-    its cost. A negative count (a Worker's mistake) counts as none: usage only grows."""
+    what it used (input tokens, output tokens, cost). A negative count (a Worker's
+    mistake) counts as none: usage only grows."""
     input_tokens = max(0, int(usage.get("input_tokens", 0)))
     output_tokens = max(0, int(usage.get("output_tokens", 0)))
     cost = price.cost(input_tokens, output_tokens)
     session.add(input_tokens, output_tokens, cost)
     turn.add(input_tokens, output_tokens, cost)
-    return cost
+    return input_tokens, output_tokens, cost

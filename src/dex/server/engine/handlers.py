@@ -144,14 +144,44 @@ def cancel_turn(state: SessionState, spec: AgentSpec, now: float, reason: str) -
 
 
 def set_budget(
-    state: SessionState, spec: AgentSpec, budget: Budget | None, by: str | None, now: float
+    state: SessionState,
+    spec: AgentSpec,
+    budget: Budget | None,
+    by: str | None,
+    now: float,
+    tenant_reason: str | None = None,
 ) -> Transition:
-    """A new budget for the session (None: no limit). A turn that waits for its budget
-    goes on if the new one is not used up: the model call it waited to start is queued,
-    once (the wait has ended, so a second change finds nothing waiting)."""
+    """A new budget for the session (None: no limit). A turn that waits for a budget goes
+    on if neither the new one nor its tenant's (``tenant_reason``: why the tenant's is used
+    up, None if it is not) is used up: the model call it waited to start is queued, once
+    (the wait has ended, so a second change finds nothing waiting)."""
     t = Transition()
     state.budget = budget
     t.events.append({"type": "budget.changed", "budget": _budget_json(budget), "by": by})
+    _recheck_budget(state, spec, now, t, tenant_reason, {"budget": _budget_json(budget)}, by)
+    return t
+
+
+def recheck_budget(
+    state: SessionState, spec: AgentSpec, tenant_reason: str | None, by: str | None, now: float
+) -> Transition:
+    """The session's tenant's budget changed, or its day or month ended: a turn that waits
+    for a budget goes on if neither its session's nor its tenant's (``tenant_reason``, as
+    in ``set_budget``) is used up."""
+    t = Transition()
+    _recheck_budget(state, spec, now, t, tenant_reason, {"tenant": state.tenant}, by)
+    return t
+
+
+def _recheck_budget(
+    state: SessionState,
+    spec: AgentSpec,
+    now: float,
+    t: Transition,
+    tenant_reason: str | None,
+    resolution: dict[str, Any],
+    by: str | None,
+) -> None:
     turn = state.turn
     waiting = [
         step
@@ -160,17 +190,17 @@ def set_budget(
     ]
     for step in waiting:
         assert turn is not None and step.wait is not None
-        reason = budget.reached(state.usage) if budget is not None else None
-        if reason is not None:
-            step.wait.reason = reason  # it still waits: for what, now
+        reason = state.budget.reached(state.usage) if state.budget is not None else None
+        if reason is not None or tenant_reason is not None:
+            step.wait.reason = reason or tenant_reason  # it still waits: for what, now
+            step.wait.tenant = None if reason is not None else state.tenant
             continue
-        resolution = {"kind": "budget", "budget": _budget_json(budget), "by": by}
-        end_wait(step, now, resolution)
+        ended = {"kind": "budget", **resolution, "by": by}
+        end_wait(step, now, ended)
         t.events.append(
-            {"type": "wait.ended", "turn": turn.number, "wait": step.type.value, **resolution}
+            {"type": "wait.ended", "turn": turn.number, "wait": step.type.value, **ended}
         )
         call_model(state, spec, now, t)
-    return t
 
 
 def _budget_json(budget: Budget | None) -> dict[str, Any] | None:
@@ -219,7 +249,8 @@ def complete_model(
     step.status = StepStatus.SUCCEEDED
     step.ended_at = now
     step.usage = response.usage.model_dump()
-    step.cost_usd = record_usage(state.usage, turn.usage, step.usage, price)
+    t.used = record_usage(state.usage, turn.usage, step.usage, price)
+    step.cost_usd = t.used[2]
     step.stop_reason = response.stop_reason
     append_history(
         state,
@@ -275,7 +306,8 @@ def complete_summary(
     step.ended_at = now
     step.usage = summary.usage.model_dump()
     turn = current_turn(state)
-    step.cost_usd = record_usage(state.usage, turn.usage, step.usage, price)
+    t.used = record_usage(state.usage, turn.usage, step.usage, price)
+    step.cost_usd = t.used[2]
     start = state.history_length + len(t.history)
     append_history(state, t, SummaryItem(text=summary.text))
     # the summary replaces what came before the turn; the turn's own items stay

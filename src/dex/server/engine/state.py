@@ -109,6 +109,8 @@ class Wait(msgspec.Struct, kw_only=True):
     choices: list[str] | None = None
     reason: str | None = None
     """For a budget wait: how much of the budget is used, in words."""
+    tenant: str | None = None
+    """For a budget wait on its tenant's budget (not its session's): the tenant."""
     resolved_at: float | None = None
     resolution: dict[str, Any] | None = None
 

@@ -26,6 +26,9 @@ class Transition:
     """For a user message: its number (the number of the turn it starts, now or later)."""
     unknown: list[tuple[ToolCall, Step]] = field(default_factory=list)
     """Tool calls whose outcome became unknown, each with its failed Step (to be logged)."""
+    used: tuple[int, int, float] | None = None
+    """What a model call whose result this commits used (input tokens, output tokens, cost),
+    for its tenant's usage (``dex.server.flow.TenantBudgets``)."""
 
 
 def merge(into: Transition, other: Transition) -> None:
@@ -35,6 +38,8 @@ def merge(into: Transition, other: Transition) -> None:
     into.cancel.extend(other.cancel)
     into.events.extend(other.events)
     into.unknown.extend(other.unknown)
+    if other.used is not None:
+        into.used = other.used
     if other.ended_turn is not None:
         into.ended_turn = other.ended_turn
 

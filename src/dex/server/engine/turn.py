@@ -4,7 +4,10 @@ ends."""
 
 from __future__ import annotations
 
-from dex.server.engine.budget import Budget
+from typing import Any
+
+import msgspec
+
 from dex.server.engine.outcomes import failed_turn_note, may_have_run, maybe_check
 from dex.server.engine.state import (
     SINGLE_ATTEMPT,
@@ -57,7 +60,7 @@ def call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition) 
     if state.budget is not None:
         reason = state.budget.reached(state.usage)
         if reason is not None:
-            await_budget(state, turn, state.budget, reason, now, t)
+            await_budget(state, turn, msgspec.to_builtins(state.budget), reason, now, t)
             return
     threshold = spec.compact_threshold_chars
     if (
@@ -75,13 +78,20 @@ def call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition) 
 
 
 def await_budget(
-    state: SessionState, turn: Turn, budget: Budget, reason: str, now: float, t: Transition
+    state: SessionState,
+    turn: Turn,
+    budget: dict[str, Any],
+    reason: str,
+    now: float,
+    t: Transition,
+    tenant: str | None = None,
 ) -> None:
-    """The turn waits for its session's budget to be raised (``handlers.set_budget``): an
-    ``AwaitBudget`` Step, in place of the model call it would start."""
+    """The turn waits for a bigger budget (its session's, or its ``tenant``'s): an
+    ``AwaitBudget`` Step, in place of the model call it would start. ``budget``: the one
+    reached, as the event shows it."""
     step = new_step(turn, StepType.AWAIT_BUDGET, "", SINGLE_ATTEMPT, now)
     step.status = StepStatus.WAITING
-    step.wait = Wait(since=now, reason=reason)
+    step.wait = Wait(since=now, reason=reason, tenant=tenant)
     t.events.append(
         {
             "type": "wait.started",
@@ -89,10 +99,32 @@ def await_budget(
             "wait": StepType.AWAIT_BUDGET.value,
             "step_id": step.id,
             "reason": reason,
-            "budget": {"max_tokens": budget.max_tokens, "max_cost_usd": budget.max_cost_usd},
+            "tenant": tenant,
+            "budget": budget,
             "usage": {"tokens": state.usage.tokens, "cost_usd": state.usage.cost_usd},
         }
     )
+
+
+def hold_for_tenant(
+    state: SessionState, t: Transition, budget: dict[str, Any], reason: str, now: float
+) -> None:
+    """The model call ``t`` queued waits for the session's tenant's budget instead
+    (``reason``: how much of it is used): the Step, new and never committed, is replaced by
+    an ``AwaitBudget`` Step waiting on the tenant. A model call ``t`` queued again (a
+    retry) runs: as with a session's budget, one queued under the budget runs to its end."""
+    turn = state.turn
+    if turn is None:
+        return
+    for step in t.ready:
+        if step.type in MODEL_STEPS and not step.attempts and turn.steps[-1] is step:
+            t.ready.remove(step)
+            turn.steps.pop()
+            await_budget(state, turn, budget, reason, now, t, tenant=state.tenant)
+            return
+
+
+MODEL_STEPS = (StepType.RUN_MODEL, StepType.COMPACT_CONTEXT)
 
 
 def queue_tool(

@@ -60,6 +60,17 @@ class TurnRecord(NamedTuple):
     """The turn as JSON."""
 
 
+class TenantUsage(NamedTuple):
+    """What a tenant's model calls used in one UTC day (``2026-12-08``)."""
+
+    tenant: str
+    day: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    calls: int = 1
+
+
 @dataclass
 class Write:
     """Everything one transition writes. Applied all or nothing."""
@@ -85,6 +96,10 @@ class Write:
     """(name, spec as JSON) to insert or replace."""
     limits: list[tuple[str, str | None]] = field(default_factory=list)
     """(model group, its limits as JSON) to insert or replace; with None, to delete."""
+    tenant_budgets: list[tuple[str, str | None]] = field(default_factory=list)
+    """(tenant, its budget as JSON) to insert or replace; with None, to delete."""
+    tenant_usage: TenantUsage | None = None
+    """What a model call whose result this write commits used, to add to its tenant's day."""
 
     def size(self) -> int:
         """Characters of JSON this write stores: what a transition costs the disk."""
@@ -284,6 +299,17 @@ class Store(ABC):
         and read the other nodes' reported since ``since``: (node, group, demand). None:
         no cluster shares this store."""
         return None
+
+    @abstractmethod
+    async def load_tenant_budgets(self) -> list[tuple[str, str]]:
+        """The tenants' budgets: (tenant, budget as JSON)."""
+
+    @abstractmethod
+    async def tenant_usage(
+        self, since_day: str, tenants: list[str] | None = None
+    ) -> list[TenantUsage]:
+        """What the tenants used each day from ``since_day`` on (``tenants``: only theirs),
+        by tenant then day."""
 
     @abstractmethod
     async def load_agents(self) -> list[str]:

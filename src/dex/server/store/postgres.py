@@ -27,6 +27,7 @@ from dex.errors import CommitUnknown, Conflict, Fenced, StorageError, Unavailabl
 from dex.server.store.base import migrations
 from dex.server.store.partitions import DEFAULT_PARTITIONS, MAX_PARTITIONS, partition_of
 from dex.server.store.sql import (
+    ADD_TENANT_USAGE,
     INSERT_HISTORY,
     INSERT_MESSAGE,
     INSERT_TURN,
@@ -38,6 +39,7 @@ from dex.server.store.sql import (
     Query,
     SqlStore,
     Statement,
+    add_up,
 )
 
 log = logging.getLogger("dex.store")
@@ -443,6 +445,8 @@ async def _execute_grouped(cur: Cursor, batch: list[Pending]) -> None:
     for statements, _, _ in batch:
         for sql, rows in statements:
             grouped.setdefault(sql, []).extend(rows)
+    if usage := grouped.get(ADD_TENANT_USAGE):
+        grouped[ADD_TENANT_USAGE] = add_up(usage)
     for sql, rows in grouped.items():
         bulk = BULK.get(sql)
         if bulk is None or len(rows) == 1 or _repeats(rows, bulk[1]):

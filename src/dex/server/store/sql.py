@@ -24,6 +24,7 @@ from dex.server.store.base import (
     StoreCounters,
     StoredSession,
     StoredTurn,
+    TenantUsage,
     Write,
 )
 
@@ -101,6 +102,27 @@ UPSERT_LIMIT = (
 )
 DELETE_LIMIT = "DELETE FROM model_limits WHERE grp = ?"
 LOAD_LIMITS = "SELECT grp, spec FROM model_limits ORDER BY grp"
+UPSERT_TENANT_BUDGET = (
+    "INSERT INTO tenant_budgets (tenant, spec, updated_at) VALUES (?, ?, ?) "
+    "ON CONFLICT (tenant) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at"
+)
+DELETE_TENANT_BUDGET = "DELETE FROM tenant_budgets WHERE tenant = ?"
+LOAD_TENANT_BUDGETS = "SELECT tenant, spec FROM tenant_budgets ORDER BY tenant"
+ADD_TENANT_USAGE = (
+    "INSERT INTO tenant_usage (tenant, day, input_tokens, output_tokens, cost_usd, calls) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, day) DO UPDATE SET "
+    "input_tokens = tenant_usage.input_tokens + excluded.input_tokens, "
+    "output_tokens = tenant_usage.output_tokens + excluded.output_tokens, "
+    "cost_usd = tenant_usage.cost_usd + excluded.cost_usd, "
+    "calls = tenant_usage.calls + excluded.calls"
+)
+"""Add to a tenant's day: a backend that runs the rows of many writes at once adds them up
+by (tenant, day) first, in that order (``add_up``), so that two nodes' batches lock the
+rows they share in one order."""
+TENANT_USAGE = (
+    "SELECT tenant, day, input_tokens, output_tokens, cost_usd, calls FROM tenant_usage "
+    "WHERE day >= ?{} ORDER BY tenant, day"
+)
 
 VERSION = "SELECT value FROM meta WHERE key = 'schema_version'"
 SET_VERSION = (
@@ -122,6 +144,12 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
             out.append((UPSERT_LIMIT, set_))
         if cleared := [(group,) for group, spec in w.limits if spec is None]:
             out.append((DELETE_LIMIT, cleared))
+    if w.tenant_budgets:
+        at = time.time() if now is None else now
+        if set_ := [(t, spec, at) for t, spec in w.tenant_budgets if spec is not None]:
+            out.append((UPSERT_TENANT_BUDGET, set_))
+        if cleared := [(t,) for t, spec in w.tenant_budgets if spec is None]:
+            out.append((DELETE_TENANT_BUDGET, cleared))
     s = w.session
     if s is None:
         return out
@@ -147,7 +175,22 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
     if w.ended_turn is not None:
         t = w.ended_turn
         out.append((INSERT_TURN, [(s.id, t.number, t.status, t.turn)]))
+    if w.tenant_usage is not None:
+        out.append((ADD_TENANT_USAGE, [tuple(w.tenant_usage)]))
     return out
+
+
+def add_up(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``ADD_TENANT_USAGE``'s rows of many writes as one row per (tenant, day), in order."""
+    summed: dict[tuple[str, str], list[Any]] = {}
+    for tenant, day, *counts in rows:
+        found = summed.get((tenant, day))
+        if found is None:
+            summed[(tenant, day)] = list(counts)
+        else:
+            for i, n in enumerate(counts):
+                found[i] += n
+    return [(*key, *summed[key]) for key in sorted(summed)]
 
 
 def list_sessions(q: SessionQuery, dialect: str = "sqlite") -> Query:
@@ -348,3 +391,18 @@ class SqlStore(Store):
 
     async def load_limits(self) -> list[tuple[str, str]]:
         return [(str(g), str(spec)) for g, spec in await self._rows(LOAD_LIMITS)]
+
+    async def load_tenant_budgets(self) -> list[tuple[str, str]]:
+        return [(str(t), str(spec)) for t, spec in await self._rows(LOAD_TENANT_BUDGETS)]
+
+    async def tenant_usage(
+        self, since_day: str, tenants: list[str] | None = None
+    ) -> list[TenantUsage]:
+        if tenants is not None and not tenants:
+            return []
+        only = "" if tenants is None else f" AND tenant IN ({', '.join('?' * len(tenants))})"
+        rows = await self._rows(TENANT_USAGE.format(only), since_day, *(tenants or []))
+        return [
+            TenantUsage(str(t), str(d), int(i), int(o), float(c), int(n))
+            for t, d, i, o, c, n in rows
+        ]
