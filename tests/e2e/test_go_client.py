@@ -150,3 +150,35 @@ def test_the_go_client_drives_an_approval_end_to_end(rig: Rig, tmp_path: Path) -
     snapshot = rig.client.get_agent_snapshot("go-client-1")
     assert [c["status"] for c in snapshot["tool_calls"]] == ["succeeded"]
     assert snapshot["tool_calls"][0]["idempotency_key"] == call["idempotency_key"]
+
+    # flow control: a session created with a tenant, a priority and a budget
+    b = summary["budgeted"]
+    assert (b["id"], b["tenant"]) == ("go-client-budget", "acme")
+    assert b["created"] == {"priority": 3, "budget": {"max_tokens": 1000}}
+    assert b["set"] == {
+        "session_id": "go-client-budget",
+        "budget": {"max_cost_usd": 2.5},  # the new budget replaces the old one whole
+        "usage": {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0},
+        "status": "idle",
+    }
+    assert b["refused"] == "422 invalid_request"  # a budget of neither limit
+    assert b["removed"] == {**b["set"], "budget": None}
+    assert b["unknown"] == "404 not_found"
+    budgeted = rig.client.get_agent_snapshot("go-client-budget")["session"]
+    assert (budgeted["tenant"], budgeted["priority"], budgeted["budget"]) == ("acme", 3, None)
+
+    # model limits: a group's slashes and odd characters reach the server as they are
+    limits = summary["limits"]
+    assert limits["set"] == {
+        "group": "anthropic/claude-sonnet-4-5",
+        "limit": {"concurrency": 2, "rpm": 60, "tpm": None},
+        "source": "api",
+        "running": 0,
+        "waiting": 0,
+        "lowered_to": 1,
+    }
+    assert limits["odd"]["limit"] == {"concurrency": None, "rpm": None, "tpm": 1000}
+    assert limits["refused"] == "422 invalid_request"
+    assert "anthropic/claude-sonnet-4-5" not in limits["cleared"]
+    (odd,) = [g for g in rig.client.get_limits() if g["group"] == "team #1/a?b%c d"]
+    assert (odd["source"], odd["limit"]["tpm"]) == ("api", 1000.0)

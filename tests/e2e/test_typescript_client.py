@@ -109,3 +109,34 @@ def test_the_typescript_client_drives_a_session_through_an_approval(rig: Rig) ->
     }
     assert s["workers"] == 1
     assert s["cluster_members"] == 0
+
+    # flow control: a session created with a tenant, a priority and a budget
+    b = s["budgeted"]
+    assert (b["id"], b["tenant"]) == ("ts-client-budget", "acme")
+    assert b["set"] == {
+        "session_id": "ts-client-budget",
+        "budget": {"max_tokens": None, "max_cost_usd": 2.5},
+        "usage": {"input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0},
+        "status": "idle",
+    }
+    assert b["refused"] == 422  # a budget of neither limit
+    assert b["removed"] == {**b["set"], "budget": None}
+    assert b["unknown"] == 404
+    budgeted = rig.client.get_agent_snapshot("ts-client-budget")["session"]
+    assert (budgeted["tenant"], budgeted["priority"], budgeted["budget"]) == ("acme", 3, None)
+
+    # model limits: a group's slashes and odd characters reach the server as they are
+    limits = s["limits"]
+    assert limits["set"] == {
+        "group": "anthropic/claude-sonnet-4-5",
+        "limit": {"concurrency": 2, "rpm": 60.0, "tpm": None},
+        "source": "api",
+        "running": 0,
+        "waiting": 0,
+        "lowered_to": 1.0,
+    }
+    assert limits["odd"]["limit"] == {"concurrency": None, "rpm": None, "tpm": 1000.0}
+    assert limits["refused"] == 422
+    assert "anthropic/claude-sonnet-4-5" not in limits["cleared"]
+    (odd,) = [g for g in rig.client.get_limits() if g["group"] == "team #1/a?b%c d"]
+    assert (odd["source"], odd["limit"]["tpm"]) == ("api", 1000.0)

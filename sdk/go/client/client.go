@@ -1,6 +1,6 @@
 // Package client is the Go Client of Dex: it creates sessions, sends messages, waits for
-// turns, reads snapshots, streams events and approves, denies or answers tool calls
-// over the HTTP API (docs/api.md), with the Python Client's semantics (dex.Client):
+// turns, reads snapshots, streams events, approves, denies or answers tool calls, and
+// sets sessions' budgets and model groups' limits over the HTTP API (docs/api.md), with the Python Client's semantics (dex.Client):
 // several addresses tried in turn, reads and sends with a message id tried again until
 // the timeout, typed errors. It needs nothing beyond Go's standard library.
 //
@@ -163,12 +163,72 @@ func parseAddresses(given []string) ([]string, error) {
 
 // --- sessions ---------------------------------------------------------------------
 
+// CreateOptions shape CreateSession; each is optional.
+type CreateOptions struct {
+	// Tenant is whose session it is, for good (1-64 letters, digits or _.-). With a
+	// tenant-scoped token, its tenant by default; another one is ErrAuth.
+	Tenant string
+	// Priority puts its Steps ahead of those of its tenant's sessions of a lower one
+	// (-1000 to 1000; default 0).
+	Priority int
+	// MaxTokens and MaxCostUSD are its budget, what it may use in all (0: that limit
+	// does not apply; both 0: no budget). A turn whose next model call would start at
+	// or over it waits until the budget is raised (SetBudget).
+	MaxTokens  int
+	MaxCostUSD float64
+}
+
 // CreateSession creates a session of agent, with the id sessionID ("": the server
-// makes one). The agent must have been registered by a Worker (else ErrNotFound); a
-// taken id is ErrConflict.
-func (c *Client) CreateSession(ctx context.Context, agent, sessionID string) (*Session, error) {
+// makes one), and at most one CreateOptions. The agent must have been registered by a
+// Worker (else ErrNotFound); a taken id is ErrConflict.
+func (c *Client) CreateSession(ctx context.Context, agent, sessionID string, opts ...CreateOptions) (*Session, error) {
+	body := createSession{Agent: agent, SessionID: sessionID}
+	switch len(opts) {
+	case 0:
+	case 1:
+		body.Tenant, body.Priority = opts[0].Tenant, opts[0].Priority
+		if opts[0].MaxTokens != 0 || opts[0].MaxCostUSD != 0 {
+			body.Budget = budgetOf(opts[0].MaxTokens, opts[0].MaxCostUSD)
+		}
+	default:
+		return nil, fmt.Errorf("dex: CreateSession takes one CreateOptions, not %d", len(opts))
+	}
 	var out Session
-	err := c.do(ctx, request{method: "POST", path: "/v1/sessions", body: createSession{agent, sessionID}}, &out)
+	err := c.do(ctx, request{method: "POST", path: "/v1/sessions", body: body}, &out)
+	return result(&out, err)
+}
+
+// BudgetOptions are a session's new budget: one limit or both (0: that limit does not
+// apply; both 0 is ErrInvalidInput: RemoveBudget removes a budget).
+type BudgetOptions struct {
+	// MaxTokens counts input and output tokens together.
+	MaxTokens int
+	// MaxCostUSD is in US dollars.
+	MaxCostUSD float64
+	// By names who changes it.
+	By string
+}
+
+// SetBudget sets the session's budget. A turn that waits for its budget goes on if the
+// new one is not used up. It returns the budget, the usage and the session's status.
+// Tried again on every address until the timeout: setting it twice is setting it once.
+func (c *Client) SetBudget(ctx context.Context, sessionID string, opts BudgetOptions) (*BudgetSet, error) {
+	b := budgetOf(opts.MaxTokens, opts.MaxCostUSD)
+	body := setBudget{MaxTokens: b.MaxTokens, MaxCostUSD: b.MaxCostUSD, By: opts.By}
+	var out BudgetSet
+	err := c.do(ctx, request{method: "PUT", path: sessionPath(sessionID, "budget"), body: body, safe: true}, &out)
+	return result(&out, err)
+}
+
+// RemoveBudget removes the session's budget: no limit; a turn that waits for its budget
+// goes on. by ("": none) names who removes it. Tried again as SetBudget is.
+func (c *Client) RemoveBudget(ctx context.Context, sessionID, by string) (*BudgetSet, error) {
+	var query url.Values
+	if by != "" {
+		query = url.Values{"by": {by}}
+	}
+	var out BudgetSet
+	err := c.do(ctx, request{method: "DELETE", path: sessionPath(sessionID, "budget"), query: query, safe: true}, &out)
 	return result(&out, err)
 }
 
@@ -373,6 +433,58 @@ func (c *Client) Cluster(ctx context.Context) (*ClusterView, error) {
 	return result(&out, err)
 }
 
+// --- model limits -------------------------------------------------------------------
+
+// GetLimits returns the model groups with limits or calls: each one's Limit, its Source
+// (LimitFromConfig, or LimitFromAPI when set at run time), and its calls Running and
+// Steps Waiting on the node that answered. It needs an admin token when the server has
+// auth on (docs/flow-control.md).
+func (c *Client) GetLimits(ctx context.Context) ([]GroupLimits, error) {
+	var out limitsView
+	err := c.do(ctx, request{method: "GET", path: "/admin/limits"}, &out)
+	return out.Groups, err
+}
+
+// LimitOptions are a model group's limits (0: that limit does not apply; all 0 lifts
+// every limit of the group, whatever the server's config says).
+type LimitOptions struct {
+	// Concurrency is the model calls running at once.
+	Concurrency int
+	// RPM is the model calls started per minute.
+	RPM float64
+	// TPM is the input plus output tokens per minute (input estimated).
+	TPM float64
+}
+
+// SetLimit sets a model group's limits at run time: stored, and enforced by every node
+// within seconds; they replace the server config's for the group. group is an agent's
+// model group, or the provider and the model ("anthropic/claude-sonnet-4-5": its
+// slashes are sent as they are). It returns every group, as GetLimits. Not tried again
+// on another address, as the Python Client's set_limit.
+func (c *Client) SetLimit(ctx context.Context, group string, opts LimitOptions) ([]GroupLimits, error) {
+	var body Limit
+	if opts.Concurrency != 0 {
+		body.Concurrency = &opts.Concurrency
+	}
+	if opts.RPM != 0 {
+		body.RPM = &opts.RPM
+	}
+	if opts.TPM != 0 {
+		body.TPM = &opts.TPM
+	}
+	var out limitsView
+	err := c.do(ctx, request{method: "PUT", path: limitPath(group), body: body}, &out)
+	return out.Groups, err
+}
+
+// ClearLimit drops the limits set at run time for a group: the server config's apply
+// again. It returns every group, as GetLimits.
+func (c *Client) ClearLimit(ctx context.Context, group string) ([]GroupLimits, error) {
+	var out limitsView
+	err := c.do(ctx, request{method: "DELETE", path: limitPath(group)}, &out)
+	return out.Groups, err
+}
+
 // --- waits, cancel, reconcile ---------------------------------------------------------
 
 // ListApprovals returns the session's tool calls that wait for approval.
@@ -455,6 +567,29 @@ func sessionPath(sessionID string, more ...string) string {
 		parts = append(parts, url.PathEscape(p))
 	}
 	return strings.Join(parts, "/")
+}
+
+// limitPath is a model group's route: each part of the group between slashes escaped,
+// the slashes kept, as the server's route (the rest of the path) and the Python Client
+// have it.
+func limitPath(group string) string {
+	parts := strings.Split(group, "/")
+	for i, p := range parts {
+		parts[i] = url.PathEscape(p)
+	}
+	return "/admin/limits/" + strings.Join(parts, "/")
+}
+
+// budgetOf is a budget of the limits that are not 0.
+func budgetOf(maxTokens int, maxCostUSD float64) *Budget {
+	b := &Budget{}
+	if maxTokens != 0 {
+		b.MaxTokens = &maxTokens
+	}
+	if maxCostUSD != 0 {
+		b.MaxCostUSD = &maxCostUSD
+	}
+	return b
 }
 
 func result[T any](out *T, err error) (*T, error) {

@@ -34,7 +34,7 @@ func newNode(t *testing.T, handle func(w http.ResponseWriter, r *http.Request, n
 	n.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		n.mu.Lock()
-		n.requests = append(n.requests, seen{r.Method, r.URL.Path, r.URL.RawQuery, string(body), r.Header.Clone()})
+		n.requests = append(n.requests, seen{r.Method, r.URL.EscapedPath(), r.URL.RawQuery, string(body), r.Header.Clone()})
 		count := len(n.requests)
 		n.mu.Unlock()
 		n.handle(w, r, count)
@@ -232,14 +232,16 @@ func TestAnUnsafeRequestIsSentOnceToEachAddress(t *testing.T) {
 	c := newTestClient(t, a.URL, b.URL)
 	ctx := context.Background()
 	calls := map[string]func() error{
-		"approve":   func() error { _, err := c.Approve(ctx, "s1", "c1", ApproveOptions{}); return err },
-		"deny":      func() error { _, err := c.Deny(ctx, "s1", "c1", "no", ""); return err },
-		"answer":    func() error { _, err := c.Answer(ctx, "s1", "c1", "M", ""); return err },
-		"reconcile": func() error { _, err := c.Reconcile(ctx, "s1", "c1", Reconciliation{Status: CallFailed}); return err },
-		"cancel":    func() error { _, err := c.CancelTurn(ctx, "s1", ""); return err },
-		"create":    func() error { _, err := c.CreateSession(ctx, "a", ""); return err },
-		"fork":      func() error { _, err := c.ForkSession(ctx, "s1", 1, ""); return err },
-		"send":      func() error { _, err := c.SendMessage(ctx, "s1", "hi", SendOptions{}); return err },
+		"approve":     func() error { _, err := c.Approve(ctx, "s1", "c1", ApproveOptions{}); return err },
+		"deny":        func() error { _, err := c.Deny(ctx, "s1", "c1", "no", ""); return err },
+		"answer":      func() error { _, err := c.Answer(ctx, "s1", "c1", "M", ""); return err },
+		"reconcile":   func() error { _, err := c.Reconcile(ctx, "s1", "c1", Reconciliation{Status: CallFailed}); return err },
+		"cancel":      func() error { _, err := c.CancelTurn(ctx, "s1", ""); return err },
+		"create":      func() error { _, err := c.CreateSession(ctx, "a", ""); return err },
+		"fork":        func() error { _, err := c.ForkSession(ctx, "s1", 1, ""); return err },
+		"send":        func() error { _, err := c.SendMessage(ctx, "s1", "hi", SendOptions{}); return err },
+		"set limit":   func() error { _, err := c.SetLimit(ctx, "openai/gpt-4o", LimitOptions{RPM: 60}); return err },
+		"clear limit": func() error { _, err := c.ClearLimit(ctx, "openai/gpt-4o"); return err },
 	}
 	for name, call := range calls {
 		before := len(a.seen()) + len(b.seen())
@@ -275,6 +277,36 @@ func TestASendWithAMessageIDIsTriedAgain(t *testing.T) {
 	requests := n.seen()
 	if len(requests) != 2 || requests[0].body != requests[1].body || requests[1].body != `{"text":"hi","message_id":"m1"}` {
 		t.Fatalf("sent %+v", requests)
+	}
+}
+
+func TestABudgetsChangeIsTriedAgain(t *testing.T) {
+	n := newNode(t, func(w http.ResponseWriter, r *http.Request, count int) {
+		if count%2 == 1 {
+			cutMidBody(w)
+			return
+		}
+		answerJSON(w, 200, `{"session_id": "s1", "budget": null, "status": "idle",
+			"usage": {"input_tokens": 7, "output_tokens": 3, "cost_usd": 0.5}}`)
+	})
+	c := newTestClient(t, n.URL)
+	ctx := context.Background()
+	if _, err := c.SetBudget(ctx, "s1", BudgetOptions{MaxTokens: 100}); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := c.RemoveBudget(ctx, "s1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed.Budget != nil || removed.Usage != (SessionUsage{InputTokens: 7, OutputTokens: 3, CostUSD: 0.5}) {
+		t.Fatalf("decoded %+v", removed)
+	}
+	var methods []string
+	for _, r := range n.seen() {
+		methods = append(methods, r.method)
+	}
+	if strings.Join(methods, " ") != "PUT PUT DELETE DELETE" {
+		t.Fatalf("sent %v: want each change twice, once cut and once answered", methods)
 	}
 }
 
@@ -418,6 +450,15 @@ func TestEachCallSendsItsRouteAndBody(t *testing.T) {
 	c.Reconcile(ctx, "s1", "c3", Reconciliation{Status: CallSucceeded, Result: map[string]any{"id": 7}, By: "ops"})
 	c.ListApprovals(ctx, "s1")
 	c.Cluster(ctx)
+	c.CreateSession(ctx, "concierge", "s 1", CreateOptions{Tenant: "acme", Priority: 5, MaxCostUSD: 2.5})
+	c.CreateSession(ctx, "concierge", "", CreateOptions{})
+	c.SetBudget(ctx, "s 1", BudgetOptions{MaxTokens: 10000, MaxCostUSD: 1, By: "ops"})
+	c.RemoveBudget(ctx, "s 1", "ann & bob")
+	c.RemoveBudget(ctx, "s1", "")
+	c.GetLimits(ctx)
+	c.SetLimit(ctx, "anthropic/claude-sonnet-4-5", LimitOptions{Concurrency: 2, TPM: 90000})
+	c.SetLimit(ctx, "team #1/a?b%c", LimitOptions{})
+	c.ClearLimit(ctx, "anthropic/claude-sonnet-4-5")
 	want := []string{
 		`POST /v1/sessions {"agent":"concierge"}`,
 		`POST /v1/sessions {"agent":"concierge","session_id":"s1"}`,
@@ -428,14 +469,30 @@ func TestEachCallSendsItsRouteAndBody(t *testing.T) {
 		`POST /v1/sessions/s1/tool_calls/c3/reconcile {"status":"succeeded","result":{"id":7},"by":"ops"}`,
 		`GET /v1/sessions/s1/approvals `,
 		`GET /v1/cluster `,
+		`POST /v1/sessions {"agent":"concierge","session_id":"s 1","tenant":"acme","priority":5,"budget":{"max_cost_usd":2.5}}`,
+		`POST /v1/sessions {"agent":"concierge"}`,
+		`PUT /v1/sessions/s%201/budget {"max_tokens":10000,"max_cost_usd":1,"by":"ops"}`,
+		`DELETE /v1/sessions/s%201/budget?by=ann+%26+bob `,
+		`DELETE /v1/sessions/s1/budget `,
+		`GET /admin/limits `,
+		`PUT /admin/limits/anthropic/claude-sonnet-4-5 {"concurrency":2,"rpm":null,"tpm":90000}`,
+		`PUT /admin/limits/team%20%231/a%3Fb%25c {"concurrency":null,"rpm":null,"tpm":null}`,
+		`DELETE /admin/limits/anthropic/claude-sonnet-4-5 `,
 	}
 	requests := n.seen()
+	if len(requests) != len(want) {
+		t.Errorf("sent %d requests, want %d", len(requests), len(want))
+	}
 	for i, w := range want {
 		if i >= len(requests) {
 			t.Fatalf("missing %s", w)
 		}
 		r := requests[i]
-		if got := r.method + " " + r.path + " " + r.body; got != w {
+		path := r.path
+		if r.query != "" {
+			path += "?" + r.query
+		}
+		if got := r.method + " " + path + " " + r.body; got != w {
 			t.Errorf("sent %s, want %s", got, w)
 		}
 	}

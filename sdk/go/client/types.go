@@ -47,6 +47,13 @@ const (
 	KindBudget   = "budget"
 )
 
+// Where a model group's limits come from (GroupLimits.Source): the server's config, or
+// SetLimit at run time (they win). A group with calls but no limits has none ("").
+const (
+	LimitFromConfig = "config"
+	LimitFromAPI    = "api"
+)
+
 // The events of a session's stream (Event.Type), and the stream's own notices.
 const (
 	EventHistoryItem   = "history.item"
@@ -76,6 +83,64 @@ type Session struct {
 	WaitingSince *float64 `json:"waiting_since"`
 	// OutcomeUnknown counts its outcome_unknown tool calls not reconciled yet.
 	OutcomeUnknown int `json:"outcome_unknown"`
+	// Usage is the tokens and cost of its model calls so far.
+	Usage *SessionUsage `json:"usage"`
+}
+
+// Budget is what a session may use in all (SessionBudget); a nil limit does not apply.
+type Budget struct {
+	// MaxTokens counts input and output tokens together.
+	MaxTokens *int `json:"max_tokens,omitempty"`
+	// MaxCostUSD is in US dollars, at the server's prices.
+	MaxCostUSD *float64 `json:"max_cost_usd,omitempty"`
+}
+
+// SessionUsage is the tokens and cost of a session's model calls whose results
+// committed (SessionUsage).
+type SessionUsage struct {
+	InputTokens  int     `json:"input_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	CostUSD      float64 `json:"cost_usd"`
+}
+
+// BudgetSet answers SetBudget and RemoveBudget (BudgetSet).
+type BudgetSet struct {
+	SessionID string `json:"session_id"`
+	// Budget is the budget now; nil: no limit.
+	Budget *Budget      `json:"budget"`
+	Usage  SessionUsage `json:"usage"`
+	// Status is the session's after the change: a turn that waited for its budget and
+	// may go on is SessionRunning again.
+	Status string `json:"status"`
+}
+
+// Limit is a model group's limits (Limit); a nil limit does not apply.
+type Limit struct {
+	// Concurrency is the model calls running at once.
+	Concurrency *int `json:"concurrency"`
+	// RPM is the model calls started per minute.
+	RPM *float64 `json:"rpm"`
+	// TPM is the input plus output tokens per minute (input estimated).
+	TPM *float64 `json:"tpm"`
+}
+
+// GroupLimits is a model group with limits or calls (GroupLimits), as the node that
+// answered sees it.
+type GroupLimits struct {
+	// Group is an agent's model group, or the provider and the model
+	// ("anthropic/claude-sonnet-4-5").
+	Group string `json:"group"`
+	// Limit is its limits; nil: none.
+	Limit *Limit `json:"limit"`
+	// Source is LimitFromConfig or LimitFromAPI ("": no limits).
+	Source string `json:"source"`
+	// Running is its model calls running, handed out by this node.
+	Running int `json:"running"`
+	// Waiting is its Steps this node holds queued for a limit.
+	Waiting int `json:"waiting"`
+	// LoweredTo is the part of its limits it admits after the provider refused calls (1:
+	// all); it grows back as calls succeed.
+	LoweredTo float64 `json:"lowered_to"`
 }
 
 // SessionList is one page of sessions (SessionList); NextCursor is empty on the last.
@@ -107,7 +172,7 @@ type PersonWait struct {
 	Turn      int            `json:"turn"`
 	CallID    string         `json:"call_id"`
 	StepID    string         `json:"step_id"`
-	Kind      string         `json:"kind"` // KindApproval or KindQuestion
+	Kind      string         `json:"kind"` // KindApproval, KindQuestion or KindBudget
 	Tool      string         `json:"tool"`
 	Arguments map[string]any `json:"arguments"`
 	// ArgumentsHash is what an approval is bound to: pass it to Approve.
@@ -115,6 +180,9 @@ type PersonWait struct {
 	Question      string   `json:"question"`
 	Choices       []string `json:"choices"`
 	Since         float64  `json:"since"`
+	// Budget and Usage are, for KindBudget, the session's budget and what it used.
+	Budget *Budget       `json:"budget"`
+	Usage  *SessionUsage `json:"usage"`
 }
 
 // Inbox is one page of what waits for a person across sessions (Inbox).
@@ -260,6 +328,10 @@ type SnapshotSession struct {
 	QueuedMessages   []QueuedMessage `json:"queued_messages"`
 	// ForkedFrom is, for a fork, the session it was made from.
 	ForkedFrom *ForkedFrom `json:"forked_from"`
+	// Priority is its place among its tenant's sessions in the queues (higher first).
+	Priority int `json:"priority"`
+	// Budget is what it may use in all; nil: no limit.
+	Budget *Budget `json:"budget"`
 }
 
 // QueuedMessage is a message that waits for the running turn to end (QueuedMessage).
@@ -443,6 +515,10 @@ type approvalList struct {
 	Approvals []PendingApproval `json:"approvals"`
 }
 
+type limitsView struct {
+	Groups []GroupLimits `json:"groups"`
+}
+
 // The error body (ErrorResponse, ErrorDetail).
 
 type errorResponse struct {
@@ -458,8 +534,17 @@ type errorDetail struct {
 // The request bodies.
 
 type createSession struct {
-	Agent     string `json:"agent"`
-	SessionID string `json:"session_id,omitempty"`
+	Agent     string  `json:"agent"`
+	SessionID string  `json:"session_id,omitempty"`
+	Tenant    string  `json:"tenant,omitempty"`
+	Priority  int     `json:"priority,omitempty"`
+	Budget    *Budget `json:"budget,omitempty"`
+}
+
+type setBudget struct {
+	MaxTokens  *int     `json:"max_tokens,omitempty"`
+	MaxCostUSD *float64 `json:"max_cost_usd,omitempty"`
+	By         string   `json:"by,omitempty"`
 }
 
 type fork struct {

@@ -62,21 +62,28 @@ var answers = []struct {
 	{"post", "/v1/sessions/{session_id}/tool_calls/{call_id}/answer", "200", Answered{}},
 	{"post", "/v1/sessions/{session_id}/cancel", "200", Cancelled{}},
 	{"post", "/v1/sessions/{session_id}/tool_calls/{call_id}/reconcile", "200", ToolCall{}},
+	{"put", "/v1/sessions/{session_id}/budget", "200", BudgetSet{}},
+	{"delete", "/v1/sessions/{session_id}/budget", "200", BudgetSet{}},
+	{"get", "/admin/limits", "200", limitsView{}},
+	{"put", "/admin/limits/{group}", "200", limitsView{}},
+	{"delete", "/admin/limits/{group}", "200", limitsView{}},
 	{"get", "/v1/sessions/{session_id}", "404", errorResponse{}},
 }
 
 var bodies = []struct {
-	path string
-	into any
+	method, path string
+	into         any
 }{
-	{"/v1/sessions", createSession{}},
-	{"/v1/sessions/{session_id}/fork", fork{}},
-	{"/v1/sessions/{session_id}/messages", sendMessage{}},
-	{"/v1/sessions/{session_id}/tool_calls/{call_id}/approve", approve{}},
-	{"/v1/sessions/{session_id}/tool_calls/{call_id}/deny", deny{}},
-	{"/v1/sessions/{session_id}/tool_calls/{call_id}/answer", answer{}},
-	{"/v1/sessions/{session_id}/cancel", cancel{}},
-	{"/v1/sessions/{session_id}/tool_calls/{call_id}/reconcile", reconcile{}},
+	{"post", "/v1/sessions", createSession{}},
+	{"post", "/v1/sessions/{session_id}/fork", fork{}},
+	{"post", "/v1/sessions/{session_id}/messages", sendMessage{}},
+	{"post", "/v1/sessions/{session_id}/tool_calls/{call_id}/approve", approve{}},
+	{"post", "/v1/sessions/{session_id}/tool_calls/{call_id}/deny", deny{}},
+	{"post", "/v1/sessions/{session_id}/tool_calls/{call_id}/answer", answer{}},
+	{"post", "/v1/sessions/{session_id}/cancel", cancel{}},
+	{"post", "/v1/sessions/{session_id}/tool_calls/{call_id}/reconcile", reconcile{}},
+	{"put", "/v1/sessions/{session_id}/budget", setBudget{}},
+	{"put", "/admin/limits/{group}", Limit{}},
 }
 
 func TestTypesMatchTheOpenAPIDocument(t *testing.T) {
@@ -97,12 +104,12 @@ func TestTypesMatchTheOpenAPIDocument(t *testing.T) {
 		k.fit(a.method+" "+a.path+" "+a.status, reflect.TypeOf(a.into), s.(schema), false)
 	}
 	for _, b := range bodies {
-		s := dig(paths, b.path, "post", "requestBody", "content", "application/json", "schema")
+		s := dig(paths, b.path, b.method, "requestBody", "content", "application/json", "schema")
 		if s == nil {
-			t.Errorf("POST %s takes no JSON body", b.path)
+			t.Errorf("%s %s takes no JSON body", strings.ToUpper(b.method), b.path)
 			continue
 		}
-		k.fit("the body of POST "+b.path, reflect.TypeOf(b.into), s.(schema), false)
+		k.fit("the body of "+strings.ToUpper(b.method)+" "+b.path, reflect.TypeOf(b.into), s.(schema), false)
 	}
 
 	// every struct of types.go was checked against a schema
@@ -142,6 +149,7 @@ func TestTheConstantsAreTheDocumentsEnums(t *testing.T) {
 	same("tool call statuses", []string{CallPending, CallRunning, CallSucceeded, CallFailed, CallOutcomeUnknown, CallDenied},
 		enum(schemas["ToolCallStatus"]))
 	same("wait kinds", []string{KindApproval, KindQuestion, KindBudget}, enum(dig(schemas, "PersonWait", "properties", "kind")))
+	same("limit sources", []string{LimitFromConfig, LimitFromAPI}, enum(dig(schemas, "GroupLimits", "properties", "source", "anyOf").([]any)[0]))
 	var statusFilter []any
 	for _, p := range dig(doc, "paths", "/v1/sessions", "get", "parameters").([]any) {
 		if p.(schema)["name"] == "status" {
@@ -165,7 +173,7 @@ func TestQueryParametersAreTheDocuments(t *testing.T) {
 	sent := map[string][]string{}
 	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for name := range r.URL.Query() {
-			sent[r.URL.Path] = append(sent[r.URL.Path], name)
+			sent[r.Method+" "+r.URL.Path] = append(sent[r.Method+" "+r.URL.Path], name)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`{"status": "completed"}`))
@@ -186,13 +194,18 @@ func TestQueryParametersAreTheDocuments(t *testing.T) {
 	if _, err := c.WaitTurn(ctx, "s1", 1, time.Second); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.RemoveBudget(ctx, "s1", "ann"); err != nil {
+		t.Fatal(err)
+	}
 	for path, operation := range map[string]string{
-		"/v1/sessions":            "/v1/sessions",
-		"/v1/inbox":               "/v1/inbox",
-		"/v1/sessions/s1/turns/1": "/v1/sessions/{session_id}/turns/{number}",
+		"GET /v1/sessions":              "/v1/sessions",
+		"GET /v1/inbox":                 "/v1/inbox",
+		"GET /v1/sessions/s1/turns/1":   "/v1/sessions/{session_id}/turns/{number}",
+		"DELETE /v1/sessions/s1/budget": "/v1/sessions/{session_id}/budget",
 	} {
+		method := strings.ToLower(strings.SplitN(path, " ", 2)[0])
 		var want []string
-		for _, p := range dig(doc, "paths", operation, "get", "parameters").([]any) {
+		for _, p := range dig(doc, "paths", operation, method, "parameters").([]any) {
 			if p.(schema)["in"] == "query" {
 				want = append(want, p.(schema)["name"].(string))
 			}
@@ -201,7 +214,7 @@ func TestQueryParametersAreTheDocuments(t *testing.T) {
 		sort.Strings(got)
 		sort.Strings(want)
 		if !reflect.DeepEqual(got, want) {
-			t.Errorf("GET %s: sent %v, the document's parameters are %v", operation, got, want)
+			t.Errorf("%s %s: sent %v, the document's parameters are %v", strings.ToUpper(method), operation, got, want)
 		}
 	}
 }

@@ -143,6 +143,13 @@ export function seg(value: string): string {
   return encodeURIComponent(value);
 }
 
+/** A path of segments: ``value`` split at ``/``, each part escaped. A model group
+ * (``anthropic/claude-sonnet-4-5``) goes so, as the Python Client sends it: the server's
+ * route takes the rest of the path, slashes and all. */
+export function segs(value: string): string {
+  return value.split("/").map(seg).join("/");
+}
+
 export function unix(value: Time | undefined): number | undefined {
   return value instanceof Date ? value.getTime() / 1000 : value;
 }

@@ -42,6 +42,20 @@ export type Answered = Schemas["Answered"];
 export type Cancelled = Schemas["Cancelled"];
 /** A turn's tool call record, as ``reconcile`` gives it back. */
 export type TurnToolCall = Schemas["ToolCall"];
+/** What a session may use in all (``max_tokens``, ``max_cost_usd``); a null limit does
+ * not apply. */
+export type SessionBudget = Schemas["SessionBudget"];
+/** What ``setBudget`` and ``removeBudget`` answer: the session's ``budget`` now (null: no
+ * limit), its ``usage`` and its ``status`` after the change. */
+export type BudgetSet = Schemas["BudgetSet"];
+/** A model group's limits: ``concurrency`` (calls at once), ``rpm`` (calls started per
+ * minute), ``tpm`` (tokens per minute); one left out or null does not apply. */
+export type ModelLimit = Schemas["Limit"];
+/** A model group as ``getLimits`` gives it: its ``limit``, its ``source`` (``config``, or
+ * ``api`` when set at run time), its calls ``running`` and Steps ``waiting`` on the node
+ * that answered, and ``lowered_to`` (the part it admits after the provider refused
+ * calls). */
+export type GroupLimits = Schemas["GroupLimits"];
 /** The JSON body of every error answer: ``{"error": {"code", "message", "details"}}``. */
 export type ErrorBody = Schemas["ErrorResponse"];
 
@@ -68,6 +82,33 @@ export interface ClientOptions {
   timeout?: number;
   /** The client token, when the server has auth on (default: DEX_CLIENT_TOKEN). */
   token?: string;
+}
+
+/** What a session may use in all: give one limit or both. */
+export interface Budget {
+  /** Input and output tokens together. */
+  maxTokens?: number;
+  /** US dollars. */
+  maxCostUsd?: number;
+}
+
+export interface CreateSessionOptions {
+  /** The session's id (default: one the server makes); a taken one is a 409. */
+  sessionId?: string;
+  /** Whose session it is, for good (1-64 letters, digits or ``_.-``). With a
+   * tenant-scoped token, its tenant by default; another one is a 403. */
+  tenant?: string;
+  /** Its Steps go ahead of those of its tenant's sessions of a lower one (-1000 to
+   * 1000; default 0). */
+  priority?: number;
+  /** What it may use in all: a turn whose next model call would start at or over it
+   * waits until the budget is raised (``setBudget``). */
+  budget?: Budget;
+}
+
+export interface BudgetOptions extends Budget {
+  /** Who changes it. */
+  by?: string;
 }
 
 export interface ListSessionsOptions {

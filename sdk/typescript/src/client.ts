@@ -4,10 +4,11 @@
  *
  * - Several addresses (a list, or comma-separated): one try at each in a round, from the
  *   one that answered last; a connection error, a timeout or a 503 moves on to the next.
- * - A request that is safe to repeat (a read; a send with a ``messageId``) is tried again
- *   in rounds with backoff (full jitter, 0.05 s doubling to 1 s) until its timeout;
- *   anything else (a send without a ``messageId``, an approval, a denial, an answer, a
- *   reconcile, a cancel, a create or a fork) is one round and no more: it may have been
+ * - A request that is safe to repeat (a read; a send with a ``messageId``; setting or
+ *   removing a session's budget) is tried again in rounds with backoff (full jitter,
+ *   0.05 s doubling to 1 s) until its timeout; anything else (a send without a
+ *   ``messageId``, an approval, a denial, an answer, a reconcile, a cancel, a create, a
+ *   fork, a change of a model group's limits) is one round and no more: it may have been
  *   committed when its connection broke.
  * - An error answer is thrown as it is: an ``ApiError`` with the HTTP status and the JSON
  *   error body's code, message and details; no answer at all is an ``UnavailableError``.
@@ -35,6 +36,7 @@ import {
   parse,
   preview,
   seg,
+  segs,
   sleep,
   timed,
   unix,
@@ -44,14 +46,19 @@ import type {
   AgentSnapshot,
   Answered,
   Approved,
+  BudgetOptions,
+  BudgetSet,
   Cancelled,
   ClientOptions,
   ClusterView,
   ConnectedWorker,
+  CreateSessionOptions,
   DexEvent,
   ForkedSession,
+  GroupLimits,
   Inbox,
   ListSessionsOptions,
+  ModelLimit,
   PendingApproval,
   SendMessageOptions,
   SentMessage,
@@ -128,11 +135,39 @@ export class Client {
   // --- sessions ------------------------------------------------------------------------
 
   /** A new session of ``agent`` (an agent a Worker registered), with ``sessionId`` or one
-   * the server makes. */
-  createSession(agent: string, options: { sessionId?: string } = {}): Promise<Session> {
+   * the server makes; ``tenant``, ``priority`` and ``budget`` as ``CreateSessionOptions``
+   * says. */
+  createSession(agent: string, options: CreateSessionOptions = {}): Promise<Session> {
     const body: Record<string, unknown> = { agent };
     if (options.sessionId !== undefined) body.session_id = options.sessionId;
+    if (options.tenant !== undefined) body.tenant = options.tenant;
+    if (options.priority) body.priority = options.priority;
+    if (options.budget !== undefined) {
+      body.budget = {
+        max_tokens: options.budget.maxTokens ?? null,
+        max_cost_usd: options.budget.maxCostUsd ?? null,
+      } satisfies Schemas["Budget"];
+    }
     return this.request("POST", "/v1/sessions", { body });
+  }
+
+  /** Set the session's budget (one limit or both; neither is a 422). A turn that waits
+   * for its budget goes on if the new one is not used up. Answers the budget, the usage
+   * and the session's status; tried again until the timeout, as setting it twice is
+   * setting it once. */
+  setBudget(sessionId: string, options: BudgetOptions): Promise<BudgetSet> {
+    const body = {
+      max_tokens: options.maxTokens ?? null,
+      max_cost_usd: options.maxCostUsd ?? null,
+      by: options.by ?? null,
+    } satisfies Schemas["SetBudget"];
+    return this.request("PUT", `/v1/sessions/${seg(sessionId)}/budget`, { body, retry: true });
+  }
+
+  /** Remove the session's budget: no limit; a turn that waits for its budget goes on. */
+  removeBudget(sessionId: string, options: { by?: string } = {}): Promise<BudgetSet> {
+    const path = `/v1/sessions/${seg(sessionId)}/budget`;
+    return this.request("DELETE", path, { params: { by: options.by }, retry: true });
   }
 
   /** A new session whose history is ``sessionId``'s before turn ``turn`` (its next message
@@ -240,6 +275,35 @@ export class Client {
    * answered; no members on a node alone. */
   getCluster(): Promise<ClusterView> {
     return this.request("GET", "/v1/cluster");
+  }
+
+  // --- model limits --------------------------------------------------------------------
+
+  /** The model groups with limits or calls: each one's ``limit``, its ``source``
+   * (``config``, or ``api`` when set at run time), and its calls ``running`` and Steps
+   * ``waiting`` on the node that answered. Needs an admin token when the server has auth
+   * on (docs/flow-control.md). */
+  async getLimits(): Promise<GroupLimits[]> {
+    return (await this.request<Schemas["LimitsView"]>("GET", "/admin/limits")).groups;
+  }
+
+  /** Set a model group's limits at run time (``anthropic/claude-sonnet-4-5``, or an agent's
+   * ``group``): stored, and enforced by every node within seconds; a limit left out does
+   * not apply (``{}`` lifts them all). Answers every group, as ``getLimits``. */
+  async setLimit(group: string, limit: ModelLimit = {}): Promise<GroupLimits[]> {
+    const body = {
+      concurrency: limit.concurrency ?? null,
+      rpm: limit.rpm ?? null,
+      tpm: limit.tpm ?? null,
+    } satisfies ModelLimit;
+    const path = `/admin/limits/${segs(group)}`;
+    return (await this.request<Schemas["LimitsView"]>("PUT", path, { body })).groups;
+  }
+
+  /** Drop the limits set at run time for a group: the server config's apply again. */
+  async clearLimit(group: string): Promise<GroupLimits[]> {
+    const path = `/admin/limits/${segs(group)}`;
+    return (await this.request<Schemas["LimitsView"]>("DELETE", path)).groups;
   }
 
   // --- waits, cancel, reconcile --------------------------------------------------------

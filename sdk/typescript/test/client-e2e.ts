@@ -5,14 +5,19 @@
  * (``publish``) needs approval, finds the approval in the snapshot, the approvals, the
  * inbox and the session list, approves it, waits for the turn, reads the event stream
  * from the start and again from its first id; then denies a second call, forks the
- * session and makes a few calls the server refuses. It prints one JSON summary on stdout;
- * the test asserts on it and on the tool's ledger.
+ * session and makes a few calls the server refuses. Then flow control: a session created
+ * with a tenant, a priority and a budget, its budget set and removed, and model groups'
+ * limits set and cleared (a group with slashes, one with characters to escape). It
+ * prints one JSON summary on stdout; the test asserts on it and on the tool's ledger.
  *
  * Run: node dist/test/client-e2e.js   (DEX_ADDRESS: the addresses, a dead one first)
  */
 import { ApiError, Client, type DexEvent, type SentMessage } from "../src";
 
 const SESSION = "ts-client-1";
+const BUDGETED = "ts-client-budget";
+const GROUP = "anthropic/claude-sonnet-4-5";
+const ODD_GROUP = "team #1/a?b%c d";
 
 function publish(post: string): string {
   return "call: " + JSON.stringify([["publish", { post }]]);
@@ -101,6 +106,23 @@ async function main(): Promise<void> {
     cursor: idleSessions.next_cursor ?? undefined,
   });
 
+  // flow control: a session with a budget, the budget changed and removed; model limits
+  const budgeted = await client.createSession("waiter", {
+    sessionId: BUDGETED,
+    tenant: "acme",
+    priority: 3,
+    budget: { maxTokens: 1000 },
+  });
+  const budgetSet = await client.setBudget(BUDGETED, { maxCostUsd: 2.5, by: "ts-client" });
+  const budgetRefused = await refusal(() => client.setBudget(BUDGETED, {}));
+  const budgetRemoved = await client.removeBudget(BUDGETED, { by: "ts-client" });
+  const budgetUnknown = await refusal(() => client.setBudget("no-such-session", { maxTokens: 1 }));
+  const limitsBefore = await client.getLimits();
+  const limitSet = await client.setLimit(GROUP, { concurrency: 2, rpm: 60 });
+  const oddSet = await client.setLimit(ODD_GROUP, { tpm: 1000 });
+  const limitRefused = await refusal(() => client.setLimit(GROUP, { concurrency: 0 }));
+  const limitCleared = await client.clearLimit(GROUP);
+
   const summary = {
     addresses: client.addresses.length,
     agents,
@@ -142,6 +164,21 @@ async function main(): Promise<void> {
     unknown_session: await refusal(() => client.getAgentSnapshot("no-such-session")),
     workers: (await client.listWorkers()).length,
     cluster_members: (await client.getCluster()).members.length,
+    budgeted: {
+      id: budgeted.id,
+      tenant: budgeted.tenant ?? null,
+      set: budgetSet,
+      refused: budgetRefused.status,
+      removed: budgetRemoved,
+      unknown: budgetUnknown.status,
+    },
+    limits: {
+      before: limitsBefore.map((g) => g.group),
+      set: limitSet.find((g) => g.group === GROUP) ?? null,
+      odd: oddSet.find((g) => g.group === ODD_GROUP) ?? null,
+      refused: limitRefused.status,
+      cleared: limitCleared.map((g) => g.group),
+    },
   };
   process.stdout.write(JSON.stringify(summary) + "\n");
 }

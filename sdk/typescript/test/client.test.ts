@@ -130,14 +130,16 @@ test("a change that may have been committed is one round: each address once, the
     () => client.createSession("assistant"),
     () => client.forkSession("s1", 2),
     () => client.sendMessage("s1", "hi"),
+    () => client.setLimit("openai/gpt-4o", { rpm: 60 }),
+    () => client.clearLimit("openai/gpt-4o"),
   ]) {
     const e = await rejection(call());
     assert.ok(e instanceof UnavailableError);
     assert.equal(e.retryable, true);
     assert.match(e.message, /^no Dex Server answered at http:\/\/127\.0\.0\.1:\d+, http:\/\/127/);
   }
-  assert.equal(a.seen.length, 8);
-  assert.equal(b.seen.length, 8);
+  assert.equal(a.seen.length, 10);
+  assert.equal(b.seen.length, 10);
   assert.ok(Date.now() - started < 2000, "no backoff, no retry");
   assert.deepEqual(a.seen[0].body, { by: "ann", arguments_hash: null });
   assert.equal(a.seen[0].path, "/v1/sessions/s1/tool_calls/c1/approve");
@@ -159,6 +161,74 @@ test("a send with a message id is retried, one without is not", async () => {
   refusals = 1;
   await rejection(client.sendMessage("s1", "hi"));
   assert.equal(node.seen.length, 4);
+});
+
+test("a budget's change is retried: setting it twice is setting it once", async () => {
+  let refusals = 2;
+  const set = { session_id: "s1", budget: { max_tokens: 5000, max_cost_usd: null } };
+  const node = new FakeServer((seen, res) =>
+    refusals-- > 0 ? STANDBY(seen, res) : json(res, 200, { ...set, usage: {}, status: "idle" }),
+  );
+  const client = new Client({ address: await node.start(), timeout: 10 });
+  assert.deepEqual((await client.setBudget("s1", { maxTokens: 5000 })).budget, set.budget);
+  assert.equal(node.seen.length, 3);
+
+  refusals = 1;
+  await client.removeBudget("s1");
+  assert.equal(node.seen.length, 5);
+  assert.deepEqual(
+    node.seen.map((s) => s.method),
+    ["PUT", "PUT", "PUT", "DELETE", "DELETE"],
+  );
+});
+
+test("the budget and limit calls send the API's routes and bodies; a group keeps its slashes", async () => {
+  const groups = [{ group: "anthropic/claude-sonnet-4-5", limit: { concurrency: 2 }, source: "api" }];
+  const node = new FakeServer((seen, res) =>
+    seen.path.startsWith("/admin/")
+      ? json(res, 200, { groups })
+      : json(res, seen.method === "POST" ? 201 : 200, { id: "s1" }),
+  );
+  const client = new Client({ address: await node.start() });
+  await client.createSession("assistant", {
+    sessionId: "s 1",
+    tenant: "acme",
+    priority: 5,
+    budget: { maxCostUsd: 2.5 },
+  });
+  await client.createSession("assistant", { priority: 0 });
+  await client.setBudget("s 1", { maxTokens: 10_000, maxCostUsd: 1, by: "ops" });
+  await client.removeBudget("s 1", { by: "ann & bob" });
+  await client.removeBudget("s1");
+  assert.deepEqual(await client.getLimits(), groups);
+  const set = await client.setLimit("anthropic/claude-sonnet-4-5", { concurrency: 2, tpm: 90_000 });
+  assert.deepEqual(set, groups);
+  await client.setLimit("team #1/a?b%c");
+  assert.deepEqual(await client.clearLimit("anthropic/claude-sonnet-4-5"), groups);
+
+  const sent = node.seen.map((s) => [s.method, s.path, s.query.toString(), s.body]);
+  assert.deepEqual(sent, [
+    [
+      "POST",
+      "/v1/sessions",
+      "",
+      {
+        agent: "assistant",
+        session_id: "s 1",
+        tenant: "acme",
+        priority: 5,
+        budget: { max_tokens: null, max_cost_usd: 2.5 },
+      },
+    ],
+    ["POST", "/v1/sessions", "", { agent: "assistant" }],
+    ["PUT", "/v1/sessions/s%201/budget", "", { max_tokens: 10_000, max_cost_usd: 1, by: "ops" }],
+    ["DELETE", "/v1/sessions/s%201/budget", "by=ann+%26+bob", undefined],
+    ["DELETE", "/v1/sessions/s1/budget", "", undefined],
+    ["GET", "/admin/limits", "", undefined],
+    ["PUT", "/admin/limits/anthropic/claude-sonnet-4-5", "", { concurrency: 2, rpm: null, tpm: 90_000 }],
+    ["PUT", "/admin/limits/team%20%231/a%3Fb%25c", "", { concurrency: null, rpm: null, tpm: null }],
+    ["DELETE", "/admin/limits/anthropic/claude-sonnet-4-5", "", undefined],
+  ]);
 });
 
 test("a read that finds no node gives up after its timeout, unavailable", async () => {

@@ -3,8 +3,10 @@
 // message that calls publish (a tool that needs approval), finds the approval in the
 // turn, the snapshot, the inbox and the session's approvals, approves it, waits for the
 // turn, reads the event stream from the start and again from the middle, forks the
-// session and denies the fork's call, and meets the errors the API answers. It prints a
-// JSON summary of what it saw; the test asserts on it. -addresses is the server's
+// session and denies the fork's call, and meets the errors the API answers. Then flow
+// control: a session created with a tenant, a priority and a budget, its budget set and
+// removed, and model groups' limits set and cleared (one with slashes, one with
+// characters to escape). It prints a JSON summary of what it saw; the test asserts on it. -addresses is the server's
 // addresses, comma-separated (a dead one first tries the fail-over).
 package main
 
@@ -37,6 +39,9 @@ func main() {
 const (
 	sessionID = "go-client-1"
 	forkID    = "go-client-fork"
+	budgetID  = "go-client-budget"
+	group     = "anthropic/claude-sonnet-4-5"
+	oddGroup  = "team #1/a?b%c d"
 	publish   = `call: [["publish", {"post": "hello"}]]`
 )
 
@@ -240,7 +245,79 @@ func run(ctx context.Context, addresses string) (map[string]any, error) {
 	stream := c.StreamEvents(ctx, "no-such-session", client.StreamOptions{})
 	stream.Next()
 	summary["unknown_session_events"] = kindOf(stream.Err())
+
+	if err := flowControl(ctx, c, summary); err != nil {
+		return nil, err
+	}
 	return summary, nil
+}
+
+// flowControl creates a session with a budget, changes and removes the budget, and sets
+// and clears model groups' limits.
+func flowControl(ctx context.Context, c *client.Client, summary map[string]any) error {
+	created, err := c.CreateSession(ctx, "waiter", budgetID, client.CreateOptions{Tenant: "acme", Priority: 3, MaxTokens: 1000})
+	if err != nil {
+		return fmt.Errorf("create with a budget: %w", err)
+	}
+	snapshot, err := c.AgentSnapshot(ctx, budgetID)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	set, err := c.SetBudget(ctx, budgetID, client.BudgetOptions{MaxCostUSD: 2.5, By: "go-client"})
+	if err != nil {
+		return fmt.Errorf("set the budget: %w", err)
+	}
+	_, refusedErr := c.SetBudget(ctx, budgetID, client.BudgetOptions{})
+	removed, err := c.RemoveBudget(ctx, budgetID, "go-client")
+	if err != nil {
+		return fmt.Errorf("remove the budget: %w", err)
+	}
+	_, unknownErr := c.SetBudget(ctx, "no-such-session", client.BudgetOptions{MaxTokens: 1})
+	summary["budgeted"] = map[string]any{
+		"id": created.ID, "tenant": created.Tenant,
+		"created": map[string]any{"priority": snapshot.Session.Priority, "budget": snapshot.Session.Budget},
+		"set":     set, "refused": kindOf(refusedErr), "removed": removed, "unknown": kindOf(unknownErr),
+	}
+
+	before, err := c.GetLimits(ctx)
+	if err != nil {
+		return fmt.Errorf("limits: %w", err)
+	}
+	limitSet, err := c.SetLimit(ctx, group, client.LimitOptions{Concurrency: 2, RPM: 60})
+	if err != nil {
+		return fmt.Errorf("set a limit: %w", err)
+	}
+	oddSet, err := c.SetLimit(ctx, oddGroup, client.LimitOptions{TPM: 1000})
+	if err != nil {
+		return fmt.Errorf("set the odd group's limit: %w", err)
+	}
+	_, refusedErr = c.SetLimit(ctx, group, client.LimitOptions{Concurrency: -1})
+	cleared, err := c.ClearLimit(ctx, group)
+	if err != nil {
+		return fmt.Errorf("clear a limit: %w", err)
+	}
+	summary["limits"] = map[string]any{
+		"before": groups(before), "set": find(limitSet, group), "odd": find(oddSet, oddGroup),
+		"refused": kindOf(refusedErr), "cleared": groups(cleared),
+	}
+	return nil
+}
+
+func groups(limits []client.GroupLimits) []string {
+	out := []string{}
+	for _, g := range limits {
+		out = append(out, g.Group)
+	}
+	return out
+}
+
+func find(limits []client.GroupLimits, name string) *client.GroupLimits {
+	for i := range limits {
+		if limits[i].Group == name {
+			return &limits[i]
+		}
+	}
+	return nil
 }
 
 // waitForAgent waits until a Worker serves agent.
