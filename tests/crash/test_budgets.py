@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from dex.testing import wait_until
 from tests.crash.helpers import WORKER_KILL, columns, interrupt_and_reconnect
 from tests.support.agents import SPENT
@@ -28,19 +30,36 @@ def budget_wait(rig: Rig, sid: str, turn: int) -> list[dict[str, Any]]:
     return [w for w in waits if w["kind"] == "budget"]
 
 
+STEPS = {
+    "session": ["RunModel", "CallTool", "AwaitBudget", "RunModel"],
+    "tenant": ["AwaitBudget", "RunModel", "CallTool", "RunModel"],  # its first call waited
+}
+
+
 @columns("await_budget.waiting", takeover=True)
+@pytest.mark.parametrize("whose", ["session", "tenant"])
 def test_a_turn_waiting_for_its_budget_survives_and_resumes_once_after_a_raise(
-    rig: Rig, column: str
+    rig: Rig, column: str, whose: str
 ) -> None:
     rig.start_server()
     worker = rig.start_worker()
     rig.session("spender")  # the agent is registered
-    sid = rig.client.create_session("spender", budget={"max_tokens": 1_000})["id"]
+    if whose == "session":
+        sid = rig.client.create_session("spender", budget={"max_tokens": 1_000})["id"]
+        reason = f"{CALL} tokens used of a budget of 1000"
+    else:  # the tenant's day: another session of the tenant used it up
+        rig.client.set_tenant_budget("acme", max_tokens_per_day=1_000)
+        spent = rig.client.create_session("spender", tenant="acme")["id"]
+        rig.sessions.append(spent)
+        rig.wait_turn(spent, rig.client.send_message(spent, "hi")["turn"])
+        sid = rig.client.create_session("spender", tenant="acme")["id"]
+        reason = f"tenant acme: {CALL} tokens used today of 1000"
     rig.sessions.append(sid)
     turn = rig.call(sid, ("lookup", {"key": "k"}))
     wait_until(lambda: budget_wait(rig, sid, turn), 20, what="the turn waits for its budget")
     before = rig.client.get_agent_snapshot(sid)
-    assert model_calls(rig, sid) == [1]
+    calls = model_calls(rig, sid)
+    assert calls == ([1] if whose == "session" else [])  # the tenant's: none yet
 
     interrupt_and_reconnect(rig, column, worker)
     after = rig.client.get_agent_snapshot(sid)
@@ -49,22 +68,30 @@ def test_a_turn_waiting_for_its_budget_survives_and_resumes_once_after_a_raise(
     assert after["running"] == [] and after["waiting"] == []
     assert after["session"]["usage"] == before["session"]["usage"]
     [wait] = budget_wait(rig, sid, turn)
-    assert wait["reason"] == f"{CALL} tokens used of a budget of 1000"
-    assert model_calls(rig, sid) == [1]
+    assert wait["reason"] == reason
+    assert model_calls(rig, sid) == calls
 
-    rig.client.set_budget(sid, max_tokens=10_000, by="ops")
-    rig.client.set_budget(sid, max_tokens=20_000)  # nothing waits any more: no second call
+    if whose == "session":
+        rig.client.set_budget(sid, max_tokens=10_000, by="ops")
+        rig.client.set_budget(sid, max_tokens=20_000)  # nothing waits any more: no second call
+    else:
+        rig.client.set_tenant_budget("acme", max_tokens_per_day=10_000, by="ops")
+        rig.client.set_tenant_budget("acme", max_tokens_per_day=20_000, by="ops")
+        # in a cluster, the node that serves the session learns of it within seconds
+        wait_until(lambda: not budget_wait(rig, sid, turn), 10, what="the wait ended")
     t = rig.wait_turn(sid, turn)
 
     assert t["status"] == "completed"
-    assert model_calls(rig, sid) == [1, 1]  # the model's own count: one call after the raise
+    assert model_calls(rig, sid) == [1, 1]  # the model's own count: each call ran once
     assert [e["attempt"] for e in rig.ledger.entries("lookup")] == [1]
-    assert [s["type"] for s in t["steps"]] == ["RunModel", "CallTool", "AwaitBudget", "RunModel"]
+    assert [s["type"] for s in t["steps"]] == STEPS[whose]
     [wait_step] = [s for s in t["steps"] if s["type"] == "AwaitBudget"]
     assert wait_step["wait"]["resolution"]["by"] == "ops"
     [looked_up] = results(t)
     assert looked_up["status"] == "succeeded" and looked_up["result"] == {"key": "k", "value": "K"}
     assert usage(rig, sid)["input_tokens"] == 2 * SPENT.input_tokens
+    if whose == "tenant":  # the tenant's count: its two sessions' calls, each once
+        assert rig.client.get_tenant("acme")["today"]["calls"] == 3
 
 
 @columns("model_usage.result_sent", reclaim=True)
@@ -81,7 +108,7 @@ def test_a_model_call_s_usage_counts_once_when_a_crash_comes_before_its_commit(
         rig.start_server(failpoints="server.before_commit_result=crash@1")
         rig.start_worker()
     rig.session("spender")  # the agent is registered (no result sent yet)
-    sid = rig.client.create_session("spender", budget={"max_tokens": 5_000})["id"]
+    sid = rig.client.create_session("spender", budget={"max_tokens": 5_000}, tenant="acme")["id"]
     rig.sessions.append(sid)
     turn = rig.client.send_message(sid, "hello")["turn"]
     if column == WORKER_KILL:
@@ -111,3 +138,6 @@ def test_a_model_call_s_usage_counts_once_when_a_crash_comes_before_its_commit(
     }
     [step] = t["steps"]
     assert step["usage"] == SPENT.model_dump()
+    # and its tenant's day counts it once: added in the same commit as the result
+    today = rig.client.get_tenant("acme")["today"]
+    assert (today["calls"], today["tokens"], today["cost_usd"]) == (1, CALL, 0.0045)

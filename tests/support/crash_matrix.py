@@ -97,8 +97,9 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "await_budget.waiting": (
         "AwaitBudget",
         "While it waits",
-        "Nothing runs again. The wait lives in Dex Server. Once the budget is raised above "
-        "what the session used (or removed), the model call it waited for runs once.",
+        "Nothing runs again. The wait lives in Dex Server. Once the budget (the session's, or "
+        "its tenant's day or month) is raised above what was used (or removed, or a new day "
+        "or month begins), the model call it waited for runs once.",
     ),
     "poll_tool_task.between_polls": (
         "PollToolTask",
@@ -148,8 +149,8 @@ ROWS: dict[str, tuple[str, str, str]] = {
     "model_usage.result_sent": (
         "RunModel, its usage",
         "After the model answered, before Dex committed the result",
-        "The call's tokens and cost count once, in the commit of its result: a Worker that "
-        "lives on reclaims the attempt and its result commits once; a Worker that dies has "
+        "The call's tokens and cost count once, for its session and its tenant's day, in the "
+        "commit of its result: a Worker that lives on reclaims the attempt and its result commits once; a Worker that dies has "
         "its result committed, or its attempt fails and the retry is a new call, counted "
         "when it commits. A call whose result never commits counts nothing (its provider "
         "may still bill it).",
@@ -245,7 +246,13 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
         E + "waits.apply_input",
         S + "start",
     ),
-    "await_budget.waiting": (E + "turn.call_model", H + "set_budget"),
+    "await_budget.waiting": (
+        E + "turn.call_model",
+        E + "turn.hold_for_tenant",
+        H + "set_budget",
+        H + "recheck_budget",
+        "dex.server.flow.TenantBudgets.check",
+    ),
     "poll_tool_task.between_polls": (H + "complete_tool", S + "start"),
     "poll_tool_task.during_poll": (H + "fail_attempt", H + "complete_tool"),
     "compact_context.during_summary": (H + "complete_summary", H + "fail_attempt"),
@@ -263,7 +270,12 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
     "any_step.result_sent": (LINK + "receive", A + "complete", H + "recover"),
     "limits.held": (L + "admit", L + "park", D + "_pump", "dex.server.flow.ModelLimits.load"),
     "run_model.rate_limited": (A + "hand_back", H + "rate_limited", L + "refused"),
-    "model_usage.result_sent": (H + "complete_model", E + "budget.record_usage", *RECLAIM),
+    "model_usage.result_sent": (
+        H + "complete_model",
+        E + "budget.record_usage",
+        "dex.server.committer.Committer.commit",
+        *RECLAIM,
+    ),
     "mcp_write.running": (  # MCP tools are the Python Worker's only: no port to name
         *(name for name in SINGLE_ATTEMPT if not name.startswith((TS, GO))),
         MCP + "MCPTools._kind",

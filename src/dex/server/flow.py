@@ -134,6 +134,14 @@ def day_of(at: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(at))
 
 
+class StoredBudget(msgspec.Struct, frozen=True):
+    """A tenant's budget as stored, with who set it last (a removed budget stays as None,
+    so that the other nodes learn who removed it)."""
+
+    budget: TenantBudget | None
+    by: str | None = None
+
+
 class TenantBudgets:
     """The tenants' budgets, and what each tenant with one has used this UTC month, by day.
 
@@ -157,9 +165,9 @@ class TenantBudgets:
         """What each tenant with a budget used, by day, this month."""
         self.held: set[str] = set()
         """Tenants whose budget may hold turns waiting: ``check`` looks at them."""
-        self.resume: Callable[[str], Awaitable[None]] | None = None
-        """Ends the waits on a tenant's budget where it allows them to go on
-        (``Sessions.recheck_budgets``)."""
+        self.resume: Callable[[str, str | None], Awaitable[None]] | None = None
+        """Ends the waits on a tenant's budget where it allows them to go on, saying who
+        changed it (``Sessions.recheck_budgets``)."""
 
     def reached(self, tenant: str, now: float) -> tuple[str, TenantBudget] | None:
         """Why a model call of ``tenant``'s may not start now (in words), with its budget;
@@ -191,14 +199,17 @@ class TenantBudgets:
         day = days.setdefault(usage.day, Usage())
         day.add(usage.input_tokens, usage.output_tokens, usage.cost_usd)
 
-    async def load(self) -> None:
-        """Read the budgets, and what the tenants with one used this month."""
+    async def load(self) -> dict[str, str | None]:
+        """Read the budgets, and what the tenants with one used this month. Returns the
+        tenants whose budget changed since the last read, each with who changed it."""
         rows = await self.store.load_tenant_budgets()
-        budgets = {t: msgspec.json.decode(spec, type=TenantBudget) for t, spec in rows}
+        stored = {t: msgspec.json.decode(spec, type=StoredBudget) for t, spec in rows}
+        budgets = {t: s.budget for t, s in stored.items() if s.budget is not None}
         changed = {t for t in {*budgets, *self.budgets} if budgets.get(t) != self.budgets.get(t)}
         self.held |= changed  # raised or removed elsewhere: its waits may go on
         self.budgets = budgets
         await self._read_usage(list(budgets))
+        return {t: stored[t].by if t in stored else None for t in changed}
 
     async def _read_usage(self, tenants: list[str]) -> None:
         month = day_of(self.now())[:7]
@@ -215,9 +226,7 @@ class TenantBudgets:
         while True:
             await asyncio.sleep(FOLLOW)
             try:
-                if self.cluster:
-                    await self.load()
-                await self.check()
+                await self.check(await self.load() if self.cluster else None)
             except Exception as e:  # storage away for a moment: next time
                 log.warning(
                     "could not check the tenants' budgets: %r",
@@ -225,9 +234,10 @@ class TenantBudgets:
                     extra={"action": "tenant_budgets.check"},
                 )
 
-    async def check(self) -> None:
+    async def check(self, by: dict[str, str | None] | None = None) -> None:
         """For each tenant whose budget may hold turns and allows them now (raised,
-        removed, a new day or month): end the waits on it."""
+        removed, a new day or month): end the waits on it (``by``: who changed which
+        tenant's budget)."""
         now = self.now()
         month = day_of(now)[:7]
         for days in self.days.values():
@@ -238,12 +248,13 @@ class TenantBudgets:
                 continue
             self.held.discard(tenant)
             if self.resume is not None:
-                await self.resume(tenant)
+                await self.resume(tenant, (by or {}).get(tenant))
 
-    async def set(self, tenant: str, budget: TenantBudget | None) -> None:
+    async def set(self, tenant: str, budget: TenantBudget | None, by: str | None = None) -> None:
         """Store ``tenant``'s budget (None: no budget) and apply it on this node at once:
-        waits it allows end now, on other nodes within ``FOLLOW`` seconds."""
-        spec = None if budget is None else msgspec.json.encode(budget).decode()
+        waits it allows end now (``by``: who changed it), on other nodes within
+        ``FOLLOW`` seconds."""
+        spec = msgspec.json.encode(StoredBudget(budget, by)).decode()
         await self.store.write(Write(tenant_budgets=[(tenant, spec)]))
         if budget is None:
             self.budgets.pop(tenant, None)
@@ -252,7 +263,7 @@ class TenantBudgets:
             self.budgets[tenant] = budget
             await self._read_usage([tenant])
         self.held.add(tenant)
-        await self.check()
+        await self.check({tenant: by})
 
     async def view(self, tenant: str | None = None) -> list[dict[str, object]]:
         """Each tenant with a budget or usage this month (``tenant``: that one, even with

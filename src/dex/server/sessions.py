@@ -449,7 +449,7 @@ class Sessions:
         await self.committer.apply(actor, lambda _: handle)
         return actor.state
 
-    async def recheck_budgets(self, tenant: str) -> None:
+    async def recheck_budgets(self, tenant: str, by: str | None = None) -> None:
         """``tenant``'s budget allows more now (raised, removed, a new day or month): the
         turns of its sessions this node serves that wait for a budget go on, each in one
         commit, where their own session's budget allows it too."""
@@ -460,13 +460,14 @@ class Sessions:
                 if not self.dispatcher.dispatches(session_id):
                     continue  # another node serves it, and rechecks it
                 try:
-                    await self.committer.apply(session_id, self._recheck_budget)
+                    build = functools.partial(self._recheck_budget, by=by)
+                    await self.committer.apply(session_id, build)
                 except (NotFound, Conflict):
                     continue  # it waits for something else, or no longer at all
                 except Unavailable:  # reloaded meanwhile: try again at the next check
                     self.tenants.held.add(tenant)
 
-    def _recheck_budget(self, actor: Actor) -> Handle:
+    def _recheck_budget(self, actor: Actor, by: str | None) -> Handle:
         state = actor.state
         if not any(
             step.type == StepType.AWAIT_BUDGET and step.wait and step.wait.tenant
@@ -476,7 +477,7 @@ class Sessions:
         spec = self.spec(state.agent)
 
         def handle(s: SessionState, now: float) -> Transition:
-            return handlers.recheck_budget(s, spec, self._tenant_reason(s, now), None, now)
+            return handlers.recheck_budget(s, spec, self._tenant_reason(s, now), by, now)
 
         return handle
 

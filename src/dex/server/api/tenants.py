@@ -113,7 +113,7 @@ async def _change(
     request: Request, tenant: str, budget: TenantBudget | None, by: str | None
 ) -> dict[str, object]:
     tenants = _tenants(request)
-    await tenants.set(tenant, budget)
+    await tenants.set(tenant, budget, by)
     log.info(
         "tenant %s: budget %s",
         tenant,
