@@ -2,7 +2,8 @@
 the test agents: ``sdk/go/internal/testclient``, built here, creates a session, sends a
 message whose tool (``publish``) needs approval, finds the approval in the turn, the
 snapshot, the inbox and the approvals, approves it, waits for the turn, reads the event
-stream from the start and resumes it, forks and denies, and prints what it saw; this test
+stream from the start and resumes it, forks and denies; then sets and removes a session's
+budget, model groups' limits and a tenant's budget, and prints what it saw; this test
 checks that summary and the tool's ledger. The client is given a dead address first: it
 moves on to the node that serves."""
 
@@ -182,3 +183,27 @@ def test_the_go_client_drives_an_approval_end_to_end(rig: Rig, tmp_path: Path) -
     assert "anthropic/claude-sonnet-4-5" not in limits["cleared"]
     (odd,) = [g for g in rig.client.get_limits() if g["group"] == "team #1/a?b%c d"]
     assert (odd["source"], odd["limit"]["tpm"]) == ("api", 1000.0)
+
+    # the tenant's budget: set, the same read back three ways, refused when bad, removed
+    t = summary["tenant"]
+    zero = {"input_tokens": 0, "output_tokens": 0, "tokens": 0, "cost_usd": 0, "calls": 0}
+    assert t["set"] == {
+        "tenant": "acme",
+        "budget": {
+            "max_tokens_per_day": 100_000,
+            "max_cost_usd_per_day": None,
+            "max_tokens_per_month": None,
+            "max_cost_usd_per_month": 50,
+        },
+        "day": t["set"]["day"],
+        "today": zero,
+        "this_month": zero,
+        "reached": "",
+    }
+    assert t["read"] == t["listed"] == t["in_snapshot"] == t["set"]
+    # none of the four limits, a limit below 1, a name that is no tenant's
+    assert t["refused"] == ["422 invalid_request"] * 3
+    assert t["after_refusals"] == t["set"]["budget"]  # a refused budget changed nothing
+    assert t["removed"] == {**t["set"], "budget": None}
+    acme = rig.client.get_tenant("acme")
+    assert (acme["budget"], acme["day"]) == (None, t["set"]["day"])

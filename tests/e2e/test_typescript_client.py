@@ -3,7 +3,8 @@ TypeScript Worker serving the test agents: ``sdk/typescript/test/client-e2e.ts``
 ``dist/test/client-e2e.js`` by ``scripts/typescript``) creates a session, sends a message
 whose tool needs approval, finds the approval in the snapshot and the inbox, approves it,
 waits for the turn, reads the event stream from the start and again after its first id,
-denies a second call, forks the session and meets the server's refusals; it prints a JSON
+denies a second call, forks the session and meets the server's refusals; then it sets and
+removes a session's budget, model groups' limits and a tenant's budget. It prints a JSON
 summary, checked here against the server (the Python Client) and the tool's ledger."""
 
 from __future__ import annotations
@@ -140,3 +141,27 @@ def test_the_typescript_client_drives_a_session_through_an_approval(rig: Rig) ->
     assert "anthropic/claude-sonnet-4-5" not in limits["cleared"]
     (odd,) = [g for g in rig.client.get_limits() if g["group"] == "team #1/a?b%c d"]
     assert (odd["source"], odd["limit"]["tpm"]) == ("api", 1000.0)
+
+    # the tenant's budget: set, the same read back three ways, refused when bad, removed
+    t = s["tenant"]
+    zero = {"input_tokens": 0, "output_tokens": 0, "tokens": 0, "cost_usd": 0, "calls": 0}
+    assert t["set"] == {
+        "tenant": "acme",
+        "budget": {
+            "max_tokens_per_day": 100_000,
+            "max_cost_usd_per_day": None,
+            "max_tokens_per_month": None,
+            "max_cost_usd_per_month": 50.0,
+        },
+        "day": t["set"]["day"],
+        "today": zero,
+        "this_month": zero,
+        "reached": None,
+    }
+    assert t["read"] == t["listed"] == t["in_snapshot"] == t["set"]
+    # none of the four limits, a limit of 0, a name that is no tenant's
+    assert t["refused"] == [422, 422, 422]
+    assert t["after_refusals"] == t["set"]["budget"]  # a refused budget changed nothing
+    assert t["removed"] == {**t["set"], "budget": None}
+    acme = rig.client.get_tenant("acme")
+    assert (acme["budget"], acme["day"]) == (None, t["set"]["day"])

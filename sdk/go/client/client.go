@@ -1,7 +1,8 @@
 // Package client is the Go Client of Dex: it creates sessions, sends messages, waits for
 // turns, reads snapshots, streams events, approves, denies or answers tool calls, and
-// sets sessions' budgets and model groups' limits over the HTTP API (docs/api.md), with the Python Client's semantics (dex.Client):
-// several addresses tried in turn, reads and sends with a message id tried again until
+// sets sessions' budgets, model groups' limits and tenants' budgets over the HTTP API
+// (docs/api.md), with the Python Client's semantics (dex.Client): several addresses
+// tried in turn, reads, sends with a message id and budget changes tried again until
 // the timeout, typed errors. It needs nothing beyond Go's standard library.
 //
 //	c, err := client.New(client.Options{Addresses: []string{"http://127.0.0.1:7450"}})
@@ -485,6 +486,75 @@ func (c *Client) ClearLimit(ctx context.Context, group string) ([]GroupLimits, e
 	return out.Groups, err
 }
 
+// --- tenants --------------------------------------------------------------------------
+
+// ListTenants returns each tenant with a budget or with usage this month: its Budget,
+// what its sessions' model calls used Today and ThisMonth (UTC), and Reached (how its
+// budget is used up, or ""). It needs an admin token when the server has auth on
+// (docs/flow-control.md).
+func (c *Client) ListTenants(ctx context.Context) ([]Tenant, error) {
+	var out tenantsView
+	err := c.do(ctx, request{method: "GET", path: "/admin/tenants"}, &out)
+	return out.Tenants, err
+}
+
+// GetTenant returns one tenant's budget and usage, as ListTenants shows each (a tenant
+// with neither: no budget and zeros). A name that is no tenant's is ErrInvalidInput.
+func (c *Client) GetTenant(ctx context.Context, tenant string) (*Tenant, error) {
+	var out Tenant
+	err := c.do(ctx, request{method: "GET", path: tenantPath(tenant)}, &out)
+	return result(&out, err)
+}
+
+// TenantBudgetOptions are a tenant's new budget, what all of its sessions may use in a
+// UTC day and in a UTC month: one limit or more (0: that limit does not apply; all 0 is
+// ErrInvalidInput: RemoveTenantBudget removes a budget).
+type TenantBudgetOptions struct {
+	// MaxTokensPerDay and MaxTokensPerMonth count input and output tokens together.
+	MaxTokensPerDay   int
+	MaxTokensPerMonth int
+	// MaxCostUSDPerDay and MaxCostUSDPerMonth are in US dollars.
+	MaxCostUSDPerDay   float64
+	MaxCostUSDPerMonth float64
+	// By names who changes it.
+	By string
+}
+
+// SetTenantBudget sets a tenant's budget, in place of the one it had. Its sessions'
+// turns that wait for it go on if it allows them. It returns the tenant, as GetTenant.
+// Tried again on every address until the timeout: setting it twice is setting it once.
+func (c *Client) SetTenantBudget(ctx context.Context, tenant string, opts TenantBudgetOptions) (*Tenant, error) {
+	var body setTenantBudget
+	if opts.MaxTokensPerDay != 0 {
+		body.MaxTokensPerDay = &opts.MaxTokensPerDay
+	}
+	if opts.MaxCostUSDPerDay != 0 {
+		body.MaxCostUSDPerDay = &opts.MaxCostUSDPerDay
+	}
+	if opts.MaxTokensPerMonth != 0 {
+		body.MaxTokensPerMonth = &opts.MaxTokensPerMonth
+	}
+	if opts.MaxCostUSDPerMonth != 0 {
+		body.MaxCostUSDPerMonth = &opts.MaxCostUSDPerMonth
+	}
+	body.By = opts.By
+	var out Tenant
+	err := c.do(ctx, request{method: "PUT", path: tenantPath(tenant) + "/budget", body: body, safe: true}, &out)
+	return result(&out, err)
+}
+
+// RemoveTenantBudget removes a tenant's budget: no limit; its sessions' turns that wait
+// for it go on. by ("": none) names who removes it. Tried again as SetTenantBudget is.
+func (c *Client) RemoveTenantBudget(ctx context.Context, tenant, by string) (*Tenant, error) {
+	var query url.Values
+	if by != "" {
+		query = url.Values{"by": {by}}
+	}
+	var out Tenant
+	err := c.do(ctx, request{method: "DELETE", path: tenantPath(tenant) + "/budget", query: query, safe: true}, &out)
+	return result(&out, err)
+}
+
 // --- waits, cancel, reconcile ---------------------------------------------------------
 
 // ListApprovals returns the session's tool calls that wait for approval.
@@ -578,6 +648,11 @@ func limitPath(group string) string {
 		parts[i] = url.PathEscape(p)
 	}
 	return "/admin/limits/" + strings.Join(parts, "/")
+}
+
+// tenantPath is a tenant's route.
+func tenantPath(tenant string) string {
+	return "/admin/tenants/" + url.PathEscape(tenant)
 }
 
 // budgetOf is a budget of the limits that are not 0.

@@ -310,6 +310,42 @@ func TestABudgetsChangeIsTriedAgain(t *testing.T) {
 	}
 }
 
+func TestATenantBudgetsChangeIsTriedAgain(t *testing.T) {
+	n := newNode(t, func(w http.ResponseWriter, r *http.Request, count int) {
+		if count%2 == 1 {
+			cutMidBody(w)
+			return
+		}
+		answerJSON(w, 200, `{"tenant": "acme", "budget": {"max_tokens_per_day": 1000, "max_cost_usd_per_day": null,
+			"max_tokens_per_month": null, "max_cost_usd_per_month": 50}, "day": "2026-12-08",
+			"today": {"input_tokens": 7, "output_tokens": 3, "tokens": 10, "cost_usd": 0.5, "calls": 1},
+			"this_month": {"input_tokens": 70, "output_tokens": 30, "tokens": 100, "cost_usd": 5, "calls": 9},
+			"reached": null}`)
+	})
+	c := newTestClient(t, n.URL)
+	ctx := context.Background()
+	set, err := c.SetTenantBudget(ctx, "acme", TenantBudgetOptions{MaxTokensPerDay: 1000, MaxCostUSDPerMonth: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.Budget == nil || *set.Budget.MaxTokensPerDay != 1000 || set.Budget.MaxCostUSDPerDay != nil ||
+		*set.Budget.MaxCostUSDPerMonth != 50 || set.Reached != "" || set.Day != "2026-12-08" ||
+		set.Today != (TenantUsage{InputTokens: 7, OutputTokens: 3, Tokens: 10, CostUSD: 0.5, Calls: 1}) ||
+		set.ThisMonth.Calls != 9 {
+		t.Fatalf("decoded %+v", set)
+	}
+	if _, err := c.RemoveTenantBudget(ctx, "acme", "ops"); err != nil {
+		t.Fatal(err)
+	}
+	var methods []string
+	for _, r := range n.seen() {
+		methods = append(methods, r.method)
+	}
+	if strings.Join(methods, " ") != "PUT PUT DELETE DELETE" {
+		t.Fatalf("sent %v: want each change twice, once cut and once answered", methods)
+	}
+}
+
 func TestAStorageErrorIsReturnedAsItIsAndTheNodeIsNotLeft(t *testing.T) {
 	full := newNode(t, refuse(503, "storage_error"))
 	other := newNode(t, answering(snapshot))
@@ -459,6 +495,12 @@ func TestEachCallSendsItsRouteAndBody(t *testing.T) {
 	c.SetLimit(ctx, "anthropic/claude-sonnet-4-5", LimitOptions{Concurrency: 2, TPM: 90000})
 	c.SetLimit(ctx, "team #1/a?b%c", LimitOptions{})
 	c.ClearLimit(ctx, "anthropic/claude-sonnet-4-5")
+	c.ListTenants(ctx)
+	c.GetTenant(ctx, "acme.eu")
+	c.SetTenantBudget(ctx, "acme", TenantBudgetOptions{MaxTokensPerDay: 1000, MaxCostUSDPerMonth: 50, By: "ops"})
+	c.SetTenantBudget(ctx, "acme", TenantBudgetOptions{MaxCostUSDPerDay: 2.5, MaxTokensPerMonth: 90000})
+	c.RemoveTenantBudget(ctx, "acme", "ann & bob")
+	c.RemoveTenantBudget(ctx, "acme", "")
 	want := []string{
 		`POST /v1/sessions {"agent":"concierge"}`,
 		`POST /v1/sessions {"agent":"concierge","session_id":"s1"}`,
@@ -478,6 +520,12 @@ func TestEachCallSendsItsRouteAndBody(t *testing.T) {
 		`PUT /admin/limits/anthropic/claude-sonnet-4-5 {"concurrency":2,"rpm":null,"tpm":90000}`,
 		`PUT /admin/limits/team%20%231/a%3Fb%25c {"concurrency":null,"rpm":null,"tpm":null}`,
 		`DELETE /admin/limits/anthropic/claude-sonnet-4-5 `,
+		`GET /admin/tenants `,
+		`GET /admin/tenants/acme.eu `,
+		`PUT /admin/tenants/acme/budget {"max_tokens_per_day":1000,"max_cost_usd_per_month":50,"by":"ops"}`,
+		`PUT /admin/tenants/acme/budget {"max_cost_usd_per_day":2.5,"max_tokens_per_month":90000}`,
+		`DELETE /admin/tenants/acme/budget?by=ann+%26+bob `,
+		`DELETE /admin/tenants/acme/budget `,
 	}
 	requests := n.seen()
 	if len(requests) != len(want) {

@@ -143,6 +143,45 @@ type GroupLimits struct {
 	LoweredTo float64 `json:"lowered_to"`
 }
 
+// Tenant is a tenant's budget and what its sessions' model calls used (Tenant), as
+// ListTenants, GetTenant, SetTenantBudget and RemoveTenantBudget answer it and as a
+// snapshot's session shows it (SnapshotSession.TenantUsage).
+type Tenant struct {
+	Tenant string `json:"tenant"`
+	// Budget is its budget; nil: none.
+	Budget *TenantBudget `json:"budget"`
+	// Day is today (UTC), as "2026-12-08": the day Today counts.
+	Day   string      `json:"day"`
+	Today TenantUsage `json:"today"`
+	// ThisMonth is this UTC month, today included.
+	ThisMonth TenantUsage `json:"this_month"`
+	// Reached says how its budget is used up, in words: its sessions' next model calls
+	// wait (KindBudget) until it is raised or the day or month ends. "": it is not.
+	Reached string `json:"reached"`
+}
+
+// TenantBudget is what all of a tenant's sessions may use in a UTC day and month
+// (TenantBudgetView); a nil limit does not apply.
+type TenantBudget struct {
+	// MaxTokensPerDay and MaxTokensPerMonth count input and output tokens together.
+	MaxTokensPerDay *int `json:"max_tokens_per_day"`
+	// MaxCostUSDPerDay and MaxCostUSDPerMonth are in US dollars, at the server's prices.
+	MaxCostUSDPerDay   *float64 `json:"max_cost_usd_per_day"`
+	MaxTokensPerMonth  *int     `json:"max_tokens_per_month"`
+	MaxCostUSDPerMonth *float64 `json:"max_cost_usd_per_month"`
+}
+
+// TenantUsage is what a tenant's model calls whose results committed used in a period
+// (TenantUsage).
+type TenantUsage struct {
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+	// Tokens is input and output tokens together.
+	Tokens  int     `json:"tokens"`
+	CostUSD float64 `json:"cost_usd"`
+	Calls   int     `json:"calls"`
+}
+
 // SessionList is one page of sessions (SessionList); NextCursor is empty on the last.
 type SessionList struct {
 	Sessions   []Session `json:"sessions"`
@@ -332,6 +371,9 @@ type SnapshotSession struct {
 	Priority int `json:"priority"`
 	// Budget is what it may use in all; nil: no limit.
 	Budget *Budget `json:"budget"`
+	// TenantUsage is its tenant's budget and usage today and this month; nil for a
+	// session without a tenant.
+	TenantUsage *Tenant `json:"tenant_usage"`
 }
 
 // QueuedMessage is a message that waits for the running turn to end (QueuedMessage).
@@ -519,6 +561,10 @@ type limitsView struct {
 	Groups []GroupLimits `json:"groups"`
 }
 
+type tenantsView struct {
+	Tenants []Tenant `json:"tenants"`
+}
+
 // The error body (ErrorResponse, ErrorDetail).
 
 type errorResponse struct {
@@ -545,6 +591,14 @@ type setBudget struct {
 	MaxTokens  *int     `json:"max_tokens,omitempty"`
 	MaxCostUSD *float64 `json:"max_cost_usd,omitempty"`
 	By         string   `json:"by,omitempty"`
+}
+
+type setTenantBudget struct {
+	MaxTokensPerDay    *int     `json:"max_tokens_per_day,omitempty"`
+	MaxCostUSDPerDay   *float64 `json:"max_cost_usd_per_day,omitempty"`
+	MaxTokensPerMonth  *int     `json:"max_tokens_per_month,omitempty"`
+	MaxCostUSDPerMonth *float64 `json:"max_cost_usd_per_month,omitempty"`
+	By                 string   `json:"by,omitempty"`
 }
 
 type fork struct {

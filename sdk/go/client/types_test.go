@@ -67,6 +67,10 @@ var answers = []struct {
 	{"get", "/admin/limits", "200", limitsView{}},
 	{"put", "/admin/limits/{group}", "200", limitsView{}},
 	{"delete", "/admin/limits/{group}", "200", limitsView{}},
+	{"get", "/admin/tenants", "200", tenantsView{}},
+	{"get", "/admin/tenants/{tenant}", "200", Tenant{}},
+	{"put", "/admin/tenants/{tenant}/budget", "200", Tenant{}},
+	{"delete", "/admin/tenants/{tenant}/budget", "200", Tenant{}},
 	{"get", "/v1/sessions/{session_id}", "404", errorResponse{}},
 }
 
@@ -84,6 +88,7 @@ var bodies = []struct {
 	{"post", "/v1/sessions/{session_id}/tool_calls/{call_id}/reconcile", reconcile{}},
 	{"put", "/v1/sessions/{session_id}/budget", setBudget{}},
 	{"put", "/admin/limits/{group}", Limit{}},
+	{"put", "/admin/tenants/{tenant}/budget", setTenantBudget{}},
 }
 
 func TestTypesMatchTheOpenAPIDocument(t *testing.T) {
@@ -197,11 +202,15 @@ func TestQueryParametersAreTheDocuments(t *testing.T) {
 	if _, err := c.RemoveBudget(ctx, "s1", "ann"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.RemoveTenantBudget(ctx, "acme", "ann"); err != nil {
+		t.Fatal(err)
+	}
 	for path, operation := range map[string]string{
-		"GET /v1/sessions":              "/v1/sessions",
-		"GET /v1/inbox":                 "/v1/inbox",
-		"GET /v1/sessions/s1/turns/1":   "/v1/sessions/{session_id}/turns/{number}",
-		"DELETE /v1/sessions/s1/budget": "/v1/sessions/{session_id}/budget",
+		"GET /v1/sessions":                  "/v1/sessions",
+		"GET /v1/inbox":                     "/v1/inbox",
+		"GET /v1/sessions/s1/turns/1":       "/v1/sessions/{session_id}/turns/{number}",
+		"DELETE /v1/sessions/s1/budget":     "/v1/sessions/{session_id}/budget",
+		"DELETE /admin/tenants/acme/budget": "/admin/tenants/{tenant}/budget",
 	} {
 		method := strings.ToLower(strings.SplitN(path, " ", 2)[0])
 		var want []string

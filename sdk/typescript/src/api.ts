@@ -74,6 +74,73 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/admin/tenants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Tenants
+         * @description Each tenant with a budget or with usage this month: its budget and what its
+         *     sessions' model calls used today and this month (UTC), as storage counts them.
+         */
+        get: operations["list_tenants"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/admin/tenants/{tenant}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Tenant
+         * @description A tenant's budget and usage (a tenant with neither shows no budget and zeros).
+         */
+        get: operations["get_tenant"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/admin/tenants/{tenant}/budget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set Tenant Budget
+         * @description Set a tenant's budget, stored and enforced at once on this node and within seconds
+         *     on every node of a cluster. Turns of its sessions that wait for it go on if it allows
+         *     them (each queues its model call once).
+         */
+        put: operations["set_tenant_budget"];
+        post?: never;
+        /**
+         * Remove Tenant Budget
+         * @description Remove a tenant's budget: no limit. Turns of its sessions that wait for it go on.
+         */
+        delete: operations["remove_tenant_budget"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -1389,6 +1456,26 @@ export interface components {
             max_tokens?: number | null;
         };
         /**
+         * SetTenantBudget
+         * @description What all of a tenant's sessions may use in a UTC day and in a UTC month: give one
+         *     limit or more.
+         */
+        SetTenantBudget: {
+            /**
+             * By
+             * @description Who changes it.
+             */
+            by?: string | null;
+            /** Max Cost Usd Per Day */
+            max_cost_usd_per_day?: number | null;
+            /** Max Cost Usd Per Month */
+            max_cost_usd_per_month?: number | null;
+            /** Max Tokens Per Day */
+            max_tokens_per_day?: number | null;
+            /** Max Tokens Per Month */
+            max_tokens_per_month?: number | null;
+        };
+        /**
          * ShownTurnStatus
          * @description A turn's status as answered: ``waiting`` is a running turn that waits for a person.
          * @enum {string}
@@ -1450,6 +1537,8 @@ export interface components {
              * @description Whose session it is (given at creation, never changed); null: none.
              */
             tenant?: string | null;
+            /** @description Its tenant's budget and usage today and this month; null for a session without a tenant. */
+            tenant_usage?: components["schemas"]["Tenant"] | null;
             /**
              * Updated At
              * @description Unix time of the session's latest change.
@@ -1536,6 +1625,71 @@ export interface components {
              * @enum {string}
              */
             type: "summary";
+        };
+        /** Tenant */
+        Tenant: {
+            /** @description Its budget; null: none. */
+            budget: components["schemas"]["TenantBudgetView"] | null;
+            /**
+             * Day
+             * @description Today (UTC), as `2026-12-08`: the day `today` counts.
+             */
+            day: string;
+            /**
+             * Reached
+             * @description How its budget is used up, in words: its sessions' next model calls wait (`AwaitBudget`) until it is raised or the day or month ends; null if not.
+             */
+            reached: string | null;
+            /** Tenant */
+            tenant: string;
+            /** @description This UTC month, today included. */
+            this_month: components["schemas"]["TenantUsage"];
+            today: components["schemas"]["TenantUsage"];
+        };
+        /**
+         * TenantBudgetView
+         * @description What all of a tenant's sessions may use in a UTC day and month. A limit that is
+         *     null does not apply.
+         */
+        TenantBudgetView: {
+            /** Max Cost Usd Per Day */
+            max_cost_usd_per_day?: number | null;
+            /** Max Cost Usd Per Month */
+            max_cost_usd_per_month?: number | null;
+            /** Max Tokens Per Day */
+            max_tokens_per_day?: number | null;
+            /** Max Tokens Per Month */
+            max_tokens_per_month?: number | null;
+        };
+        /**
+         * TenantUsage
+         * @description What a tenant's model calls whose results committed used in a period.
+         */
+        TenantUsage: {
+            /** Calls */
+            calls: number;
+            /**
+             * Cost Usd
+             * @description At the server's prices (docs/flow-control.md).
+             */
+            cost_usd: number;
+            /** Input Tokens */
+            input_tokens: number;
+            /** Output Tokens */
+            output_tokens: number;
+            /**
+             * Tokens
+             * @description Input and output tokens together.
+             */
+            tokens: number;
+        };
+        /** Tenants */
+        Tenants: {
+            /**
+             * Tenants
+             * @description Each tenant with a budget or with usage this month, by name.
+             */
+            tenants: components["schemas"]["Tenant"][];
         };
         /** ToolCall */
         ToolCall: {
@@ -1787,6 +1941,8 @@ export interface components {
             resolved_at?: number | null;
             /** Since */
             since: number;
+            /** Tenant */
+            tenant?: string | null;
         };
         /** WaitInfo */
         WaitInfo: {
@@ -2111,6 +2267,273 @@ export interface operations {
             };
             /** @description A bug in the server, logged with its traceback: `internal_error`. */
             500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    list_tenants: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Tenants"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    get_tenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant: 1-64 letters, digits or `_.-`. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Tenant"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body, a parameter or a header is not valid (`invalid_request`, with `details.problems`), or valid but unusable (`invalid_input`). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    set_tenant_budget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant: 1-64 letters, digits or `_.-`. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetTenantBudget"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Tenant"];
+                };
+            };
+            /** @description The body is not readable JSON (invalid UTF-8, or nested too deep): `http_error`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body is over the server's limit: `body_too_large`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body, a parameter or a header is not valid (`invalid_request`, with `details.problems`), or valid but unusable (`invalid_input`). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The node does not serve now (starting, a standby, stepped down: `unavailable`, with the `x-dex-role` header; try another address), or the store could not commit (nothing was written, retry: `storage_error`). */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    remove_tenant_budget: {
+        parameters: {
+            query?: {
+                /** @description Who removes it. */
+                by?: string | null;
+            };
+            header?: never;
+            path: {
+                /** @description A tenant: 1-64 letters, digits or `_.-`. */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Tenant"];
+                };
+            };
+            /** @description Auth is on and the request has no valid bearer token: `unauthorized`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Auth is on and the token's role may not use this route: `forbidden`; or a browser sent the request for a page of another site: `cross_site`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The body, a parameter or a header is not valid (`invalid_request`, with `details.problems`), or valid but unusable (`invalid_input`). */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description A bug in the server, logged with its traceback: `internal_error`. */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description The node does not serve now (starting, a standby, stepped down: `unavailable`, with the `x-dex-role` header; try another address), or the store could not commit (nothing was written, retry: `storage_error`). */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -56,6 +56,17 @@ export type ModelLimit = Schemas["Limit"];
  * that answered, and ``lowered_to`` (the part it admits after the provider refused
  * calls). */
 export type GroupLimits = Schemas["GroupLimits"];
+/** A tenant as ``listTenants``, ``getTenant`` and the tenant budget calls answer it (and
+ * as the snapshot's ``session.tenant_usage`` shows it): its ``budget`` (null: none), the
+ * UTC ``day``, what its sessions' model calls used ``today`` and ``this_month``, and
+ * ``reached`` (how its budget is used up, in words; null if not). */
+export type Tenant = Schemas["Tenant"];
+/** What a tenant's model calls used in a period: ``input_tokens``, ``output_tokens``,
+ * ``tokens`` (both together), ``cost_usd``, ``calls``. */
+export type TenantUsage = Schemas["TenantUsage"];
+/** A tenant's budget as answered: ``max_tokens_per_day``, ``max_cost_usd_per_day``,
+ * ``max_tokens_per_month``, ``max_cost_usd_per_month``; a null limit does not apply. */
+export type TenantBudget = Schemas["TenantBudgetView"];
 /** The JSON body of every error answer: ``{"error": {"code", "message", "details"}}``. */
 export type ErrorBody = Schemas["ErrorResponse"];
 
@@ -107,6 +118,21 @@ export interface CreateSessionOptions {
 }
 
 export interface BudgetOptions extends Budget {
+  /** Who changes it. */
+  by?: string;
+}
+
+/** What all of a tenant's sessions may use in a UTC day and in a UTC month: give one
+ * limit or more; one left out does not apply. */
+export interface TenantBudgetOptions {
+  /** Input and output tokens together, per UTC day. */
+  maxTokensPerDay?: number;
+  /** US dollars per UTC day. */
+  maxCostUsdPerDay?: number;
+  /** Input and output tokens together, per UTC month. */
+  maxTokensPerMonth?: number;
+  /** US dollars per UTC month. */
+  maxCostUsdPerMonth?: number;
   /** Who changes it. */
   by?: string;
 }

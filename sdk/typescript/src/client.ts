@@ -5,7 +5,7 @@
  * - Several addresses (a list, or comma-separated): one try at each in a round, from the
  *   one that answered last; a connection error, a timeout or a 503 moves on to the next.
  * - A request that is safe to repeat (a read; a send with a ``messageId``; setting or
- *   removing a session's budget) is tried again in rounds with backoff (full jitter,
+ *   removing a session's or a tenant's budget) is tried again in rounds with backoff (full jitter,
  *   0.05 s doubling to 1 s) until its timeout; anything else (a send without a
  *   ``messageId``, an approval, a denial, an answer, a reconcile, a cancel, a create, a
  *   fork, a change of a model group's limits) is one round and no more: it may have been
@@ -66,6 +66,8 @@ import type {
   Session,
   SessionList,
   StreamOptions,
+  Tenant,
+  TenantBudgetOptions,
   TurnResult,
   TurnToolCall,
 } from "./client-types";
@@ -304,6 +306,43 @@ export class Client {
   async clearLimit(group: string): Promise<GroupLimits[]> {
     const path = `/admin/limits/${segs(group)}`;
     return (await this.request<Schemas["LimitsView"]>("DELETE", path)).groups;
+  }
+
+  // --- tenants -------------------------------------------------------------------------
+
+  /** Each tenant with a budget or with usage this month: its ``budget``, what its
+   * sessions' model calls used ``today`` and ``this_month`` (UTC), and ``reached`` (how
+   * its budget is used up, or null). Needs an admin token when the server has auth on
+   * (docs/flow-control.md). */
+  async listTenants(): Promise<Tenant[]> {
+    return (await this.request<Schemas["Tenants"]>("GET", "/admin/tenants")).tenants;
+  }
+
+  /** One tenant's budget and usage, as ``listTenants`` shows each (a tenant with neither:
+   * no budget and zeros). */
+  getTenant(tenant: string): Promise<Tenant> {
+    return this.request("GET", `/admin/tenants/${seg(tenant)}`);
+  }
+
+  /** Set what all of a tenant's sessions may use in a UTC day and month (one limit or
+   * more; none is a 422; one left out does not apply). Its sessions' turns that wait for
+   * it go on if it allows them. Answers the tenant, as ``getTenant``; tried again until
+   * the timeout, as setting it twice is setting it once. */
+  setTenantBudget(tenant: string, options: TenantBudgetOptions): Promise<Tenant> {
+    const body = {
+      max_tokens_per_day: options.maxTokensPerDay ?? null,
+      max_cost_usd_per_day: options.maxCostUsdPerDay ?? null,
+      max_tokens_per_month: options.maxTokensPerMonth ?? null,
+      max_cost_usd_per_month: options.maxCostUsdPerMonth ?? null,
+      by: options.by ?? null,
+    } satisfies Schemas["SetTenantBudget"];
+    return this.request("PUT", `/admin/tenants/${seg(tenant)}/budget`, { body, retry: true });
+  }
+
+  /** Remove a tenant's budget: no limit; its sessions' turns that wait for it go on. */
+  removeTenantBudget(tenant: string, options: { by?: string } = {}): Promise<Tenant> {
+    const path = `/admin/tenants/${seg(tenant)}/budget`;
+    return this.request("DELETE", path, { params: { by: options.by }, retry: true });
   }
 
   // --- waits, cancel, reconcile --------------------------------------------------------

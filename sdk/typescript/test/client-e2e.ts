@@ -6,9 +6,11 @@
  * inbox and the session list, approves it, waits for the turn, reads the event stream
  * from the start and again from its first id; then denies a second call, forks the
  * session and makes a few calls the server refuses. Then flow control: a session created
- * with a tenant, a priority and a budget, its budget set and removed, and model groups'
- * limits set and cleared (a group with slashes, one with characters to escape). It
- * prints one JSON summary on stdout; the test asserts on it and on the tool's ledger.
+ * with a tenant, a priority and a budget, its budget set and removed, model groups'
+ * limits set and cleared (a group with slashes, one with characters to escape), and its
+ * tenant's budget set, read back (the tenant, the list, the snapshot), refused when bad
+ * and removed. It prints one JSON summary on stdout; the test asserts on it and on the
+ * tool's ledger.
  *
  * Run: node dist/test/client-e2e.js   (DEX_ADDRESS: the addresses, a dead one first)
  */
@@ -123,6 +125,21 @@ async function main(): Promise<void> {
   const limitRefused = await refusal(() => client.setLimit(GROUP, { concurrency: 0 }));
   const limitCleared = await client.clearLimit(GROUP);
 
+  // the budgeted session's tenant: its budget set, read back three ways, refused, removed
+  const tenantSet = await client.setTenantBudget("acme", {
+    maxTokensPerDay: 100_000,
+    maxCostUsdPerMonth: 50,
+    by: "ts-client",
+  });
+  const tenantRead = await client.getTenant("acme");
+  const tenantListed = (await client.listTenants()).find((t) => t.tenant === "acme") ?? null;
+  const tenantInSnapshot = (await client.getAgentSnapshot(BUDGETED)).session.tenant_usage ?? null;
+  const tenantNoLimit = await refusal(() => client.setTenantBudget("acme", { by: "ts-client" }));
+  const tenantZero = await refusal(() => client.setTenantBudget("acme", { maxTokensPerDay: 0 }));
+  const tenantBadName = await refusal(() => client.getTenant("not a tenant"));
+  const tenantAfterRefusals = await client.getTenant("acme");
+  const tenantRemoved = await client.removeTenantBudget("acme", { by: "ts-client" });
+
   const summary = {
     addresses: client.addresses.length,
     agents,
@@ -178,6 +195,15 @@ async function main(): Promise<void> {
       odd: oddSet.find((g) => g.group === ODD_GROUP) ?? null,
       refused: limitRefused.status,
       cleared: limitCleared.map((g) => g.group),
+    },
+    tenant: {
+      set: tenantSet,
+      read: tenantRead,
+      listed: tenantListed,
+      in_snapshot: tenantInSnapshot,
+      refused: [tenantNoLimit.status, tenantZero.status, tenantBadName.status],
+      after_refusals: tenantAfterRefusals.budget,
+      removed: tenantRemoved,
     },
   };
   process.stdout.write(JSON.stringify(summary) + "\n");

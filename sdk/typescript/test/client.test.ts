@@ -231,6 +231,65 @@ test("the budget and limit calls send the API's routes and bodies; a group keeps
   ]);
 });
 
+test("the tenant calls send the API's routes and bodies; a tenant budget's change is retried", async () => {
+  const usage = { input_tokens: 0, output_tokens: 0, tokens: 0, cost_usd: 0, calls: 0 };
+  const acme = {
+    tenant: "acme",
+    budget: { max_tokens_per_day: 1000 },
+    day: "2026-12-08",
+    today: usage,
+    this_month: usage,
+    reached: null,
+  };
+  let refusals = 0;
+  const node = new FakeServer((seen, res) =>
+    refusals-- > 0
+      ? STANDBY(seen, res)
+      : json(res, 200, seen.path === "/admin/tenants" ? { tenants: [acme] } : acme),
+  );
+  const client = new Client({ address: await node.start(), timeout: 10 });
+  assert.deepEqual(await client.listTenants(), [acme]);
+  assert.deepEqual(await client.getTenant("acme.eu"), acme);
+  refusals = 2;
+  const set = await client.setTenantBudget("acme", {
+    maxTokensPerDay: 1000,
+    maxCostUsdPerMonth: 50,
+    by: "ops",
+  });
+  assert.deepEqual(set, acme);
+  await client.setTenantBudget("acme", { maxCostUsdPerDay: 2.5, maxTokensPerMonth: 90_000 });
+  refusals = 1;
+  await client.removeTenantBudget("acme", { by: "ann & bob" });
+  await client.removeTenantBudget("acme");
+
+  const sent = node.seen.map((s) => [s.method, s.path, s.query.toString(), s.body]);
+  const full = {
+    max_tokens_per_day: 1000,
+    max_cost_usd_per_day: null,
+    max_tokens_per_month: null,
+    max_cost_usd_per_month: 50,
+    by: "ops",
+  };
+  const other = {
+    max_tokens_per_day: null,
+    max_cost_usd_per_day: 2.5,
+    max_tokens_per_month: 90_000,
+    max_cost_usd_per_month: null,
+    by: null,
+  };
+  assert.deepEqual(sent, [
+    ["GET", "/admin/tenants", "", undefined],
+    ["GET", "/admin/tenants/acme.eu", "", undefined],
+    ["PUT", "/admin/tenants/acme/budget", "", full], // a standby: tried again
+    ["PUT", "/admin/tenants/acme/budget", "", full],
+    ["PUT", "/admin/tenants/acme/budget", "", full],
+    ["PUT", "/admin/tenants/acme/budget", "", other],
+    ["DELETE", "/admin/tenants/acme/budget", "by=ann+%26+bob", undefined],
+    ["DELETE", "/admin/tenants/acme/budget", "by=ann+%26+bob", undefined],
+    ["DELETE", "/admin/tenants/acme/budget", "", undefined],
+  ]);
+});
+
 test("a read that finds no node gives up after its timeout, unavailable", async () => {
   const client = new Client({ address: await deadAddress(), timeout: 0.5 });
   const started = Date.now();

@@ -5,9 +5,11 @@
 // turn, reads the event stream from the start and again from the middle, forks the
 // session and denies the fork's call, and meets the errors the API answers. Then flow
 // control: a session created with a tenant, a priority and a budget, its budget set and
-// removed, and model groups' limits set and cleared (one with slashes, one with
-// characters to escape). It prints a JSON summary of what it saw; the test asserts on it. -addresses is the server's
-// addresses, comma-separated (a dead one first tries the fail-over).
+// removed, model groups' limits set and cleared (one with slashes, one with characters
+// to escape), and its tenant's budget set, read back (the tenant, the list, the
+// snapshot), refused when bad and removed. It prints a JSON summary of what it saw; the
+// test asserts on it. -addresses is the server's addresses, comma-separated (a dead one
+// first tries the fail-over).
 package main
 
 import (
@@ -299,6 +301,52 @@ func flowControl(ctx context.Context, c *client.Client, summary map[string]any) 
 	summary["limits"] = map[string]any{
 		"before": groups(before), "set": find(limitSet, group), "odd": find(oddSet, oddGroup),
 		"refused": kindOf(refusedErr), "cleared": groups(cleared),
+	}
+	return tenantBudget(ctx, c, summary)
+}
+
+// tenantBudget sets the budgeted session's tenant's budget, reads it back three ways,
+// meets the server's refusals and removes it.
+func tenantBudget(ctx context.Context, c *client.Client, summary map[string]any) error {
+	set, err := c.SetTenantBudget(ctx, "acme", client.TenantBudgetOptions{
+		MaxTokensPerDay: 100000, MaxCostUSDPerMonth: 50, By: "go-client",
+	})
+	if err != nil {
+		return fmt.Errorf("set the tenant's budget: %w", err)
+	}
+	read, err := c.GetTenant(ctx, "acme")
+	if err != nil {
+		return fmt.Errorf("get the tenant: %w", err)
+	}
+	tenants, err := c.ListTenants(ctx)
+	if err != nil {
+		return fmt.Errorf("list the tenants: %w", err)
+	}
+	var listed *client.Tenant
+	for i := range tenants {
+		if tenants[i].Tenant == "acme" {
+			listed = &tenants[i]
+		}
+	}
+	snapshot, err := c.AgentSnapshot(ctx, budgetID)
+	if err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	_, noLimitErr := c.SetTenantBudget(ctx, "acme", client.TenantBudgetOptions{By: "go-client"})
+	_, negativeErr := c.SetTenantBudget(ctx, "acme", client.TenantBudgetOptions{MaxTokensPerDay: -1})
+	_, badNameErr := c.GetTenant(ctx, "not a tenant")
+	afterRefusals, err := c.GetTenant(ctx, "acme")
+	if err != nil {
+		return fmt.Errorf("get the tenant again: %w", err)
+	}
+	removed, err := c.RemoveTenantBudget(ctx, "acme", "go-client")
+	if err != nil {
+		return fmt.Errorf("remove the tenant's budget: %w", err)
+	}
+	summary["tenant"] = map[string]any{
+		"set": set, "read": read, "listed": listed, "in_snapshot": snapshot.Session.TenantUsage,
+		"refused":        []string{kindOf(noLimitErr), kindOf(negativeErr), kindOf(badNameErr)},
+		"after_refusals": afterRefusals.Budget, "removed": removed,
 	}
 	return nil
 }
