@@ -302,3 +302,24 @@ async def test_send_and_wait_outlasts_the_servers_cap_on_waiting(tmp_path: Path)
     assert turn["status"] == "completed", turn
     assert _results(turn) == [["hold", "succeeded", "released", None]]
     assert turn["created"] is True
+
+
+async def test_the_client_sets_lists_and_removes_a_tenant_s_budget(
+    client: dex.Client, dex_worker: dex.Worker
+) -> None:
+    assert await client.list_tenants() == []
+    acme = await client.set_tenant_budget("acme", max_cost_usd_per_month=5.0, by="ops")
+    assert acme["budget"] == {
+        "max_tokens_per_day": None,
+        "max_cost_usd_per_day": None,
+        "max_tokens_per_month": None,
+        "max_cost_usd_per_month": 5.0,
+    }
+    assert acme["today"]["calls"] == 0 and acme["reached"] is None
+    assert [t["tenant"] for t in await client.list_tenants()] == ["acme"]
+    with pytest.raises(dex.InvalidInput):
+        await client.set_tenant_budget("acme")  # no limit: refused, nothing changes
+    assert (await client.get_tenant("acme"))["budget"] == acme["budget"]
+    removed = await client.remove_tenant_budget("acme", by="ops")
+    assert removed["budget"] is None
+    assert await client.list_tenants() == []
