@@ -17,7 +17,10 @@ round, so the machine's neighbours load both alike: the server's CPU per turn of
 and their ratio (target <= 1.05). And, unmoved by the machine's load, the CPU of the
 gates alone (``Limits``) for one turn's Steps, called in this process, with and without
 those limits; with ``--instructions N``, the server's instructions per turn over N turns
-with and without them, counted by callgrind (``bench.instructions``' ``measure``).
+with and without them, counted by callgrind (``bench.instructions``' ``measure``). The
+limited server's sessions also belong to a tenant (``TENANT``) with a budget that never
+binds: each model call checks it, and each model result adds to the tenant's day in its
+commit (the callgrind figure leaves tenants out).
 
 **Rate under refusals.** A model group with ``rpm`` = R (``--rpm``, 600), whose model is
 ``dex.models.Anthropic`` through the real SDK client against the local fake server
@@ -52,6 +55,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -128,6 +132,23 @@ async def connected(
     await wait_until_async(ready, 60, 0.05, "the Worker connected")
 
 
+TENANT = "bench"
+"""The tenant of the limited server's sessions; its budget never binds."""
+
+
+class TenantClient:
+    """A ``turns.TurnClient`` whose sessions all belong to ``TENANT``."""
+
+    def __init__(self, client: dex.Client) -> None:
+        self.client = client
+
+    async def create_session(self, agent: str, session_id: str | None = None) -> dict[str, Any]:
+        return await self.client.create_session(agent, session_id, tenant=TENANT)
+
+    async def send_message(self, session_id: str, text: str, **options: Any) -> dict[str, Any]:
+        return await self.client.send_message(session_id, text, **options)
+
+
 async def admission(args: argparse.Namespace, tmp: Path) -> tuple[list[Arm], float]:
     """The interleaved rounds of both servers, and how many CPUs were busy meanwhile."""
     found = arms(tmp)
@@ -145,12 +166,14 @@ async def admission(args: argparse.Namespace, tmp: Path) -> tuple[list[Arm], flo
             configured = {g["group"]: g["limit"] for g in await clients[1].get_limits()}
             if not configured.get(SCRIPTED_GROUP):
                 raise RuntimeError(f"the limit of {SCRIPTED_GROUP} is not set: {configured}")
+            await clients[1].set_tenant_budget(TENANT, max_tokens_per_day=1 << 60)
+            lanes: list[turns.TurnClient] = [clients[0], TenantClient(clients[1])]
             busy0, t0 = machine_busy_seconds(), time.monotonic()
             for r in range(args.rounds):
-                order = list(zip(found, clients, strict=True))
-                for arm, client in order if r % 2 == 0 else order[::-1]:
+                order = list(zip(found, lanes, strict=True))
+                for arm, lane in order if r % 2 == 0 else order[::-1]:
                     phase = await turns.run_phase(
-                        client,
+                        lane,
                         http,
                         arm.server,
                         arm.worker,

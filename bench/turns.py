@@ -393,7 +393,7 @@ class Lane:
 
 
 async def run_phase(
-    client: dex.Client,
+    client: TurnClient,
     http: aiohttp.ClientSession,
     server: ServerProcess,
     worker: WorkerProcess,
