@@ -94,8 +94,8 @@ class Sessions:
         )
         """What Workers do to attempts."""
         self.reads = Reads(store, self.actors, self.streams, dispatcher, self.agents)
-        self.reads.tenants = self.tenants
         """What clients read."""
+        self.reads.tenants = self.tenants
         self.serves: Callable[[str], bool] | None = None
         """In a cluster, whether this node serves a session (its partition): a new
         session's id is made in one of this node's partitions. None: every session."""
