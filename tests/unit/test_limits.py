@@ -11,8 +11,9 @@ from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.dispatch.limits import BURST, Ask, Limit, Limits
 from dex.server.dispatch.queues import Queued
 from dex.server.flow import DEMAND, ModelLimits
-from dex.server.handouts import concurrency_key
+from dex.server.handouts import concurrency_key, model_group
 from dex.testing import wait_until_async
+from dex.wire import AgentSpec
 
 
 class Clock:
@@ -180,6 +181,17 @@ def test_a_concurrency_key_is_the_template_with_the_arguments() -> None:
     assert concurrency_key("{customer_id}:{n}:{date}", args) == 'c-42:3:{"d":1}'
     assert concurrency_key("", args) == ""
     assert concurrency_key("{missing}", args) == ""
+    assert concurrency_key("per-{n}-{n}", args) == "per-3-3"
+    assert concurrency_key("{n", args) == "{n"  # not a placeholder: kept as it is
+
+
+def test_a_model_group_follows_a_new_version_of_the_spec() -> None:
+    """The group is worked out once per spec object; a spec registered again with another
+    model config is a new object, and its calls count against its new group."""
+    first = AgentSpec(name="grouped", model={"provider": "p", "model": "m"})
+    assert model_group(first) == model_group(first) == "p/m"
+    assert model_group(AgentSpec(name="grouped", model={"group": "pool"})) == "pool"
+    assert model_group(first) == "p/m"
 
 
 def test_limits_refuse_bad_values() -> None:
