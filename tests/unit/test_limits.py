@@ -164,6 +164,18 @@ def test_raising_a_limit_lets_the_waiting_go(clock: Clock) -> None:
     assert limits.admit("s", "2", Ask("g")) is None
 
 
+def test_the_tally_counts_running_and_waiting_by_key(clock: Clock) -> None:
+    limits = limits_with(clock, concurrency=1)
+    assert limits.admit("s", "1", Ask("g")) is None
+    blocked = limits.admit("s", "2", Ask("g"))
+    assert blocked is not None
+    limits.park(Queued("s", "2", "q", Ask("g")), blocked)
+    assert limits.admit("s", "3", Ask("p/m")) is None
+    assert limits.admit("s", "4", Ask("tool:a/book=alice", concurrency=1)) is None
+    assert limits.tally() == {"g": (1, 1), "p/m": (1, 0), "tool:a/book=alice": (1, 0)}
+    assert limits.running("p/m") == 1
+
+
 def test_tool_keys_limit_each_key_apart_and_are_forgotten_when_idle(clock: Clock) -> None:
     limits = Limits(clock)
     alice, bob = Ask("tool:a/book=alice", concurrency=1), Ask("tool:a/book=bob", concurrency=1)

@@ -235,9 +235,10 @@ class Limits:
     def blocked(self, session_id: str, step_id: str) -> Blocked | None:
         return self._blocked.get((session_id, step_id))
 
-    def waiting(self) -> dict[str, int]:
-        """Steps parked at each gate."""
-        return {key: len(g.parked) for key, g in self._gates.items() if g.parked}
+    def tally(self) -> dict[str, tuple[int, int]]:
+        """(calls running, Steps waiting) by key: every key that has calls running or Steps
+        waiting, or was lowered (what the metrics and the API's view of the limits show)."""
+        return {key: (gate.running, len(gate.parked)) for key, gate in self._gates.items()}
 
     def groups(self) -> list[str]:
         """The keys that have calls running or Steps waiting, or were lowered."""
