@@ -164,6 +164,34 @@ def test_raising_a_limit_lets_the_waiting_go(clock: Clock) -> None:
     assert limits.admit("s", "2", Ask("g")) is None
 
 
+def test_a_limit_set_at_run_time_counts_the_calls_of_its_group_running(clock: Clock) -> None:
+    """A group with no limit has no gate, its calls only counted; a limit set while they
+    run counts them: the running count is right, and they hold the new limit."""
+    limits = Limits(clock)
+    for n in range(3):
+        assert limits.admit("s", str(n), Ask("p/m", tokens=10)) is None
+    limits.count("s", "reclaimed", Ask("p/m"))  # one left running by a restart
+    assert limits.running("p/m") == 4
+    assert limits.tally() == {"p/m": (4, 0)}
+    limits.set("p/m", Limit(concurrency=5))
+    assert limits.running("p/m") == 4
+    assert limits.admit("s", "4", Ask("p/m")) is None
+    assert limits.admit("s", "5", Ask("p/m")) is not None  # five at once
+    limits.settle("s", "0", 20)
+    for step in ["0", "1", "2", "reclaimed"]:
+        limits.release("s", step)
+    assert limits.running("p/m") == 1
+    limits.set("p/m", None)
+    limits.release("s", "4")
+    assert limits.running("p/m") == 0
+    assert limits.tally() == {} and limits.groups() == []
+    # without a limit again, its calls are counted and forgotten as before
+    assert limits.admit("s", "6", Ask("p/m")) is None
+    assert limits.tally() == {"p/m": (1, 0)}
+    limits.release("s", "6")
+    assert limits.tally() == {}
+
+
 def test_the_tally_counts_running_and_waiting_by_key(clock: Clock) -> None:
     limits = limits_with(clock, concurrency=1)
     assert limits.admit("s", "1", Ask("g")) is None
