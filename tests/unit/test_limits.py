@@ -11,8 +11,9 @@ from dex.server.dispatch.dispatcher import Dispatcher, Held, WorkerConn
 from dex.server.dispatch.limits import BURST, Ask, Limit, Limits
 from dex.server.dispatch.queues import Queued
 from dex.server.flow import DEMAND, ModelLimits
-from dex.server.handouts import concurrency_key
+from dex.server.handouts import concurrency_key, model_group
 from dex.testing import wait_until_async
+from dex.wire import AgentSpec
 
 
 class Clock:
@@ -163,6 +164,46 @@ def test_raising_a_limit_lets_the_waiting_go(clock: Clock) -> None:
     assert limits.admit("s", "2", Ask("g")) is None
 
 
+def test_a_limit_set_at_run_time_counts_the_calls_of_its_group_running(clock: Clock) -> None:
+    """A group with no limit has no gate, its calls only counted; a limit set while they
+    run counts them: the running count is right, and they hold the new limit."""
+    limits = Limits(clock)
+    for n in range(3):
+        assert limits.admit("s", str(n), Ask("p/m", tokens=10)) is None
+    limits.count("s", "reclaimed", Ask("p/m"))  # one left running by a restart
+    assert limits.running("p/m") == 4
+    assert limits.tally() == {"p/m": (4, 0)}
+    limits.set("p/m", Limit(concurrency=5))
+    assert limits.running("p/m") == 4
+    assert limits.admit("s", "4", Ask("p/m")) is None
+    assert limits.admit("s", "5", Ask("p/m")) is not None  # five at once
+    limits.settle("s", "0", 20)
+    for step in ["0", "1", "2", "reclaimed"]:
+        limits.release("s", step)
+    assert limits.running("p/m") == 1
+    limits.set("p/m", None)
+    limits.release("s", "4")
+    assert limits.running("p/m") == 0
+    assert limits.tally() == {} and limits.groups() == []
+    # without a limit again, its calls are counted and forgotten as before
+    assert limits.admit("s", "6", Ask("p/m")) is None
+    assert limits.tally() == {"p/m": (1, 0)}
+    limits.release("s", "6")
+    assert limits.tally() == {}
+
+
+def test_the_tally_counts_running_and_waiting_by_key(clock: Clock) -> None:
+    limits = limits_with(clock, concurrency=1)
+    assert limits.admit("s", "1", Ask("g")) is None
+    blocked = limits.admit("s", "2", Ask("g"))
+    assert blocked is not None
+    limits.park(Queued("s", "2", "q", Ask("g")), blocked)
+    assert limits.admit("s", "3", Ask("p/m")) is None
+    assert limits.admit("s", "4", Ask("tool:a/book=alice", concurrency=1)) is None
+    assert limits.tally() == {"g": (1, 1), "p/m": (1, 0), "tool:a/book=alice": (1, 0)}
+    assert limits.running("p/m") == 1
+
+
 def test_tool_keys_limit_each_key_apart_and_are_forgotten_when_idle(clock: Clock) -> None:
     limits = Limits(clock)
     alice, bob = Ask("tool:a/book=alice", concurrency=1), Ask("tool:a/book=bob", concurrency=1)
@@ -180,6 +221,17 @@ def test_a_concurrency_key_is_the_template_with_the_arguments() -> None:
     assert concurrency_key("{customer_id}:{n}:{date}", args) == 'c-42:3:{"d":1}'
     assert concurrency_key("", args) == ""
     assert concurrency_key("{missing}", args) == ""
+    assert concurrency_key("per-{n}-{n}", args) == "per-3-3"
+    assert concurrency_key("{n", args) == "{n"  # not a placeholder: kept as it is
+
+
+def test_a_model_group_follows_a_new_version_of_the_spec() -> None:
+    """The group is worked out once per spec object; a spec registered again with another
+    model config is a new object, and its calls count against its new group."""
+    first = AgentSpec(name="grouped", model={"provider": "p", "model": "m"})
+    assert model_group(first) == model_group(first) == "p/m"
+    assert model_group(AgentSpec(name="grouped", model={"group": "pool"})) == "pool"
+    assert model_group(first) == "p/m"
 
 
 def test_limits_refuse_bad_values() -> None:

@@ -161,7 +161,10 @@ class Committer:
                 hold_for_tenant(state, t, msgspec.to_builtins(budget), reason, now)
             if t.used is not None:
                 used = TenantUsage(state.tenant, day_of(now), *t.used)
-        handed = self._hand_out_now(state, t, now) if dispatch else []
+        if dispatch:
+            handed, waiting = self._hand_out_now(state, t, now)
+        else:
+            handed, waiting = [], [(step, None) for step in t.ready]
         if self.tracing is not None:
             self.tracing.before_commit(state)
         start = state.history_length
@@ -186,26 +189,35 @@ class Committer:
             return done
         grown = sum(map(len, write.history))
         stored.add_done_callback(
-            functools.partial(self._committed, actor, t, handed, release, done, plain, grown, used)
+            functools.partial(
+                self._committed, actor, t, handed, waiting, release, done, plain, grown, used
+            )
         )
         return done
 
     def _hand_out_now(
         self, state: SessionState, t: Transition, now: float
-    ) -> list[tuple[Step, WorkerConn]]:
-        """Record, in this commit, the hand-out of each new Step to a Worker free right now."""
+    ) -> tuple[list[tuple[Step, WorkerConn]], list[tuple[Step, Queued | None]]]:
+        """Record, in this commit, the hand-out of each new Step to a Worker free right now:
+        (the Steps handed out and their Workers, the other ready Steps with the ``Queued``
+        built for them here, or None, for the effects to offer)."""
         handed: list[tuple[Step, WorkerConn]] = []
         if not self.dispatcher.dispatches(state.id):
-            return handed  # its partition is being handed over: the next owner hands it out
+            # its partition is being handed over: the next owner hands it out
+            return handed, [(step, None) for step in t.ready]
+        waiting: list[tuple[Step, Queued | None]] = []
         for step in t.ready:
             if step.not_before is not None or step.status != StepStatus.QUEUED:
+                waiting.append((step, None))
                 continue
-            ask = self.queued(state, step).ask
-            worker = self.dispatcher.reserve(step.queue, state.id, step.id, ask)
+            queued = self.queued(state, step)
+            worker = self.dispatcher.reserve(step.queue, state.id, step.id, queued.ask)
             if worker is not None:
                 handlers.assign(state, step.id, worker.id, now, worker.proof)
                 handed.append((step, worker))
-        return handed
+            else:
+                waiting.append((step, queued))
+        return handed, waiting
 
     def _failed(
         self,
@@ -226,6 +238,7 @@ class Committer:
         actor: Actor,
         t: Transition,
         handed: list[tuple[Step, WorkerConn]],
+        waiting: list[tuple[Step, Queued | None]],
         release: str | None,
         done: asyncio.Future[Transition],
         plain: list[dict[str, Any]],
@@ -251,14 +264,20 @@ class Committer:
             # next hand-out; whoever awaits it runs later, when the effects have run
             if not done.done():
                 done.set_result(t)
-            self._effects(actor, t, handed)
+            self._effects(actor, t, handed, waiting)
         except BaseException as e:  # a bug: the commit stands, the actor reloads from it
             log.exception("effects of a commit failed", extra={"action": "sessions.effects"})
             self._failed(actor, [], e, done)
             return
         actor.release()
 
-    def _effects(self, actor: Actor, t: Transition, handed: list[tuple[Step, WorkerConn]]) -> None:
+    def _effects(
+        self,
+        actor: Actor,
+        t: Transition,
+        handed: list[tuple[Step, WorkerConn]],
+        waiting: list[tuple[Step, Queued | None]],
+    ) -> None:
         sid = actor.state.id
         if self.tracing is not None:
             self.tracing.after_commit(actor.state, t.ended_turn)
@@ -273,10 +292,11 @@ class Committer:
             held = self.dispatcher.unhold(aid)
             if held is not None:
                 held.conn.send(server_frames.Cancel(attempt_id=aid))
-        handed_steps = {id(step) for step, _ in handed}
-        for step in t.ready:
-            if id(step) not in handed_steps and step.status == StepStatus.QUEUED:
-                self.dispatcher.offer(self.queued(actor.state, step), step.not_before)
+        for step, queued in waiting:  # the ready Steps not handed out
+            if step.status == StepStatus.QUEUED:
+                if queued is None:
+                    queued = self.queued(actor.state, step)
+                self.dispatcher.offer(queued, step.not_before)
         for step, worker in handed:
             worker.send(self.handout(actor, step, worker))
         for step in t.timers:

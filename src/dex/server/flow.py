@@ -75,8 +75,8 @@ class ModelLimits:
         node = self.node_id()
         if node is None:
             return
-        waiting = self.limits.waiting()
-        own = {g: self.limits.running(g) + waiting.get(g, 0) for g in self.limits.configured}
+        tally = self.limits.tally()
+        own = {g: sum(tally.get(g, (0, 0))) for g in self.limits.configured}
         now = self.limits.now()
         rows = await self.store.exchange_demand(node, own, now, now - STALE)
         if rows is None:
@@ -107,22 +107,23 @@ class ModelLimits:
     def view(self) -> list[dict[str, object]]:
         """Each group with limits or calls: its limits, where they come from, and what it
         runs and holds queued on this node."""
-        waiting = self.limits.waiting()
-        groups = sorted({*self.configured, *self.stored, *self.limits.groups()})
+        tally = self.limits.tally()
+        groups = sorted({*self.configured, *self.stored, *tally})
         out: list[dict[str, object]] = []
         for group in groups:
             if group.startswith("tool:"):
                 continue
             limit = self.stored.get(group, self.configured.get(group))
             source = "api" if group in self.stored else "config" if limit is not None else None
+            running, waiting = tally.get(group, (0, 0))
             out.append(
                 {
                     "group": group,
                     "limit": limit.model_dump() if limit is not None else None,
                     "source": source,
-                    "running": self.limits.running(group),
+                    "running": running,
                     "lowered_to": self.limits.lowered(group),
-                    "waiting": waiting.get(group, 0),
+                    "waiting": waiting,
                 }
             )
         return out

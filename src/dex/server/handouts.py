@@ -9,6 +9,7 @@ only the items of the model's view that the Worker's connection was not sent bef
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -96,7 +97,24 @@ def _context_for(
 
 def model_group(spec: AgentSpec) -> str:
     """The model group an agent's model calls count against: the name its model config
-    gives (``group``), else the provider and the model (``anthropic/claude-sonnet-4-5``)."""
+    gives (``group``), else the provider and the model (``anthropic/claude-sonnet-4-5``).
+    Worked out once per spec: a spec is not changed once registered (a new version is a
+    new object), so the group is kept by agent name with the very spec it came from."""
+    kept = _GROUPS.get(spec.name)
+    if kept is not None and kept[0] is spec:
+        return kept[1]
+    group = _model_group(spec)
+    _GROUPS[spec.name] = (spec, group)
+    return group
+
+
+_GROUPS: dict[str, tuple[AgentSpec, str]] = {}
+"""By agent name: the spec last asked about and its model group (``model_group``). One
+entry per name, so it holds no more than the agents there are; holding the spec itself
+makes the ``is`` test exact."""
+
+
+def _model_group(spec: AgentSpec) -> str:
     model = spec.model
     group = model.get("group")
     if isinstance(group, str) and group:
@@ -134,11 +152,22 @@ def concurrency_key(template: str, arguments: dict[str, Any]) -> str:
     """A tool's concurrency key for one call: ``template`` with each ``{name}`` replaced
     by argument ``name``'s value (a string as it is, anything else as JSON; a missing
     argument as nothing)."""
+    parts = _template(template)
+    if len(parts) == 1:
+        return template  # no placeholder
+    return "".join(
+        _argument(arguments.get(part)) if n % 2 else part for n, part in enumerate(parts)
+    )
 
-    def value(match: re.Match[str]) -> str:
-        got = arguments.get(match.group(1))
-        if got is None:
-            return ""
-        return got if isinstance(got, str) else msgspec.json.encode(got).decode()
 
-    return _PLACEHOLDER.sub(value, template)
+@functools.lru_cache(maxsize=1024)
+def _template(template: str) -> tuple[str, ...]:
+    """A concurrency key's template split once: its text, then each placeholder's
+    argument name followed by the text after it."""
+    return tuple(_PLACEHOLDER.split(template))
+
+
+def _argument(got: Any) -> str:
+    if got is None:
+        return ""
+    return got if isinstance(got, str) else msgspec.json.encode(got).decode()

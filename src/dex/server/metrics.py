@@ -232,7 +232,6 @@ def node_gauges(node: Node) -> Iterator[Metric]:
     for queue, count in sorted(dispatcher.queued().items()):
         depth.add_metric([queue], count)
     yield depth
-    limits = dispatcher.limits
     held = GaugeMetricFamily(
         "dex_limit_waiting",
         "Steps held queued by a model group's limits, or by a tool's concurrency keys (all "
@@ -243,12 +242,11 @@ def node_gauges(node: Node) -> Iterator[Metric]:
         "dex_limit_running", "Calls running under a limited key, by key.", labels=["key"]
     )
     counts: dict[str, list[int]] = {}
-    waiting = limits.waiting()
-    for key in limits.groups():
+    for key, (calls, parked) in dispatcher.limits.tally().items():
         label = key.split("=", 1)[0] if key.startswith("tool:") else key
-        tally = counts.setdefault(label, [0, 0])
-        tally[0] += waiting.get(key, 0)
-        tally[1] += limits.running(key)
+        sums = counts.setdefault(label, [0, 0])
+        sums[0] += parked
+        sums[1] += calls
     for label, (parked, calls) in sorted(counts.items()):
         held.add_metric([label], parked)
         running.add_metric([label], calls)

@@ -25,6 +25,10 @@ In a cluster each node admits a share of each limit: the part of the group's dem
 part of the partitions alone until demand is known (calls at once round down, but a
 node that serves any partition admits one).
 
+A model group with no limit that was never refused has no gate: its calls are only
+counted as running (``_running``), which costs next to nothing per call. Its gate is made
+when it needs one (a limit set at run time, a refusal), counting the calls then running.
+
 All of this lives in memory and is rebuilt by the queue itself after a restart: what is
 durable is the Step, queued, with no attempt.
 """
@@ -148,6 +152,10 @@ class Limits:
         else:
             self.configured[key] = limit
         gate = self._gates.get(key)
+        if gate is None and limit is not None:
+            loose = self._loose(key)
+            if loose:  # calls of the group run already: they count against the limit
+                gate = self._gates[key] = _Gate(key, limit, loose)
         if gate is not None:
             gate.limit = limit
             self._due.add(key)
@@ -167,9 +175,17 @@ class Limits:
     def admit(self, session_id: str, step_id: str, ask: Ask) -> Blocked | None:
         """Admit the call if its gate lets it go now (it counts until ``release``); else why
         it waits. A Step parked at the gate goes before any that is not."""
-        gate = self._gate(ask.key)
-        now = self.now()
         step = (session_id, step_id)
+        gate = self._gates.get(ask.key)
+        if gate is None:
+            if ask.concurrency is None and ask.key not in self.configured:
+                # no limit, never refused: nothing to check, the call is only counted
+                self._running[step] = (ask.key, ask.tokens)
+                if self._blocked:
+                    self._blocked.pop(step, None)
+                return None
+            gate = self._gate(ask.key)
+        now = self.now()
         if gate.parked and step not in self._blocked:
             return self._blocked.get(_first(gate), Blocked(ask.key, "concurrency", None))
         blocked = self._blocks(gate, ask, now)
@@ -193,9 +209,11 @@ class Limits:
     def count(self, session_id: str, step_id: str, ask: Ask) -> None:
         """Count a call that runs without having been admitted here: one left running by a
         restart or a takeover, which its Worker may reclaim."""
-        if (session_id, step_id) not in self._running:
-            self._gate(ask.key).running += 1
-            self._running[(session_id, step_id)] = (ask.key, ask.tokens)
+        step = (session_id, step_id)
+        if step not in self._running:
+            if ask.key in self._gates or ask.concurrency is not None or ask.key in self.configured:
+                self._gate(ask.key).running += 1
+            self._running[step] = (ask.key, ask.tokens)
 
     def park(self, step: Queued, blocked: Blocked) -> None:
         """The Step waits at its gate (``admit`` said why) until ``due`` lets it go."""
@@ -235,17 +253,22 @@ class Limits:
     def blocked(self, session_id: str, step_id: str) -> Blocked | None:
         return self._blocked.get((session_id, step_id))
 
-    def waiting(self) -> dict[str, int]:
-        """Steps parked at each gate."""
-        return {key: len(g.parked) for key, g in self._gates.items() if g.parked}
+    def tally(self) -> dict[str, tuple[int, int]]:
+        """(calls running, Steps waiting) by key: every key that has calls running or Steps
+        waiting, or was lowered (what the metrics and the API's view of the limits show)."""
+        out = {key: (gate.running, len(gate.parked)) for key, gate in self._gates.items()}
+        for key, _ in self._running.values():
+            if key not in self._gates:
+                out[key] = (out.get(key, (0, 0))[0] + 1, 0)
+        return out
 
     def groups(self) -> list[str]:
         """The keys that have calls running or Steps waiting, or were lowered."""
-        return list(self._gates)
+        return list(self.tally())
 
     def running(self, key: str) -> int:
         gate = self._gates.get(key)
-        return gate.running if gate is not None else 0
+        return gate.running if gate is not None else self._loose(key)
 
     def lowered(self, key: str) -> float:
         """The part of its limits a provider's refusals left the group (1: all)."""
@@ -261,7 +284,9 @@ class Limits:
         if running is None:
             return
         key, estimate = running
-        gate = self._gate(key)
+        gate = self._gates.get(key)
+        if gate is None:
+            return  # no limit, never refused: nothing to correct or give back
         _, tpm = self._rates(gate)
         if tpm is not None:
             gate.tokens_at += (tokens - estimate) * 60 / tpm
@@ -276,7 +301,10 @@ class Limits:
         running = self._running.get((session_id, step_id))
         if running is None:
             return
-        gate = self._gate(running[0])
+        key = running[0]
+        gate = self._gates.get(key)
+        if gate is None:  # its calls ran without a gate: the gate counts them from now
+            gate = self._gates[key] = _Gate(key, self.configured.get(key), self._loose(key))
         if gate.seen is None and (gate.limit is None or gate.limit.concurrency is None):
             gate.seen = max(1, gate.running)
         gate.factor = max(LOWEST, gate.factor / 2)
@@ -295,7 +323,9 @@ class Limits:
         if running is None:
             return
         key = running[0]
-        gate = self._gates[key]
+        gate = self._gates.get(key)
+        if gate is None:
+            return  # only counted
         gate.running -= 1
         if gate.parked:
             self._schedule(key, gate, self.now())
@@ -305,10 +335,20 @@ class Limits:
     # --- the gates -----------------------------------------------------------------
 
     def _gate(self, key: str) -> _Gate:
+        """The key's gate, made if it has none. Every call of a key that has a gate, a limit
+        (``configured``) or a concurrency of its own counts at its gate; only a model
+        group with neither may have calls running without one (``_loose``): ``set`` and
+        ``refused`` make its gate counting them."""
         gate = self._gates.get(key)
         if gate is None:
             gate = self._gates[key] = _Gate(key, limit=self.configured.get(key))
         return gate
+
+    def _loose(self, key: str) -> int:
+        """The calls of ``key`` running without a gate (none while it has one)."""
+        if key in self._gates:
+            return 0
+        return sum(1 for running in self._running.values() if running[0] == key)
 
     def _rates(self, gate: _Gate) -> tuple[float | None, float | None]:
         """The requests and tokens per minute this node admits now."""
