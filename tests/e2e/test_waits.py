@@ -11,6 +11,11 @@ from dex.testing import wait_until
 from tests.support.rig import Rig, results
 
 
+LANGUAGES = pytest.mark.parametrize("worker_language", ["python", "typescript", "go"], indirect=True)
+"""The same test against each Worker: Python's, and the TypeScript and Go SDKs' ports of
+the test agents (``tests.support.rig.SDK_AGENTS``)."""
+
+
 def waits(rig: Rig, sid: str) -> list[dict[str, object]]:
     found: list[dict[str, object]] = rig.client.get_agent_snapshot(sid)["waits"]
     return found
@@ -119,6 +124,7 @@ def test_a_task_is_started_once_and_polled_until_done(rig: Rig) -> None:
     assert poll["polls"] >= 2
 
 
+@LANGUAGES
 def test_a_check_settles_an_unknown_outcome(rig: Rig) -> None:
     rig.start_server()
     worker = rig.start_worker()
