@@ -172,6 +172,7 @@ def test_reconcile_records_what_happened_and_the_model_is_told(rig: Rig) -> None
     assert len(rig.ledger.entries("charge")) == 1
 
 
+@LANGUAGES
 def test_cancel_stops_running_work_and_fails_what_never_ran(rig: Rig) -> None:
     rig.start_server()
     worker = rig.start_worker()

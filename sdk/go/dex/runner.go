@@ -132,7 +132,7 @@ func (w *Worker) handleOn(ctx context.Context, n *node, frame []incoming) error 
 		case "cancel":
 			w.mu.Lock()
 			if w.originLocked(m.AttemptID) == n {
-				w.abandonLocked(m.AttemptID, "the server cancelled this attempt")
+				w.abandonLocked(m.AttemptID, "cancelled by the server")
 			}
 			w.mu.Unlock()
 		case "welcome":
