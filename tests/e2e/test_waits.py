@@ -10,8 +10,9 @@ from dex import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex.testing import wait_until
 from tests.support.rig import Rig, results
 
-
-LANGUAGES = pytest.mark.parametrize("worker_language", ["python", "typescript", "go"], indirect=True)
+LANGUAGES = pytest.mark.parametrize(
+    "worker_language", ["python", "typescript", "go"], indirect=True
+)
 """The same test against each Worker: Python's, and the TypeScript and Go SDKs' ports of
 the test agents (``tests.support.rig.SDK_AGENTS``)."""
 
