@@ -10,6 +10,12 @@ from dex import TOOL_CALL_NOT_RUN_ERROR_PREFIX
 from dex.testing import wait_until
 from tests.support.rig import Rig, results
 
+LANGUAGES = pytest.mark.parametrize(
+    "worker_language", ["python", "typescript", "go"], indirect=True
+)
+"""The same test against each Worker: Python's, and the TypeScript and Go SDKs' ports of
+the test agents (``tests.support.rig.SDK_AGENTS``)."""
+
 
 def waits(rig: Rig, sid: str) -> list[dict[str, object]]:
     found: list[dict[str, object]] = rig.client.get_agent_snapshot(sid)["waits"]
@@ -119,6 +125,7 @@ def test_a_task_is_started_once_and_polled_until_done(rig: Rig) -> None:
     assert poll["polls"] >= 2
 
 
+@LANGUAGES
 def test_a_check_settles_an_unknown_outcome(rig: Rig) -> None:
     rig.start_server()
     worker = rig.start_worker()
@@ -166,6 +173,7 @@ def test_reconcile_records_what_happened_and_the_model_is_told(rig: Rig) -> None
     assert len(rig.ledger.entries("charge")) == 1
 
 
+@LANGUAGES
 def test_cancel_stops_running_work_and_fails_what_never_ran(rig: Rig) -> None:
     rig.start_server()
     worker = rig.start_worker()

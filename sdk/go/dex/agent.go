@@ -99,6 +99,7 @@ type ToolContext struct {
 	Traceparent string
 	asked       int
 	slept       int
+	beat        func()
 }
 
 // CallContext is the name ToolContext had before it took the name the Python and
@@ -135,6 +136,15 @@ func (c *ToolContext) Sleep(seconds float64) error {
 		return nil
 	}
 	return &waitError{toolOutcome{Status: "sleep", SleepSeconds: &seconds}}
+}
+
+// Heartbeat tells Dex the attempt is alive now. Optional: the Worker beats every attempt
+// it runs by itself, every HeartbeatInterval, whatever the tool does. Once the attempt is
+// stopped or cancelled (ctx is done), or its result is sent, it sends nothing.
+func (c *ToolContext) Heartbeat() {
+	if c.beat != nil {
+		c.beat()
+	}
 }
 
 // Model is a pluggable model: Stream calls it, emitting text as it arrives.

@@ -85,7 +85,13 @@ func succeeded(s step, value any) message {
 	return done(s, toolOutcome{Status: "succeeded", Result: value})
 }
 
+// toolFailed is a call's known failure: the model sees text. A check that fails so (a
+// ToolError, arguments that do not fit) could not tell: it says checked, happened null,
+// and the call's outcome stays unknown, as in the Python and TypeScript Workers.
 func toolFailed(s step, text string) message {
+	if s.StepType == StepCheckToolCall {
+		return done(s, toolOutcome{Status: "checked", Error: &text})
+	}
 	return done(s, toolOutcome{Status: "failed", Error: &text})
 }
 

@@ -132,7 +132,7 @@ func (w *Worker) handleOn(ctx context.Context, n *node, frame []incoming) error 
 		case "cancel":
 			w.mu.Lock()
 			if w.originLocked(m.AttemptID) == n {
-				w.abandonLocked(m.AttemptID, "the server cancelled this attempt")
+				w.abandonLocked(m.AttemptID, "cancelled by the server")
 			}
 			w.mu.Unlock()
 		case "welcome":
@@ -573,6 +573,7 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 		SessionID: s.SessionID, CallID: deref(s.CallID), Tool: tool.Name,
 		IdempotencyKey: deref(s.IdempotencyKey), Attempt: s.Attempt,
 		Answers: s.Answers, SleepsDone: s.SleepsDone, Traceparent: deref(s.Traceparent),
+		beat: func() { w.toolBeat(s.AttemptID) },
 	}
 	switch s.StepType {
 	case StepPollToolTask:
@@ -600,6 +601,24 @@ func (w *Worker) runTool(ctx context.Context, agent *Agent, a *attempt) message 
 		return toolError(s, err)
 	}
 	return succeeded(s, value)
+}
+
+// toolBeat is a tool's own heartbeat (ToolContext.Heartbeat): an hb of attempt id alone,
+// without a seq (its reply marks no stray), to the node it is on; none once the attempt
+// is stopped, cancelled or settled, nor while it is a stray (its node may not run it).
+func (w *Worker) toolBeat(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, running := w.running[id]; !running {
+		return
+	}
+	if _, settled := w.results[id]; settled {
+		return
+	}
+	if o := w.origins[id]; o != nil && o.stray {
+		return
+	}
+	w.sendOnLocked(w.originLocked(id), heartbeat([]string{id}, nil))
 }
 
 // startAcknowledged asks the node whether to start (an hb with a seq of ours) and waits

@@ -61,6 +61,17 @@ function record(effect: string, fields: Record<string, unknown>): void {
   }
 }
 
+/** The entries of ``effect`` in the ledger, as dex.testing.Ledger.entries reads them. */
+function entries(effect: string): Record<string, unknown>[] {
+  if (!fs.existsSync(LEDGER)) return [];
+  return fs
+    .readFileSync(LEDGER, "utf8")
+    .split("\n")
+    .filter((line) => line.trim() !== "")
+    .map((line) => JSON.parse(line) as Record<string, unknown>)
+    .filter((entry) => entry.effect === effect);
+}
+
 /** A model or summary call, recorded as it starts: only in a ledger a test named (a
  * Worker some end-to-end test starts without one leaves no ledger.jsonl behind). */
 function recordCall(effect: string, request: ModelRequest): void {
@@ -353,6 +364,23 @@ const publish = defineTool({
   },
 });
 
+const pay = defineTool({
+  name: "pay",
+  description: "A write with a check probe: the bank can be asked whether the payment happened.",
+  kind: "write",
+  parameters: keyed({ amount: { type: "integer" } }),
+  async run(args: Args, ctx: ToolContext) {
+    record("pay", { amount: args.amount, idempotency_key: ctx.idempotencyKey });
+    await gate(args.gate, ctx.attempt, ctx.signal);
+    return `paid ${String(args.amount)}`;
+  },
+  check(ctx: ToolContext, args: Args) {
+    const found = entries("pay").filter((e) => e.idempotency_key === ctx.idempotencyKey);
+    record("pay.check", { found: found.length });
+    return { happened: found.length > 0, result: `paid ${String(args.amount)} (found by check)` };
+  },
+});
+
 export const assistant = defineAgent({
   name: "assistant",
   model: new Recorded(script),
@@ -368,12 +396,12 @@ export const streamer = defineAgent({
   modelRetry: FAST,
 });
 
-/** agents.py's ``waiter``: its approvals, questions, timers and tasks (not its
- * predicate approval, check probe or timer tool). */
+/** agents.py's ``waiter``: its approvals, questions, timers, tasks and check probe (not
+ * its predicate approval or timer tool). */
 export const waiter = defineAgent({
   name: "waiter",
   model: new Recorded(script),
-  tools: [deleteAll, order, remind, render, lookup, charge, publish, exportReport],
+  tools: [deleteAll, order, remind, render, pay, lookup, charge, publish, exportReport],
   modelRetry: FAST,
 });
 

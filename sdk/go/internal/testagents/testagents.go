@@ -5,6 +5,7 @@ package testagents
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -36,6 +37,32 @@ func (l Ledger) Record(effect string, fields map[string]any) error {
 		return err
 	}
 	return f.Sync()
+}
+
+// Entries are the ledger's entries of effect, in order, as dex.testing.Ledger.entries
+// reads them (no ledger yet: none).
+func (l Ledger) Entries(effect string) ([]map[string]any, error) {
+	data, err := os.ReadFile(l.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var found []map[string]any
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			return nil, fmt.Errorf("ledger line %q: %w", line, err)
+		}
+		if entry["effect"] == effect {
+			found = append(found, entry)
+		}
+	}
+	return found, nil
 }
 
 // Gates is the directory of gate files (DEX_TEST_GATES), as dex.testing.Gates.
@@ -291,7 +318,7 @@ func Agents(ledger Ledger, gates Gates) []dex.Agent {
 		},
 		{
 			Name: "waiter", Model: scripted,
-			Tools: append(waits(ledger, fast), append(tasks(ledger, gates, fast), lookup, charge)...), ModelRetry: fast,
+			Tools: append(waits(ledger, fast), append(tasks(ledger, gates, fast), pay(ledger, gates), lookup, charge)...), ModelRetry: fast,
 		},
 		{
 			Name: "compactor", Model: scripted, Tools: []dex.Tool{lookup}, ModelRetry: fast,
@@ -368,6 +395,50 @@ func tasks(ledger Ledger, gates Gates, fast *dex.RetryPolicy) []dex.Tool {
 			return nil, dex.ErrPending
 		})
 	return []dex.Tool{render, export}
+}
+
+// pay is agents.py's write with a check probe: it records "pay" (amount, idempotency
+// key) and waits at its gate; its check asks the ledger whether a "pay" of the call's
+// idempotency key happened, and records "pay.check" (found).
+func pay(ledger Ledger, gates Gates) dex.Tool {
+	return dex.Tool{
+		Name: "pay", Kind: dex.Write, Parameters: params("amount", "integer"),
+		Description: "A write with a check probe: the bank can be asked whether the payment happened.",
+		Func: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (any, error) {
+			var a gated
+			if err := json.Unmarshal(args, &a); err != nil {
+				return nil, &dex.ToolError{Message: err.Error()}
+			}
+			if err := ledger.Record("pay", map[string]any{"amount": a.Amount, "idempotency_key": call.IdempotencyKey}); err != nil {
+				return nil, err
+			}
+			if err := gates.Wait(ctx, a.Gate, call.Attempt); err != nil {
+				return nil, err
+			}
+			return fmt.Sprintf("paid %d", a.Amount), nil
+		},
+		Check: func(ctx context.Context, call *dex.ToolContext, args json.RawMessage) (dex.Checked, error) {
+			var a gated
+			if err := json.Unmarshal(args, &a); err != nil {
+				return dex.Checked{}, &dex.ToolError{Message: err.Error()}
+			}
+			entries, err := ledger.Entries("pay")
+			if err != nil {
+				return dex.Checked{}, err
+			}
+			found := 0
+			for _, e := range entries {
+				if e["idempotency_key"] == call.IdempotencyKey {
+					found++
+				}
+			}
+			if err := ledger.Record("pay.check", map[string]any{"found": found}); err != nil {
+				return dex.Checked{}, err
+			}
+			happened := found > 0
+			return dex.Checked{Happened: &happened, Result: fmt.Sprintf("paid %d (found by check)", a.Amount)}, nil
+		},
+	}
 }
 
 // waits are the tools of agents.py's waiter that wait in Dex: an approval (delete_all,
