@@ -26,7 +26,7 @@ import dex
 from dex.models import Scripted, call, say
 from dex.models.base import ModelError
 from dex.testing import free_port, wait_until_async
-from dex.wire import Item, ModelResponse, RetryPolicy, ToolResultItem, UserItem
+from dex.wire import Item, ModelResponse, RetryPolicy, ToolResultItem, Usage, UserItem
 from tests.integration.conftest import ADMIN, CLIENT, FAST_WORKER, WORKER, run_server
 
 SRC = Path(__file__).parents[2] / "src"
@@ -48,6 +48,12 @@ def script(history: list[Item]) -> ModelResponse:
         return ModelResponse(tool_calls=[call("order", "c1", item=user.text.split()[1])])
     if user.text == "fail":
         raise ModelError("the provider refused the request", retryable=False)
+    if user.text == "dawdle":
+        return ModelResponse(tool_calls=[call("dawdle", "c1")])
+    if user.text == "spend":  # uses 1,000 tokens: the next model call finds a budget used up
+        response = ModelResponse(tool_calls=[call("dawdle", "c1", seconds=0)])
+        response.usage = Usage(input_tokens=1_000)
+        return response
     return say(f"echo: {user.text}")
 
 
@@ -64,11 +70,18 @@ async def order(item: str, ctx: dex.ToolContext) -> str:
     return f"ordered {item} in {size}"
 
 
+@dex.tool(kind="read")
+async def dawdle(seconds: float = 1.5) -> str:
+    """Takes its time."""
+    await asyncio.sleep(seconds)
+    return "done"
+
+
 CLERK = dex.Agent(
     name="clerk",
     model=Scripted(script),
     instructions="A test agent that deletes and orders.",
-    tools=[delete_all, order],
+    tools=[delete_all, order, dawdle],
     model_retry=RetryPolicy(max_attempts=1),
 )
 
@@ -141,6 +154,7 @@ async def test_the_tools_over_stdio(tmp_path: Path) -> None:
             assert {t["name"]: t["approval"] for t in agent["tools"]} == {
                 "delete_all": "always",
                 "order": "never",
+                "dawdle": "never",
             }
 
             started = await call_tool(mcp, "start_session", agent="clerk", tenant="acme")
@@ -220,6 +234,23 @@ async def test_the_tools_over_stdio(tmp_path: Path) -> None:
             assert (view["status"], view["current_turn"]) == ("failed", None)
             assert len(view["last_messages"]) == 10 < view["history_items"]
             assert view["last_messages"][-1] == {**view["last_messages"][-1], "role": "user"}
+
+            # A turn that takes longer than the call waits: running, then wait_for_turn.
+            slow = await call_tool(
+                mcp, "send_message", session_id=sid, text="dawdle", wait_seconds=0.2
+            )
+            assert slow["status"] == "running" and "wait_for_turn" in slow["next"]
+            ended = await call_tool(mcp, "wait_for_turn", session_id=sid, turn=slow["turn"])
+            assert (ended["status"], ended["text"]) == ("completed", "dawdle succeeded: done")
+
+            # A turn that waits for its budget says so, with Dex's reason.
+            async with dex.Client(address) as client:
+                await client.set_budget(sid, max_tokens=500)
+            budget = await call_tool(mcp, "send_message", session_id=sid, text="spend")
+            assert budget["status"] == "waiting"
+            (wait,) = budget["waiting_for"]
+            assert wait["kind"] == "budget" and "1000" in wait["reason"].replace(",", "")
+            assert "dex budget" in budget["next"]
 
             # Dex's errors are tool errors with Dex's message; the server goes on serving.
             unknown = await mcp.call_tool("send_message", {"session_id": "nope", "text": "hi"})
