@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -30,6 +31,18 @@ from dex.wire import Item, ModelResponse, RetryPolicy, ToolResultItem, Usage, Us
 from tests.integration.conftest import ADMIN, CLIENT, FAST_WORKER, WORKER, run_server
 
 SRC = Path(__file__).parents[2] / "src"
+DOCS = Path(__file__).parents[2] / "docs" / "mcp.md"
+TOOLS = {
+    "list_agents",
+    "start_session",
+    "send_message",
+    "wait_for_turn",
+    "approve_tool_call",
+    "deny_tool_call",
+    "answer_question",
+    "get_session",
+    "list_inbox",
+}
 
 
 def script(history: list[Item]) -> ModelResponse:
@@ -136,17 +149,7 @@ async def test_the_tools_over_stdio(tmp_path: Path) -> None:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as mcp:
             await mcp.initialize()
             tools = {t.name: t for t in (await mcp.list_tools()).tools}
-            assert set(tools) == {
-                "list_agents",
-                "start_session",
-                "send_message",
-                "wait_for_turn",
-                "approve_tool_call",
-                "deny_tool_call",
-                "answer_question",
-                "get_session",
-                "list_inbox",
-            }
+            assert set(tools) == TOOLS
             assert tools["send_message"].input_schema["required"] == ["session_id", "text"]
 
             (agent,) = (await call_tool(mcp, "list_agents"))["agents"]
@@ -345,3 +348,22 @@ async def test_over_http_each_client_acts_with_its_own_bearer_token(tmp_path: Pa
         async with http_session(url, "not-the-token") as mcp:
             refused = await mcp.call_tool("list_agents", {})
             assert refused.is_error and "unauthorized: " in text_of(refused)
+
+
+async def test_the_docs_section_names_the_tools_and_its_snippets_hold() -> None:
+    from dex.mcp_server import Dex, build
+
+    section = DOCS.read_text().split("\n## Dex agents over MCP\n")[1]
+    listed = {t.name for t in await build(Dex("http://127.0.0.1:1")).list_tools()}
+    assert listed == TOOLS
+    rows = re.findall(r"^\| (`.+?`) \|", section, re.M)
+    assert {name for row in rows for name in re.findall(r"`(\w+)`", row)} == TOOLS
+
+    (config,) = re.findall(r"```json\n(.*?)```", section, re.S)
+    entry = json.loads(config)["mcpServers"]["dex"]
+    assert (entry["command"], entry["args"]) == ("dex", ["mcp"])
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    compile(snippet, "mcp.md", "exec")
+    assert set(re.findall(r'call_tool\(\s*"(\w+)"', snippet)) <= TOOLS
+    commands = [c.strip() for c in re.findall(r"^(dex mcp[^#\n]*)", section, re.M)]
+    assert commands == ["dex mcp --transport http --port 7460"]
