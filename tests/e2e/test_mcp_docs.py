@@ -23,7 +23,10 @@ RUN = [
 
 
 def blocks(kind: str) -> list[str]:
-    return re.findall(rf"```{kind}\n(.*?)```", PAGE.read_text(), re.S)
+    """The page's blocks of ``kind`` before "Dex agents over MCP" (test_mcp_server checks
+    that section)."""
+    tools_part = PAGE.read_text().split("\n## Dex agents over MCP\n")[0]
+    return re.findall(rf"```{kind}\n(.*?)```", tools_part, re.S)
 
 
 def test_the_mcp_example_runs_as_written(tmp_path: Path) -> None:

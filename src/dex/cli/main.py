@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -407,6 +408,62 @@ def chat(
     except DexError as e:
         typer.echo(f"error: {e.message}", err=True)
         raise typer.Exit(1) from None
+
+
+class McpTransport(StrEnum):
+    STDIO = "stdio"
+    HTTP = "http"
+
+
+@app.command()
+def mcp(
+    transport: Annotated[
+        McpTransport,
+        typer.Option(
+            envvar="DEX_MCP_TRANSPORT",
+            help="stdio (an MCP client starts this command) or http (Streamable HTTP at "
+            "http://HOST:PORT/mcp).",
+        ),
+    ] = McpTransport.STDIO,
+    host: Annotated[
+        str, typer.Option(envvar="DEX_MCP_HOST", help="With --transport http: where to listen.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(envvar="DEX_MCP_PORT", help="With --transport http: the port.")
+    ] = 7460,
+    wait: Annotated[
+        float,
+        typer.Option(
+            envvar="DEX_MCP_WAIT",
+            min=0,
+            max=600,
+            help="Seconds a tool call waits for a turn before it answers 'running' (a call "
+            "may ask for up to 600).",
+        ),
+    ] = 50.0,
+    address: Address = DEFAULT_ADDRESS,
+) -> None:
+    """Serve Dex's agents to MCP clients (Claude Desktop, IDEs, other agents): tools to
+    list agents, start sessions, send messages and act on what a turn waits for. Sends
+    DEX_CLIENT_TOKEN; over http, a request's own Authorization: Bearer token instead.
+    Needs dex-runtime\\[mcp]."""
+    import asyncio
+
+    try:
+        from dex import mcp_server
+    except ImportError as e:
+        typer.echo(
+            f"error: dex mcp needs the MCP SDK: pip install 'dex-runtime[mcp]' ({e})", err=True
+        )
+        raise typer.Exit(1) from None
+    try:
+        dex_ = mcp_server.Dex(address, wait=wait)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    if transport == McpTransport.STDIO:
+        asyncio.run(mcp_server.serve_stdio(dex_))
+    else:
+        asyncio.run(mcp_server.serve_http(dex_, host, port))
 
 
 @app.command("step-down")
