@@ -32,7 +32,7 @@ import asyncio
 
 import dex
 from dex.models import Scripted, say
-from dex.wire import AssistantItem, ModelResponse, ModelToolCall, UserItem
+from dex.wire import AssistantItem, ModelResponse, ModelToolCall, Usage, UserItem
 
 
 @dex.tool(kind="read")
@@ -106,6 +106,15 @@ support = dex.Agent(
     instructions="You help the shop's customers.",
     tools=[lookup_order, refund, ship_replacement, build_report],
 )
+
+
+def quote(history):
+    answer = say("Here is your quote: 3 seats at 49.90 a month.")
+    answer.usage = Usage(input_tokens=60_000, output_tokens=4_000)  # a long document read
+    return answer
+
+
+quotes = dex.Agent(name="quotes", model=Scripted(quote, name="claude-sonnet-4-5"))
 '''
 
 
@@ -193,6 +202,26 @@ def scene(page: Page, client: dex.SyncClient, address: str, out: Path) -> None:
     page.goto(f"{address}/ui/cluster")
     expect(page.locator("table.queued tbody tr")).to_have_count(1)
     shoot(page, out, "console-cluster")
+
+    # tenants: acme's sessions use up its day budget (64,000 tokens a call), and its next
+    # turn waits for an admin to raise it; globex is well within its own. The slow reports
+    # are cancelled first: they hold the Worker's every slot
+    client.cancel_turn("reports-q3", "the screenshots are taken")
+    client.set_tenant_budget("acme", max_tokens_per_day=100_000, max_cost_usd_per_month=50)
+    client.set_tenant_budget("globex", max_cost_usd_per_day=5)
+    for sid, tenant in [("acme-quote-1", "acme"), ("acme-quote-2", "acme"), ("globex-1", "globex")]:
+        client.create_session("quotes", sid, tenant=tenant)
+        turn = client.send_message(sid, "A quote for 3 seats, please.")["turn"]
+        client.wait_turn(sid, turn, timeout=20)
+    client.send_message("acme-quote-1", "And for 5 seats?")
+    wait_until(
+        lambda: client.get_tenant("acme")["reached"] and client.list_inbox(tenant="acme")["items"],
+        20,
+        what="acme's turn waits for its budget",
+    )
+    page.goto(f"{address}/ui/tenants")
+    expect(page.locator("tr#tenant-acme td.reached")).to_contain_text("used up")
+    shoot(page, out, "console-tenants")
 
 
 def shoot_conversation(page: Page, out: Path, name: str) -> None:

@@ -352,3 +352,59 @@ def test_a_turn_in_its_budget_wait_resumes_from_the_console(rig: Rig, page: Page
     page.goto(f"{rig.server.address}/ui/sessions")
     row = page.locator("table tbody tr", has_text=sid)
     expect(row.locator(".usage")).to_have_text("2,200 tokens · $0.0090")
+
+
+def test_a_tenant_s_turns_in_its_budget_wait_resume_from_the_tenants_page(
+    rig: Rig, page: Page
+) -> None:
+    """Two sessions of a tenant whose day budget the first one's model call uses up: both
+    turns wait for the tenant's budget, the second before its first model call. The
+    session page points to the Tenants page, whose form raises the tenant's budget, and
+    both turns go on to complete (the first with one model call more)."""
+    rig.start_server()
+    rig.start_worker()
+    rig.session("spender")  # the agent is registered
+    rig.client.set_tenant_budget("acme", max_tokens_per_day=1_000)
+    first = rig.client.create_session("spender", tenant="acme")["id"]
+    second = rig.client.create_session("spender", tenant="acme")["id"]
+    turns = {first: rig.call(first, ("lookup", {"key": "a"}))}  # 1,100 tokens, the tool
+
+    def waiting(sid: str) -> bool:
+        return bool(rig.client.wait_turn(sid, turns[sid], timeout=0)["status"] == "waiting")
+
+    wait_until(lambda: waiting(first), 20, what="the first turn waits for acme's budget")
+    turns[second] = rig.call(second, ("lookup", {"key": "b"}))
+    wait_until(lambda: waiting(second), 20, what="the second turn waits for acme's budget")
+    assert len(model_calls(rig, first)) == 1 and model_calls(rig, second) == []
+
+    reason = "tenant acme: 1100 tokens used today of 1000"
+    open_session(page, rig, second)
+    wait = page.locator(".wait.tenant-budget")
+    expect(wait).to_contain_text(f"waits for its tenant's budget: {reason}")
+    expect(wait.locator("form")).to_have_count(0)  # not the session's budget to raise
+    expect(page.locator("#tenant-usage")).to_contain_text("1,000 tokens a day · today 1,100")
+    screenshot(page, "session-tenant-budget-wait")
+    wait.get_by_role("link", name="Tenants").click()
+
+    expect(page.locator("h1")).to_have_text("Tenants")
+    row = page.locator("tr#tenant-acme")
+    expect(row).to_contain_text("1,000 tokens a day")
+    expect(row.locator("td.reached")).to_contain_text(f"used up {reason}")
+    screenshot(page, "tenants-used-up")
+    form = page.locator("tr.change[data-tenant='acme'] form")
+    form.get_by_placeholder("max tokens a day").fill("10000")
+    form.get_by_role("button", name="Set the budget").click()
+    expect(page.locator("tr#tenant-acme td.budget")).to_have_text("10,000 tokens a day")
+
+    for sid in (first, second):
+        ended = rig.wait_turn(sid, turns[sid])
+        assert ended["status"] == "completed"
+        assert "AwaitBudget" in [s["type"] for s in ended["steps"]]
+    assert model_calls(rig, first) == [1, 1]  # one model call after the raise
+    assert model_calls(rig, second) == [1, 1]  # its first and, after the tool, its last
+    page.reload()
+    expect(page.locator("tr#tenant-acme td.reached")).to_have_text("")
+    expect(page.locator("tr#tenant-acme td.today")).to_contain_text(
+        "4,400 tokens · $0.0180 · 4 calls"
+    )
+    screenshot(page, "tenants-raised")

@@ -370,3 +370,27 @@ def test_a_turn_that_waits_for_its_budget_says_how_to_raise_it_and_goes_on(
     assert "results: " in screen  # the turn went on: the model answered
     assert rig.wait_turn(sid, 1)["status"] == "completed"
     assert screen.count("the turn waits for a bigger budget") == 1
+
+
+def test_a_turn_that_waits_for_its_tenant_s_budget_names_the_admin_s_command(
+    rig: Rig, terminals: list[Terminal]
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("spender")  # the agent is registered
+    rig.client.set_tenant_budget("acme", max_tokens_per_day=1_000)
+    sid = rig.client.create_session("spender", tenant="acme")["id"]
+    term = chat(rig, terminals, "--session", sid)
+
+    term.type(calls(("lookup", {"key": "k"})))
+    screen = term.wait(
+        lambda s: "dex tenants budget acme --max-tokens-per-day N" in s, what="the budget wait"
+    )
+    assert "the turn waits for a bigger budget: tenant acme: 1100 tokens used today of 1000" in (
+        " ".join(screen.split())
+    )
+    assert "raise tenant acme's budget" in screen and f"dex budget {sid}" not in screen
+    rig.client.set_tenant_budget("acme", max_tokens_per_day=10_000)
+    screen = term.prompt()
+    assert "results: " in screen  # the turn went on: the model answered
+    assert rig.wait_turn(sid, 1)["status"] == "completed"

@@ -319,3 +319,72 @@ def test_dex_budget_raises_a_budget_the_turn_waits_for(rig: Rig) -> None:
     assert rig.wait_turn(sid, 1)["status"] == "completed"
     removed = json.loads(dex(rig, "budget", sid, "--remove", "--json").stdout)
     assert removed["budget"] is None and removed["usage"]["input_tokens"] == 2_000
+
+
+def test_dex_tenants_sets_shows_and_removes_a_tenant_s_budget_its_turns_wait_for(
+    rig: Rig,
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("spender")  # the agent is registered
+    empty = dex(rig, "tenants")
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout.startswith("no tenant has a budget")
+    set_ = dex(rig, "tenants", "budget", "acme", "--max-tokens-per-day", "1000", "--by", "ops")
+    assert set_.returncode == 0, set_.stderr
+    assert set_.stdout == (
+        "acme  1,000 tokens a day  today 0 tokens $0.0000  this month 0 tokens $0.0000\n"
+    )
+    created = dex(rig, "new", "spender", "--tenant", "acme", "--json")
+    assert created.returncode == 0, created.stderr
+    sid = json.loads(created.stdout)["id"]
+
+    sent = dex(rig, "send", sid, 'call: [["lookup", {"key": "k"}]]', "--wait", "60")
+    assert sent.returncode == 0, sent.stderr
+    reason = "tenant acme: 1100 tokens used today of 1000"
+    assert f"waits: a bigger budget: {reason}" in sent.stderr
+    assert "dex tenants budget acme --max-tokens-per-day N" in sent.stderr
+    assert f"dex budget {sid}" not in sent.stderr  # the session's own budget is not it
+    listed = dex(rig, "tenants")
+    assert listed.stdout == (
+        "acme  1,000 tokens a day  today 1,100 tokens $0.0045  this month 1,100 tokens $0.0045"
+        f"  used up: {reason}\n"
+    )
+    shown = json.loads(dex(rig, "tenants", "show", "acme", "--json").stdout)
+    assert shown["reached"] == reason and shown["today"]["calls"] == 1
+    other = dex(rig, "tenants", "show", "nobody")
+    assert other.stdout.startswith("nobody  no budget  today 0 tokens")
+
+    for args, says in (
+        (("acme",), "give a limit"),
+        (("acme", "--remove", "--max-tokens-per-day", "5"), "either --remove or new limits"),
+        (("acme", "--max-tokens-per-day", "0"), "--max-tokens-per-day"),
+    ):
+        bad = dex(rig, "tenants", "budget", *args)
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr
+        assert "Traceback" not in bad.stderr
+    for args, says in (
+        (("acme", "--max-cost-usd-per-day", "-1"), "max_cost_usd_per_day"),
+        (("no such tenant", "--max-tokens-per-day", "5"), "tenant"),
+    ):
+        bad = dex(rig, "tenants", "budget", *args)
+        assert bad.returncode == 1 and bad.stderr.startswith("error: "), bad.stderr
+        assert says in bad.stderr and "Traceback" not in bad.stderr
+    assert rig.client.wait_turn(sid, 1, timeout=0)["status"] == "waiting"
+
+    raised = dex(
+        rig,
+        "tenants",
+        "budget",
+        "acme",
+        "--max-tokens-per-day",
+        "10000",
+        "--max-cost-usd-per-month",
+        "5",
+    )
+    assert raised.returncode == 0, raised.stderr
+    assert raised.stdout.startswith("acme  10,000 tokens a day, $5 a month  today ")
+    assert "used up" not in raised.stdout
+    assert rig.wait_turn(sid, 1)["status"] == "completed"
+    removed = json.loads(dex(rig, "tenants", "budget", "acme", "--remove", "--json").stdout)
+    assert removed["budget"] is None and removed["today"]["tokens"] == 2_200

@@ -102,7 +102,8 @@ EXPECTED: dict[str, str] = {
     "list_workers": Role.CLIENT,
     "get_cluster": Role.CLIENT,
     "worker_channel": Role.WORKER,
-    # the web console: read and act like the client API; its log-in and files are open
+    # the web console: read and act like the client API (its tenants page like /admin);
+    # its log-in and files are open
     "console_inbox": Role.CLIENT,
     "console_sessions": Role.CLIENT,
     "console_session": Role.CLIENT,
@@ -115,6 +116,8 @@ EXPECTED: dict[str, str] = {
     "console_cancel": Role.CLIENT,
     "console_send": Role.CLIENT,
     "console_budget": Role.CLIENT,
+    "console_tenants": Role.ADMIN,  # like /admin/tenants, which it shows and calls
+    "console_tenant_budget": Role.ADMIN,
     "console_login_form": OPEN,
     "console_login": OPEN,
     "console_logout": OPEN,

@@ -61,6 +61,7 @@ def test_a_form_of_another_site_is_refused_and_changes_nothing(
         ("/ui/sessions/s1/messages", {"text": "hello"}),
         ("/ui/sessions/s1/cancel", {}),
         ("/ui/sessions/s1/calls/1.1/approve", {}),
+        ("/ui/tenants", {"tenant": "acme", "max_tokens_per_day": "5"}),  # an admin's form
         ("/ui/login", {"token": "x"}),
         ("/ui/logout", {}),
     ]:
@@ -71,6 +72,7 @@ def test_a_form_of_another_site_is_refused_and_changes_nothing(
         assert "may not send" in message(refused.text)
         assert refused.headers["content-security-policy"] == CSP
     assert api_with_agent.snapshot("s1") == before
+    assert api_with_agent.http.get("/admin/tenants").json()["tenants"] == []
 
 
 @pytest.mark.parametrize("headers", OURS.values(), ids=OURS.keys())

@@ -102,6 +102,7 @@ def test_a_turn_over_its_budget_waits_and_a_raise_resumes_it_once(
     [waiting] = turn["waiting_for"]
     assert waiting["kind"] == "budget"
     assert waiting["reason"] == "1100 tokens used of a budget of 1000"
+    assert waiting["tenant"] is None  # the session's own budget, not its tenant's
     assert waiting["budget"] == {"max_tokens": 1_000, "max_cost_usd": None}
     assert waiting["usage"]["input_tokens"] == 1_000
     snapshot = api.snapshot("s1")

@@ -25,7 +25,8 @@ def message(page: str) -> str:
 def test_every_page_renders_with_auth_off(api_with_agent: Api) -> None:
     http = api_with_agent.http
     session_id = api_with_agent.create("s1")["id"]
-    for path in ("/ui", "/ui/sessions", "/ui/cluster", f"/ui/sessions/{session_id}"):
+    pages = ("/ui", "/ui/sessions", "/ui/cluster", "/ui/tenants", f"/ui/sessions/{session_id}")
+    for path in pages:
         page = http.get(path)
         assert page.status_code == 200, path
         assert page.headers["content-type"].startswith("text/html")

@@ -19,6 +19,7 @@ __all__ = ["standby"]
         "/ui/sessions/s1/calls/1.1/deny",
         "/ui/sessions/s1/calls/1.1/answer",
         "/ui/sessions/s1/calls/1.1/reconcile",
+        "/ui/tenants",
     ],
 )
 def test_a_console_action_on_a_node_that_lost_the_lead_is_refused(

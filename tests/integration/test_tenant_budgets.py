@@ -69,6 +69,7 @@ def test_a_tenant_s_day_budget_holds_every_session_of_it_and_a_raise_resumes_eac
     assert turn["status"] == "waiting"
     [waiting] = turn["waiting_for"]
     assert waiting["kind"] == "budget" and waiting["reason"] == reason
+    assert waiting["tenant"] == "acme"  # a client need not read the reason's words
     snapshot = api.snapshot("a2")
     assert snapshot["waiting"] == [] and snapshot["waits"][0]["reason"] == reason
     used = snapshot["session"]["tenant_usage"]

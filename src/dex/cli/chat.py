@@ -39,7 +39,7 @@ from rich.markup import escape
 from rich.spinner import Spinner
 from rich.text import Text
 
-from dex.cli.render import call_text, wait_text
+from dex.cli.render import call_text, tenant_raise_text, wait_text
 from dex.client import Client
 from dex.errors import Conflict, DexError, NotFound, Unavailable
 
@@ -515,12 +515,18 @@ def _tell_budget(chat: Chat, wait: dict[str, Any]) -> None:
     """A turn that waits for a bigger budget: say so, and how to raise it (elsewhere: the
     chat follows the turn on once it goes on, and Ctrl-C cancels it)."""
     chat.asked.add(wait_key(wait))
-    sid = wait["session_id"]
+    sid, tenant = wait["session_id"], wait.get("tenant")
+    if tenant:  # its tenant's budget: the tenant's admin raises it, not the session's owner
+        how = f"raise tenant {tenant}'s budget: {tenant_raise_text(tenant)}, or in the console"
+    else:
+        how = (
+            f"raise it: dex budget {sid} --max-tokens N (or --max-cost-usd USD, or --remove),"
+            " or in the console"
+        )
     chat.console.print(
         Text(
             f"the turn waits for a bigger budget: {wait.get('reason')}\n"
-            f"raise it: dex budget {sid} --max-tokens N (or --max-cost-usd USD, or --remove),"
-            " or in the console; Ctrl-C cancels the turn",
+            f"{how}; Ctrl-C cancels the turn",
             style="bold yellow",
         )
     )

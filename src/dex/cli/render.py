@@ -117,6 +117,42 @@ def budget_text(budget: dict[str, Any] | None) -> str:
     return ", ".join(limits)
 
 
+def tenant_budget_text(budget: dict[str, Any] | None) -> str:
+    """``10,000 tokens a day, $5 a month``: a tenant's budget; ``no budget`` for none."""
+    if not budget:
+        return "no budget"
+    limits = []
+    for period in ("day", "month"):
+        tokens, cost = (
+            budget.get(f"max_tokens_per_{period}"),
+            budget.get(f"max_cost_usd_per_{period}"),
+        )
+        if tokens is not None:
+            limits.append(f"{tokens:,} tokens a {period}")
+        if cost is not None:
+            limits.append(f"${cost:g} a {period}")
+    return ", ".join(limits)
+
+
+def tenant_line(tenant: dict[str, Any]) -> str:
+    """A tenant in one line: its budget, what it used today and this month (UTC), and how
+    its budget is used up, if it is."""
+    used = [
+        f"{period} {u['tokens']:,} tokens ${u['cost_usd']:.4f}"
+        for period, u in (("today", tenant["today"]), ("this month", tenant["this_month"]))
+    ]
+    line = f"{tenant['tenant']}  {tenant_budget_text(tenant['budget'])}  {'  '.join(used)}"
+    return f"{line}  used up: {tenant['reached']}" if tenant.get("reached") else line
+
+
+def tenant_raise_text(tenant: str) -> str:
+    """The admin's command that raises a tenant's budget, with its other choices."""
+    return (
+        f"dex tenants budget {tenant} --max-tokens-per-day N (or --max-cost-usd-per-day, "
+        "--max-tokens-per-month, --max-cost-usd-per-month, or --remove; an admin's command)"
+    )
+
+
 def call_text(wait: dict[str, Any]) -> str:
     """A tool call as a person reads it: ``charge(amount=5)``."""
     args = ", ".join(f"{k}={json.dumps(v)}" for k, v in wait["arguments"].items())
@@ -146,6 +182,8 @@ def inbox_table(items: list[dict[str, Any]]) -> Table:
 def how_to_act(wait: dict[str, Any]) -> str:
     """The commands that end a wait."""
     sid, call = wait["session_id"], wait["call_id"]
+    if wait["kind"] == "budget" and wait.get("tenant"):
+        return f"{tenant_raise_text(wait['tenant'])}   (or: dex cancel {sid})"
     if wait["kind"] == "budget":
         return (
             f"dex budget {sid} --max-tokens N | --max-cost-usd USD   (or: dex budget {sid} "

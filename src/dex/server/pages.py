@@ -35,9 +35,19 @@ ENV = Environment(
 )
 
 
+ADMIN_PAGES = (f"{PREFIX}/tenants",)
+"""The console's pages (and their actions below them) that need the admin token, as the
+API routes they show and call do (``/admin/tenants``)."""
+
+
 def owns(path: str) -> bool:
     """Whether a request path is the console's."""
     return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def for_admin(path: str) -> bool:
+    """Whether a console path is an admin's (``ADMIN_PAGES``)."""
+    return any(path == page or path.startswith(page + "/") for page in ADMIN_PAGES)
 
 
 def _when(value: float | None) -> str:

@@ -178,7 +178,8 @@ def person_waits(state: SessionState) -> list[dict[str, Any]]:
 
 
 def budget_wait(state: SessionState, turn: Turn, step: Step) -> dict[str, Any]:
-    """A turn's wait for a bigger budget, as the inbox lists it."""
+    """A turn's wait for a bigger budget, as the inbox lists it: its session's budget, or
+    (``tenant`` set) its tenant's."""
     return {
         "session_id": state.id,
         "agent": state.agent,
@@ -193,6 +194,7 @@ def budget_wait(state: SessionState, turn: Turn, step: Step) -> dict[str, Any]:
         "choices": None,
         "since": step.wait.since if step.wait else step.created_at,
         "reason": step.wait.reason if step.wait else None,
+        "tenant": step.wait.tenant if step.wait else None,
         "budget": plain(state.budget) if state.budget else None,
         "usage": usage(state.usage),
     }

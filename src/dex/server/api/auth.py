@@ -16,12 +16,13 @@ a client token scoped to a tenant sees only that tenant's sessions (``dex.auth.t
 the scope, which ``dex.server.api.tenancy`` enforces).
 
 The web console (``/ui``, ``dex.server.console``) is guarded like the client API: a
-client token reads and acts, an admin token opens it too. A browser cannot send the
-header from a link or an ``EventSource``, so on console paths the token may come from the
-console's HttpOnly cookie instead (set by its log-in form, which stays open with its
-static files); a console request refused gets the log-in page (HTML) with the same
-status, and one over its rate limit the console's error page (429). The cookie is
-honoured on console paths only: the JSON API stays bearer-only.
+client token reads and acts, an admin token opens it too; its tenants page
+(``pages.ADMIN_PAGES``) needs the admin token, as the ``/admin/tenants`` routes do. A
+browser cannot send the header from a link or an ``EventSource``, so on console paths the
+token may come from the console's HttpOnly cookie instead (set by its log-in form, which
+stays open with its static files); a console request refused gets the log-in page (HTML)
+with the same status, and one over its rate limit the console's error page (429). The
+cookie is honoured on console paths only: the JSON API stays bearer-only.
 
 The check runs once per HTTP request and once per Worker connection (not per message).
 """
@@ -80,7 +81,7 @@ def role_for(path: str) -> Role | None:
         return None
     if path.startswith("/v1/workers/"):
         return Role.WORKER
-    if path.startswith("/v1/") or pages.owns(path):
+    if path.startswith("/v1/") or (pages.owns(path) and not pages.for_admin(path)):
         return Role.CLIENT
     return Role.ADMIN
 

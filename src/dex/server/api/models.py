@@ -342,7 +342,8 @@ class PersonWait(BaseModel):
     step_id: str
     kind: Literal["approval", "question", "budget"] = Field(
         description="`approval`: approve or deny the call; `question`: answer it; `budget`: "
-        "raise or remove the session's budget (`PUT /v1/sessions/{id}/budget`), or cancel."
+        "raise or remove the session's budget (`PUT /v1/sessions/{id}/budget`), or its "
+        "tenant's when `tenant` is set, or cancel."
     )
     tool: str = Field(description="The tool of the call; empty for a `budget`.")
     arguments: dict[str, Any] = Field(description="The call's arguments; empty for a `budget`.")
@@ -352,6 +353,12 @@ class PersonWait(BaseModel):
     since: float = Field(description="Unix time the wait started.")
     reason: str | None = Field(
         None, description="A `budget`: how much of the budget is used, in words."
+    )
+    tenant: str | None = Field(
+        None,
+        description="A `budget` on the session's tenant's budget (not its own): the tenant, "
+        "whose budget an admin raises or removes (`PUT /admin/tenants/{tenant}/budget`); "
+        "null for a wait on the session's budget.",
     )
     budget: SessionBudget | None = Field(None, description="A `budget`: the session's budget.")
     usage: SessionUsage | None = Field(None, description="A `budget`: what the session used.")

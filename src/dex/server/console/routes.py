@@ -2,7 +2,8 @@
 
 Reads use the domain calls the JSON API uses: the inbox (``GET /v1/inbox``), the fleet
 view's filters and keyset cursor (``GET /v1/sessions``), the session's snapshot and turns,
-the connected Workers (``GET /v1/workers``). An action parses its form into the JSON API's
+the connected Workers (``GET /v1/workers``), the tenants' budgets and usage (``GET
+/admin/tenants``: an admin's page). An action parses its form into the JSON API's
 own body model and calls the API's own route function, so a console approval *is* an API
 approval: the same validation, the same ``Sessions`` method, the same refusals. Then it
 redirects (303) to the session page, which renders again from the state; a refusal is an
@@ -22,18 +23,19 @@ from urllib.parse import parse_qs, quote
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from dex.errors import DexError, NotFound
 from dex.server import views
 from dex.server.api import models, tenancy
 from dex.server.api import sessions as api
+from dex.server.api import tenants as tenants_api
 from dex.server.api.auth import TOKEN_KEY, refusal
 from dex.server.api.cluster import all_workers, cluster_view
 from dex.server.api.peers import cluster_of
 from dex.server.api.tokens import Role, Tokens
 from dex.server.console.conversation import conversation, live, shown
-from dex.server.fleet import Filters
+from dex.server.fleet import TENANT, Filters
 from dex.server.ha.node import Node
 from dex.server.pages import COOKIE, PREFIX, STATIC, render
 from dex.server.sessions import Sessions
@@ -169,6 +171,16 @@ async def cluster(request: Request) -> Response:
     )
 
 
+@router.get("/tenants", name="console_tenants")
+async def tenants(request: Request) -> Response:
+    """Each tenant with a budget or with usage this month (``GET /admin/tenants``): its
+    budget, what its sessions used today and this month (UTC), how its budget is used up,
+    and a form to set or remove it; and a form for a tenant not listed yet. An admin's
+    page (``pages.ADMIN_PAGES``)."""
+    listed = await _sessions(request).tenants.view()
+    return render(request, "tenants.html", tenants=listed, limits=TENANT_LIMITS)
+
+
 def _queue(name: str) -> tuple[str, str]:
     """A dispatcher queue as (what runs, for which agent): ``tool:billing/charge`` is the
     tool ``charge`` of ``billing``, ``model:billing`` its model."""
@@ -294,6 +306,37 @@ async def budget(session_id: str, request: Request) -> Response:
     }
     await api.set_budget(session_id, _body(api.SetBudget, by=_by(request), **limits), request)
     return _back(session_id)
+
+
+TENANT_LIMITS = (
+    "max_tokens_per_day",
+    "max_cost_usd_per_day",
+    "max_tokens_per_month",
+    "max_cost_usd_per_month",
+)
+"""The fields of a tenant's budget, as ``PUT /admin/tenants/{tenant}/budget`` takes them."""
+
+
+class TenantField(BaseModel):
+    """The tenant a tenant's budget form is about, checked as the API's path checks it."""
+
+    tenant: str = Field(pattern=f"^{TENANT.pattern}$")
+
+
+@router.post("/tenants", name="console_tenant_budget")
+async def tenant_budget(request: Request) -> Response:
+    """Set the form's ``tenant``'s budget (an empty field: no such limit), or remove it
+    (``remove``), through ``PUT`` or ``DELETE /admin/tenants/{tenant}/budget``: its
+    sessions' turns that wait for it go on once it is not used up."""
+    form = await _action(request)
+    tenant = _body(TenantField, tenant=form.get("tenant", "").strip()).tenant
+    if form.get("remove"):
+        await tenants_api.remove_tenant_budget(request, tenant, by=_by(request))
+    else:
+        limits = {name: value for name in TENANT_LIMITS if (value := form.get(name, "").strip())}
+        body = _body(tenants_api.SetTenantBudget, by=_by(request), **limits)
+        await tenants_api.set_tenant_budget(request, tenant, body)
+    return RedirectResponse(f"{PREFIX}/tenants#tenant-{quote(tenant, safe='')}", 303)
 
 
 @router.post("/sessions/{session_id}/cancel", name="console_cancel")
