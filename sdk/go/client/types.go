@@ -222,6 +222,9 @@ type PersonWait struct {
 	// Budget and Usage are, for KindBudget, the session's budget and what it used.
 	Budget *Budget       `json:"budget"`
 	Usage  *SessionUsage `json:"usage"`
+	// Tenant is, for KindBudget, the tenant whose budget the turn waits for; "" for a
+	// wait on the session's own budget.
+	Tenant string `json:"tenant"`
 }
 
 // Inbox is one page of what waits for a person across sessions (Inbox).

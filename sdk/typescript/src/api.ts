@@ -1059,7 +1059,7 @@ export interface components {
             choices: string[] | null;
             /**
              * Kind
-             * @description `approval`: approve or deny the call; `question`: answer it; `budget`: raise or remove the session's budget (`PUT /v1/sessions/{id}/budget`), or cancel.
+             * @description `approval`: approve or deny the call; `question`: answer it; `budget`: raise or remove the session's budget (`PUT /v1/sessions/{id}/budget`), or its tenant's when `tenant` is set, or cancel.
              * @enum {string}
              */
             kind: "approval" | "question" | "budget";
@@ -1082,6 +1082,11 @@ export interface components {
             since: number;
             /** Step Id */
             step_id: string;
+            /**
+             * Tenant
+             * @description A `budget` on the session's tenant's budget (not its own): the tenant, whose budget an admin raises or removes (`PUT /admin/tenants/{tenant}/budget`); null for a wait on the session's budget.
+             */
+            tenant?: string | null;
             /**
              * Tool
              * @description The tool of the call; empty for a `budget`.
