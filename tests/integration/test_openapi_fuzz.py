@@ -170,7 +170,7 @@ def test_following_links_from_a_created_session_answers_as_documented(
     Links.run(
         settings=settings(
             max_examples=25,
-            stateful_step_count=8,
+            stateful_step_count=12,
             deadline=None,
             database=None,
             derandomize=True,

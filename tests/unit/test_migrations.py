@@ -84,6 +84,19 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "spec": ("TEXT", True, 0),
         "updated_at": ("DOUBLE PRECISION", True, 0),
     },
+    "tenant_budgets": {
+        "tenant": ("TEXT", False, 1),
+        "spec": ("TEXT", True, 0),
+        "updated_at": ("DOUBLE PRECISION", True, 0),
+    },
+    "tenant_usage": {
+        "tenant": ("TEXT", True, 1),
+        "day": ("TEXT", True, 2),
+        "input_tokens": ("INTEGER", True, 0),
+        "output_tokens": ("INTEGER", True, 0),
+        "cost_usd": ("DOUBLE PRECISION", True, 0),
+        "calls": ("INTEGER", True, 0),
+    },
 }
 # Named indexes (the primary keys' own indexes aside): name -> (table, columns).
 INDEXES = {
@@ -233,6 +246,9 @@ TEXT_KEYS = {
     ("messages", "message_id"),
     ("meta", "key"),
     ("dex_nodes", "id"),
+    ("tenant_budgets", "tenant"),
+    ("tenant_usage", "tenant"),
+    ("tenant_usage", "day"),
 }
 
 
