@@ -70,9 +70,8 @@ func BenchmarkDecodeStepFrame(b *testing.B) {
 			b.Fatal(err)
 		}
 		for _, m := range frame {
-			var s step
-			if err := json.Unmarshal(m.raw, &s); err != nil || s.AttemptID == "" {
-				b.Fatal(err)
+			if s, ok := m.(step); !ok || s.AttemptID == "" {
+				b.Fatalf("not a step: %+v", m)
 			}
 		}
 	}
