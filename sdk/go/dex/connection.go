@@ -169,7 +169,7 @@ func (w *Worker) session(ctx context.Context, n *node, address string) (welcomed
 		answered.Store(true)
 		return nil
 	})
-	read := func() ([]incoming, error) {
+	read := func() ([]serverMessage, error) {
 		frame, err := readFrame(conn)
 		if err != nil {
 			select {
@@ -196,13 +196,18 @@ func (w *Worker) session(ctx context.Context, n *node, address string) (welcomed
 	if err != nil {
 		return false, err
 	}
-	if len(frame) == 0 || frame[0].T != "welcome" {
+	var welcome welcomeMessage
+	isWelcome := false
+	if len(frame) > 0 {
+		welcome, isWelcome = frame[0].(welcomeMessage)
+	}
+	if !isWelcome {
 		return false, errors.New("the server did not answer hello with welcome")
 	}
-	w.welcomeOn(n, frame[0])
+	w.welcomeOn(n, welcome)
 	n.log.connected(address)
 	w.mu.Lock()
-	w.listLocked(n, frame[0].Members)
+	w.listLocked(n, welcome.Members)
 	// at once, not a heartbeat later: a stray the hello reclaimed is taken by the reply,
 	// and the result it kept goes out; the heartbeat loop beats on from here, on the
 	// welcome's interval
@@ -243,7 +248,7 @@ func (w *Worker) session(ctx context.Context, n *node, address string) (welcomed
 	}
 }
 
-func readFrame(conn *websocket.Conn) ([]incoming, error) {
+func readFrame(conn *websocket.Conn) ([]serverMessage, error) {
 	_, data, err := conn.ReadMessage()
 	if err != nil {
 		return nil, err
@@ -297,14 +302,14 @@ func (w *Worker) helloFrameOf(n *node) []byte {
 }
 
 // welcome applies the seed's welcome (tests).
-func (w *Worker) welcome(m incoming) { w.welcomeOn(w.seed, m) }
+func (w *Worker) welcome(m welcomeMessage) { w.welcomeOn(w.seed, m) }
 
 // welcomeOn applies n's node's answer: its heartbeat timeout, resume token and the
 // attempts it no longer runs; then everything unacked of n is sent again (a stray's
 // result waits for the node that takes it: a claim, or n's node's hb ok). The history
 // views of n's last connection are dropped: the server sends each session's whole view
 // first on a new connection.
-func (w *Worker) welcomeOn(n *node, m incoming) {
+func (w *Worker) welcomeOn(n *node, m welcomeMessage) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n.history.clear()

@@ -82,7 +82,7 @@ func TestARunModelRateLimitedGoesBackWithTheProvidersWait(t *testing.T) {
 // until its ack, sent again after a reconnect.
 func TestACompactContextRateLimitedGoesBackAndIsKeptUntilItsAck(t *testing.T) {
 	w := limitedWorker(&RateLimitedError{Message: "slow down", RetryAfter: 12 * time.Second, HasRetryAfter: true}, &lockedBuffer{})
-	w.welcome(incoming{T: "welcome", Resume: "r1", HeartbeatTimeout: 2})
+	w.welcome(welcomeMessage{Resume: "r1", HeartbeatTimeout: 2})
 	w.handOut(step{AttemptID: "c1", SessionID: "s1", StepType: StepCompactContext, Attempt: 1, Agent: "a",
 		History: []Item{{Type: "user", Text: "hi"}}})
 	eventually(t, "the summary call", func() bool { return w.result("c1") != nil })
@@ -90,7 +90,7 @@ func TestACompactContextRateLimitedGoesBackAndIsKeptUntilItsAck(t *testing.T) {
 	if got := encoded(t, w.result("c1")); got != want {
 		t.Fatalf("sent %s, want %s", got, want)
 	}
-	w.welcome(incoming{T: "welcome", Resume: "r2", HeartbeatTimeout: 2})
+	w.welcome(welcomeMessage{Resume: "r2", HeartbeatTimeout: 2})
 	w.mu.Lock()
 	data, _ := w.seed.box.take()
 	w.mu.Unlock()
@@ -98,7 +98,7 @@ func TestACompactContextRateLimitedGoesBackAndIsKeptUntilItsAck(t *testing.T) {
 	if err := json.Unmarshal(data, &resent); err != nil || len(resent) != 1 || string(resent[0]) != want {
 		t.Fatalf("the unacked back must be sent again after a reconnect: %s %v", data, err)
 	}
-	if err := w.handle(context.Background(), []incoming{{T: "ack", AttemptID: "c1", OK: true}}); err != nil {
+	if err := w.handle(context.Background(), []serverMessage{ackMessage{AttemptID: "c1", OK: true}}); err != nil {
 		t.Fatal(err)
 	}
 	if w.result("c1") != nil {

@@ -11,7 +11,6 @@ package dex
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -93,30 +92,26 @@ func (w *Worker) beatLocked(n *node) {
 }
 
 // handle applies one frame from the seed's node (tests).
-func (w *Worker) handle(ctx context.Context, frame []incoming) error {
+func (w *Worker) handle(ctx context.Context, frame []serverMessage) error {
 	return w.handleOn(ctx, w.seed, frame)
 }
 
 // handleOn applies one frame from n's node, in order; a message about an attempt
-// another node handed out does nothing.
-func (w *Worker) handleOn(ctx context.Context, n *node, frame []incoming) error {
+// another node handed out does nothing, nor does a message of an unknown t.
+func (w *Worker) handleOn(ctx context.Context, n *node, frame []serverMessage) error {
 	for _, m := range frame {
-		switch m.T {
-		case "step":
-			var s step
-			if err := json.Unmarshal(m.raw, &s); err != nil {
-				return fmt.Errorf("a step does not decode: %w", err)
-			}
-			w.handOutOn(n, s)
-		case "hb":
+		switch m := m.(type) {
+		case step:
+			w.handOutOn(n, m)
+		case heartbeatReplyMessage:
 			w.heartbeatReply(n, m)
-		case "claimed":
+		case claimedMessage:
 			w.claimed(n, m.Status)
-		case "members":
+		case membersMessage:
 			w.mu.Lock()
 			w.listLocked(n, m.Members)
 			w.mu.Unlock()
-		case "ack":
+		case ackMessage:
 			w.mu.Lock()
 			if w.originLocked(m.AttemptID) != n {
 				w.mu.Unlock()
@@ -129,13 +124,13 @@ func (w *Worker) handleOn(ctx context.Context, n *node, frame []incoming) error 
 			delete(w.results, m.AttemptID)
 			w.forgetLocked(m.AttemptID)
 			w.mu.Unlock()
-		case "cancel":
+		case cancelMessage:
 			w.mu.Lock()
 			if w.originLocked(m.AttemptID) == n {
 				w.abandonLocked(m.AttemptID, "cancelled by the server")
 			}
 			w.mu.Unlock()
-		case "welcome":
+		case welcomeMessage:
 			return errors.New("a second welcome on one connection")
 		}
 	}
@@ -155,7 +150,7 @@ func deref(s *string) string {
 // it named, still held on n, that it leaves out (n's node gave its session up); replies
 // to other heartbeats (a start ask) never do. An ok to a stray of n takes it back: its
 // node, back, owns it again.
-func (w *Worker) heartbeatReply(n *node, m incoming) {
+func (w *Worker) heartbeatReply(n *node, m heartbeatReplyMessage) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if b := n.beat; b != nil && m.Seq != nil && *m.Seq == b.seq {

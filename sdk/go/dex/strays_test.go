@@ -56,9 +56,9 @@ func sent(t *testing.T, w *Worker, n *node) []map[string]any {
 	return frame
 }
 
-func on(t *testing.T, w *Worker, n *node, m incoming) {
+func on(t *testing.T, w *Worker, n *node, m serverMessage) {
 	t.Helper()
-	if err := w.handleOn(context.Background(), n, []incoming{m}); err != nil {
+	if err := w.handleOn(context.Background(), n, []serverMessage{m}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -73,7 +73,7 @@ func TestAnAttemptWhoseConnectionDroppedIsClaimedAndMovesToTheNodeThatSaysOK(t *
 	if got := w.strays(); len(got) != 1 || got[strayID] != strayToken {
 		t.Fatalf("claimed with the token it was handed out under: %v", got)
 	}
-	on(t, w, b, incoming{T: "claimed", Status: map[string]string{strayID: "ok"}})
+	on(t, w, b, claimedMessage{Status: map[string]string{strayID: "ok"}})
 
 	w.mu.Lock()
 	moved := w.originLocked(strayID) == b
@@ -117,11 +117,11 @@ func TestAnAttemptLeftOutOfTheReplyToItsNodesBeatIsAStray(t *testing.T) {
 		frame[len(frame)-1]["seq"] != float64(seq) {
 		t.Fatalf("the beat names all a holds, with a seq of its own: %v %v", ids, frame)
 	}
-	on(t, w, a, incoming{T: "hb", Seq: &seq, Status: map[string]string{}}) // a gave the session up
+	on(t, w, a, heartbeatReplyMessage{Seq: &seq, Status: map[string]string{}}) // a gave the session up
 	if got := w.strays(); got[strayID] != strayToken {
 		t.Fatalf("left out of the reply to the beat: a stray, %v", got)
 	}
-	on(t, w, a, incoming{T: "hb", Status: map[string]string{strayID: "ok"}}) // a (back) holds it again
+	on(t, w, a, heartbeatReplyMessage{Status: map[string]string{strayID: "ok"}}) // a (back) holds it again
 	if len(w.strays()) != 0 {
 		t.Fatalf("an ok from its node: no stray, %v", w.strays())
 	}
@@ -135,10 +135,10 @@ func TestRepliesToOtherHeartbeatsThatLeaveItOutDoNotMakeAStray(t *testing.T) {
 		t.Fatalf("the beat names the attempt whose result is unacked: %v", ids)
 	}
 
-	on(t, w, a, incoming{T: "hb", Status: map[string]string{"s/1.5/1": "ok"}}) // a tool's own beat
+	on(t, w, a, heartbeatReplyMessage{Status: map[string]string{"s/1.5/1": "ok"}}) // a tool's own beat
 	other := seq + 1
-	on(t, w, a, incoming{T: "hb", Seq: &other, Status: map[string]string{}}) // another's start ask
-	on(t, w, b, incoming{T: "hb", Seq: &seq, Status: map[string]string{}})   // b's, not a's, beat
+	on(t, w, a, heartbeatReplyMessage{Seq: &other, Status: map[string]string{}}) // another's start ask
+	on(t, w, b, heartbeatReplyMessage{Seq: &seq, Status: map[string]string{}})   // b's, not a's, beat
 	if len(w.strays()) != 0 {
 		t.Fatalf("only the reply to a's own beat marks strays: %v", w.strays())
 	}
@@ -146,7 +146,7 @@ func TestRepliesToOtherHeartbeatsThatLeaveItOutDoNotMakeAStray(t *testing.T) {
 	w.mu.Lock()
 	w.droppedLocked(a) // a single node: the hello reclaims
 	w.mu.Unlock()
-	on(t, w, a, incoming{T: "hb", Seq: &seq, Status: map[string]string{}}) // a forgot that beat
+	on(t, w, a, heartbeatReplyMessage{Seq: &seq, Status: map[string]string{}}) // a forgot that beat
 	if len(w.strays()) != 0 {
 		t.Fatalf("a connection forgets its beat when it drops: %v", w.strays())
 	}
@@ -174,16 +174,16 @@ func TestAStraysResultWaitsForTheNodeThatTakesIt(t *testing.T) {
 	if fa, fb := sent(t, w, a), sent(t, w, b); len(fa) != 0 || len(fb) != 0 {
 		t.Fatalf("a stray's result is sent to no node: %v %v", fa, fb)
 	}
-	w.welcomeOn(a, incoming{T: "welcome", Resume: "a2", HeartbeatTimeout: 10}) // a is back
+	w.welcomeOn(a, welcomeMessage{Resume: "a2", HeartbeatTimeout: 10}) // a is back
 	if fa, fb := sent(t, w, a), sent(t, w, b); len(fa) != 0 || len(fb) != 0 {
 		t.Fatalf("nor again when its connection is back: %v %v", fa, fb)
 	}
-	on(t, w, b, incoming{T: "hb", Status: map[string]string{strayID: "ok"}}) // not b's
+	on(t, w, b, heartbeatReplyMessage{Status: map[string]string{strayID: "ok"}}) // not b's
 	if fa, fb := sent(t, w, a), sent(t, w, b); len(fa) != 0 || len(fb) != 0 || len(w.strays()) != 1 {
 		t.Fatalf("an ok from a node it is not on changes nothing: %v %v", fa, fb)
 	}
 
-	on(t, w, a, incoming{T: "hb", Status: map[string]string{strayID: "ok"}}) // a, back, owns it
+	on(t, w, a, heartbeatReplyMessage{Status: map[string]string{strayID: "ok"}}) // a, back, owns it
 	frame := sent(t, w, a)
 	if len(w.strays()) != 0 || len(frame) != 1 || frame[0]["t"] != "done" || frame[0]["attempt_id"] != strayID {
 		t.Fatalf("taken by its own node's ok: its result goes there at once: %v", frame)
@@ -227,12 +227,12 @@ func TestAStrayToldToStopIsDroppedAndAnswersFromOthersDoNotCount(t *testing.T) {
 		w, a, b := holdingStray(result)
 		w.lost(a)
 
-		on(t, w, b, incoming{T: "claimed", Status: map[string]string{"t/1.1/1": "ok"}}) // not one it holds
-		on(t, w, b, incoming{T: "hb", Status: map[string]string{strayID: "stop"}})      // not b's attempt
+		on(t, w, b, claimedMessage{Status: map[string]string{"t/1.1/1": "ok"}})        // not one it holds
+		on(t, w, b, heartbeatReplyMessage{Status: map[string]string{strayID: "stop"}}) // not b's attempt
 		if _, held := w.running[strayID]; !held || len(w.strays()) != 1 {
 			t.Fatal("answers about other attempts, or from a node it is not on, change nothing")
 		}
-		on(t, w, b, incoming{T: "claimed", Status: map[string]string{strayID: "stop"}})
+		on(t, w, b, claimedMessage{Status: map[string]string{strayID: "stop"}})
 
 		_, running := w.running[strayID]
 		_, kept := w.results[strayID]
@@ -246,7 +246,7 @@ func TestAWelcomeOfTheNodeBackStopsOnlyWhatItLists(t *testing.T) {
 	w, a, _ := holdingStray(false)
 	w.lost(a)
 
-	w.welcomeOn(a, incoming{T: "welcome", Resume: "x", HeartbeatTimeout: 10})
+	w.welcomeOn(a, welcomeMessage{Resume: "x", HeartbeatTimeout: 10})
 
 	if got := w.strays(); got[strayID] != strayToken {
 		t.Fatalf("still claimed (another node may own it): %v", got)
@@ -301,7 +301,7 @@ func TestEachConnectionClaimsTheStraysBeforeItsHeartbeatAndAStrayAsksNoNodeToSta
 		t.Fatalf("the claim of every stray, then b's own beat, with a seq: %v", frame)
 	}
 
-	on(t, w, b, incoming{T: "claimed", Status: map[string]string{strayID: "ok"}})
+	on(t, w, b, claimedMessage{Status: map[string]string{strayID: "ok"}})
 	asked := false
 	for _, m := range sent(t, w, b) { // after what the last ticks left
 		ids, _ := m["attempts"].([]any)

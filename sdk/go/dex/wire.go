@@ -156,25 +156,86 @@ type step struct {
 	Traceparent    *string         `json:"traceparent"`
 }
 
-// incoming is any server → Worker message: the union of their fields, by t.
-type incoming struct {
-	T string `json:"t"`
-	// welcome
+// serverMessage is one server → Worker message, typed by its t (docs/worker-protocol.md,
+// "Server → Worker"; src/dex/wire/server_frames.py): a welcomeMessage, step,
+// heartbeatReplyMessage, ackMessage, cancelMessage, membersMessage or claimedMessage;
+// an unknownMessage is one of a t this Worker does not know, which it ignores.
+type serverMessage interface {
+	serverMessage()
+}
+
+// welcomeMessage is the answer to hello.
+type welcomeMessage struct {
 	WorkerID         string   `json:"worker_id"`
 	HeartbeatTimeout float64  `json:"heartbeat_timeout"`
 	ReconnectGrace   float64  `json:"reconnect_grace"`
 	Resume           string   `json:"resume"`
 	Stop             []string `json:"stop"`
-	// welcome, members: the nodes of a cluster to be connected to
+	// Members: the nodes of a cluster to be connected to (none: a single node)
 	Members []string `json:"members"`
-	// hb reply; claimed (status only)
-	Seq    *int64            `json:"seq"`
+}
+
+// heartbeatReplyMessage is the answer to an hb (t "hb"): per attempt "ok" or "stop",
+// and the seq of a start acknowledgement's ask.
+type heartbeatReplyMessage struct {
 	Status map[string]string `json:"status"`
-	// ack, cancel, step
+	Seq    *int64            `json:"seq"`
+}
+
+// ackMessage says a done, fail or back was committed (OK) or refused.
+type ackMessage struct {
 	AttemptID string  `json:"attempt_id"`
 	OK        bool    `json:"ok"`
 	Error     *string `json:"error"`
-	raw       json.RawMessage
+}
+
+// cancelMessage asks to stop running an attempt: no result is wanted.
+type cancelMessage struct {
+	AttemptID string `json:"attempt_id"`
+}
+
+// membersMessage says the cluster's nodes changed.
+type membersMessage struct {
+	Members []string `json:"members"`
+}
+
+// claimedMessage is the answer to claim: per attempt "ok" (it is this connection's now)
+// or "stop".
+type claimedMessage struct {
+	Status map[string]string `json:"status"`
+}
+
+// unknownMessage is a message of a t the Worker does not know: it is ignored.
+type unknownMessage struct {
+	T string
+}
+
+func (welcomeMessage) serverMessage()        {}
+func (step) serverMessage()                  {}
+func (heartbeatReplyMessage) serverMessage() {}
+func (ackMessage) serverMessage()            {}
+func (cancelMessage) serverMessage()         {}
+func (membersMessage) serverMessage()        {}
+func (claimedMessage) serverMessage()        {}
+func (unknownMessage) serverMessage()        {}
+
+// serverMessages decodes each server → Worker message by its t.
+var serverMessages = map[string]func(json.RawMessage) (serverMessage, error){
+	"welcome": decodeAs[welcomeMessage],
+	"step":    decodeAs[step],
+	"hb":      decodeAs[heartbeatReplyMessage],
+	"ack":     decodeAs[ackMessage],
+	"cancel":  decodeAs[cancelMessage],
+	"members": decodeAs[membersMessage],
+	"claimed": decodeAs[claimedMessage],
+}
+
+func decodeAs[M serverMessage](raw json.RawMessage) (serverMessage, error) {
+	var m M
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // message is one Worker → server message (docs/worker-protocol.md): a drainMessage,
@@ -265,22 +326,34 @@ func (m failMessage) attempt() string    { return m.AttemptID }
 func (m backMessage) attempt() string    { return m.AttemptID }
 func (claimMessage) attempt() string     { return "" }
 
-// decodeFrame reads a frame: a JSON array of messages, each with a t.
-func decodeFrame(data []byte) ([]incoming, error) {
+// decodeFrame reads a frame: a JSON array of messages, each with a t, each decoded into
+// the type of its t. A message that does not fit its type fails the whole frame, before
+// any of it is applied.
+func decodeFrame(data []byte) ([]serverMessage, error) {
 	var raws []json.RawMessage
 	if err := json.Unmarshal(data, &raws); err != nil {
 		return nil, fmt.Errorf("a frame must be a JSON array of messages: %w", err)
 	}
-	out := make([]incoming, 0, len(raws))
+	out := make([]serverMessage, 0, len(raws))
 	for i, raw := range raws {
-		var m incoming
-		if err := json.Unmarshal(raw, &m); err != nil {
+		var tag struct {
+			T string `json:"t"`
+		}
+		if err := json.Unmarshal(raw, &tag); err != nil {
 			return nil, fmt.Errorf("message %d of the frame: %w", i, err)
 		}
-		if m.T == "" {
+		if tag.T == "" {
 			return nil, fmt.Errorf("message %d of the frame has no t", i)
 		}
-		m.raw = raw
+		decode, known := serverMessages[tag.T]
+		if !known {
+			out = append(out, unknownMessage{T: tag.T})
+			continue
+		}
+		m, err := decode(raw)
+		if err != nil {
+			return nil, fmt.Errorf("message %d of the frame (%s): %w", i, tag.T, err)
+		}
 		out = append(out, m)
 	}
 	return out, nil

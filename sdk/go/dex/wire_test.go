@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"log"
+	"os"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -52,7 +55,9 @@ func TestDecodeFrameReadsMessagesInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if frame[0].T != "ack" || !frame[0].OK || frame[1].T != "hb" || *frame[1].Seq != 3 || frame[1].Status["a"] != "stop" {
+	ack, isAck := frame[0].(ackMessage)
+	hb, isHb := frame[1].(heartbeatReplyMessage)
+	if !isAck || !ack.OK || !isHb || *hb.Seq != 3 || hb.Status["a"] != "stop" {
 		t.Fatalf("unexpected frame: %+v", frame)
 	}
 	for _, bad := range []string{`{"t":"ack"}`, `[{"ok":true}]`, `not json`} {
@@ -60,6 +65,163 @@ func TestDecodeFrameReadsMessagesInOrder(t *testing.T) {
 			t.Fatalf("%s should not decode", bad)
 		}
 	}
+}
+
+func TestAMessageOfAnUnknownTIsKeptInOrderAndIgnored(t *testing.T) {
+	frame, err := decodeFrame([]byte(`[{"t":"later","x":[1]},{"t":"ack","attempt_id":"a","ok":true}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u, ok := frame[0].(unknownMessage); !ok || u.T != "later" {
+		t.Fatalf("want the unknown message first, got %+v", frame)
+	}
+	if err := testWorker().handle(context.Background(), frame); err != nil {
+		t.Fatalf("an unknown message is ignored, not an error: %v", err)
+	}
+}
+
+// TestEveryServerMessageOfTheProtocolPageDecodesIntoItsType reads the "Server → Worker"
+// section of docs/worker-protocol.md (generated from src/dex/wire/server_frames.py): a
+// heading per message's t, and its JSON schema. Each t there must be one of
+// serverMessages, of the type listed here; a sample of the schema, every property set,
+// must decode into that type with a field set for each property. A message or a field
+// the server starts sending fails here until the Go Worker types it.
+func TestEveryServerMessageOfTheProtocolPageDecodesIntoItsType(t *testing.T) {
+	types := map[string]reflect.Type{
+		"welcome": reflect.TypeOf(welcomeMessage{}),
+		"step":    reflect.TypeOf(step{}),
+		"hb":      reflect.TypeOf(heartbeatReplyMessage{}),
+		"ack":     reflect.TypeOf(ackMessage{}),
+		"cancel":  reflect.TypeOf(cancelMessage{}),
+		"members": reflect.TypeOf(membersMessage{}),
+		"claimed": reflect.TypeOf(claimedMessage{}),
+	}
+	if len(serverMessages) != len(types) {
+		t.Fatalf("serverMessages decodes %d messages, this test knows %d", len(serverMessages), len(types))
+	}
+	schemas := serverSchemas(t)
+	if len(schemas) != len(types) {
+		t.Errorf("the page lists %d server messages, the Go Worker types %d", len(schemas), len(types))
+	}
+	for name, schema := range schemas {
+		want, typed := types[name]
+		if _, decodes := serverMessages[name]; !typed || !decodes {
+			t.Errorf("the page's server message %q has no Go type", name)
+			continue
+		}
+		data, err := json.Marshal([]any{sample(schema, schema, 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		frame, err := decodeFrame(data)
+		if err != nil {
+			t.Errorf("%s: a sample does not decode: %v (%s)", name, err, data)
+			continue
+		}
+		got := reflect.ValueOf(frame[0])
+		if got.Type() != want {
+			t.Errorf("%s decodes into %v, want %v", name, got.Type(), want)
+			continue
+		}
+		properties, _ := schema["properties"].(map[string]any)
+		for property := range properties {
+			if property == "t" {
+				continue
+			}
+			field, ok := fieldTagged(got, property)
+			if !ok {
+				t.Errorf("%s: %v has no field for %q", name, want, property)
+			} else if field.IsZero() {
+				t.Errorf("%s: %q of the sample did not reach %v (%s)", name, property, want, data)
+			}
+		}
+	}
+}
+
+// serverSchemas is the JSON schema of each message of the protocol page's
+// "Server → Worker" section, by its t.
+func serverSchemas(t *testing.T) map[string]map[string]any {
+	t.Helper()
+	page, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "worker-protocol.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, found := strings.Cut(string(page), "\n## Server → Worker\n")
+	if !found {
+		t.Fatal(`docs/worker-protocol.md has no "## Server → Worker" section`)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	schemas := map[string]map[string]any{}
+	for _, part := range strings.Split(section, "\n### `")[1:] {
+		name, rest, _ := strings.Cut(part, "`")
+		_, rest, _ = strings.Cut(rest, "```json\n")
+		text, _, closed := strings.Cut(rest, "\n```")
+		var schema map[string]any
+		if !closed || json.Unmarshal([]byte(text), &schema) != nil {
+			t.Fatalf("the schema of the server message %q does not read", name)
+		}
+		schemas[name] = schema
+	}
+	return schemas
+}
+
+// sample is a value of schema with every property set and nothing empty; root holds
+// the $defs its references name.
+func sample(schema, root map[string]any, depth int) any {
+	if depth > 8 {
+		return nil
+	}
+	if c, ok := schema["const"]; ok {
+		return c
+	}
+	if values, ok := schema["enum"].([]any); ok && len(values) > 0 {
+		return values[0]
+	}
+	if ref, ok := schema["$ref"].(string); ok {
+		defs, _ := root["$defs"].(map[string]any)
+		def, _ := defs[strings.TrimPrefix(ref, "#/$defs/")].(map[string]any)
+		return sample(def, root, depth+1)
+	}
+	for _, key := range []string{"anyOf", "oneOf"} {
+		if options, ok := schema[key].([]any); ok && len(options) > 0 {
+			option, _ := options[0].(map[string]any) // the first: never null in this page
+			return sample(option, root, depth+1)
+		}
+	}
+	switch schema["type"] {
+	case "string":
+		return "x"
+	case "integer":
+		return 2
+	case "number":
+		return 2.5
+	case "boolean":
+		return true
+	case "array":
+		items, _ := schema["items"].(map[string]any)
+		return []any{sample(items, root, depth+1)}
+	}
+	object := map[string]any{"any": 1} // an object, or any JSON value
+	if properties, ok := schema["properties"].(map[string]any); ok {
+		object = map[string]any{}
+		for name, property := range properties {
+			object[name] = sample(property.(map[string]any), root, depth+1)
+		}
+	}
+	if values, ok := schema["additionalProperties"].(map[string]any); ok {
+		object = map[string]any{"a": sample(values, root, depth+1)}
+	}
+	return object
+}
+
+// fieldTagged is v's field whose json name is name.
+func fieldTagged(v reflect.Value, name string) (reflect.Value, bool) {
+	for i := 0; i < v.NumField(); i++ {
+		if tag, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ","); tag == name {
+			return v.Field(i), true
+		}
+	}
+	return reflect.Value{}, false
 }
 
 func TestBackoffGrowsWithJitterUpToReconnectMax(t *testing.T) {
@@ -127,7 +289,7 @@ func testWorker() *Worker {
 
 func TestHelloAfterReconnectNamesUnsettledAttemptsAndResumeToken(t *testing.T) {
 	w := testWorker()
-	w.welcome(incoming{T: "welcome", Resume: "r1", HeartbeatTimeout: 2})
+	w.welcome(welcomeMessage{Resume: "r1", HeartbeatTimeout: 2})
 	w.running["run"] = &attempt{step: step{AttemptID: "run"}, cancel: func() {}}
 	w.results["done"] = doneMessage{T: "done", AttemptID: "done", Result: json.RawMessage(`{}`)}
 	var frame []hello
@@ -139,7 +301,7 @@ func TestHelloAfterReconnectNamesUnsettledAttemptsAndResumeToken(t *testing.T) {
 		t.Fatalf("unexpected hello: %+v", h)
 	}
 	// The next welcome stops one attempt and re-sends the unacked result.
-	w.welcome(incoming{T: "welcome", Resume: "r2", HeartbeatTimeout: 2, Stop: []string{"run"}})
+	w.welcome(welcomeMessage{Resume: "r2", HeartbeatTimeout: 2, Stop: []string{"run"}})
 	if _, ok := w.running["run"]; ok {
 		t.Fatal("welcome.stop must stop the attempt")
 	}
@@ -148,7 +310,7 @@ func TestHelloAfterReconnectNamesUnsettledAttemptsAndResumeToken(t *testing.T) {
 	if err := json.Unmarshal(data, &resent); err != nil || len(resent) != 1 || resent[0]["attempt_id"] != "done" {
 		t.Fatalf("the unacked result must be sent again: %v %v", resent, err)
 	}
-	if err := w.handle(context.Background(), []incoming{{T: "ack", AttemptID: "done", OK: true}}); err != nil {
+	if err := w.handle(context.Background(), []serverMessage{ackMessage{AttemptID: "done", OK: true}}); err != nil {
 		t.Fatal(err)
 	}
 	if len(w.results) != 0 {
@@ -164,18 +326,18 @@ func TestStartAcknowledgementNeedsTheSameSeqInTime(t *testing.T) {
 	w.running["x"] = a
 	w.askStartLocked(a)
 	other := a.startSeq + 1
-	w.heartbeatReply(w.seed, incoming{T: "hb", Seq: &other, Status: map[string]string{"x": "ok"}})
+	w.heartbeatReply(w.seed, heartbeatReplyMessage{Seq: &other, Status: map[string]string{"x": "ok"}})
 	if len(start) != 0 {
 		t.Fatal("an ok with another seq does not count")
 	}
 	a.startAt = time.Now().Add(-time.Second)
 	seq := a.startSeq
-	w.heartbeatReply(w.seed, incoming{T: "hb", Seq: &seq, Status: map[string]string{"x": "ok"}})
+	w.heartbeatReply(w.seed, heartbeatReplyMessage{Seq: &seq, Status: map[string]string{"x": "ok"}})
 	if len(start) != 0 {
 		t.Fatal("an ok later than half the heartbeat timeout does not count")
 	}
 	a.startAt = time.Now()
-	w.heartbeatReply(w.seed, incoming{T: "hb", Seq: &seq, Status: map[string]string{"x": "ok"}})
+	w.heartbeatReply(w.seed, heartbeatReplyMessage{Seq: &seq, Status: map[string]string{"x": "ok"}})
 	if !<-start {
 		t.Fatal("an ok in time with the same seq starts the tool")
 	}

@@ -117,7 +117,7 @@ func TestRunModelHandOutsBuildOnTheHistoryTheWorkerKeeps(t *testing.T) {
 		t.Fatalf("want back with reason history, got %v", back)
 	}
 	// after a reconnect the server sends whole views first: nothing kept is built on
-	w.welcome(incoming{T: "welcome", Resume: "r"})
+	w.welcome(welcomeMessage{Resume: "r"})
 	w.handOut(runModelStep("m4", "s1", 3, Item{Type: "user", Text: "three"}))
 	if r := w.result("m4"); r != handBack("m4", "history") {
 		t.Fatalf("a new connection holds no views: %v", r)
