@@ -20,7 +20,7 @@ those limits; with ``--instructions N``, the server's instructions per turn over
 with and without them, counted by callgrind (``bench.instructions``' ``measure``). The
 limited server's sessions also belong to a tenant (``TENANT``) with a budget that never
 binds: each model call checks it, and each model result adds to the tenant's day in its
-commit (the callgrind figure leaves tenants out).
+commit (the callgrind figure too).
 
 **Rate under refusals.** A model group with ``rpm`` = R (``--rpm``, 600), whose model is
 ``dex.models.Anthropic`` through the real SDK client against the local fake server
@@ -220,17 +220,23 @@ def admission_floor(limited: bool, turns: int = 20_000) -> float:
 
 
 async def admission_instructions(args: argparse.Namespace, tmp: Path) -> str:
-    """The server's instructions per turn without limits and with them, counted by
-    callgrind (``bench.instructions``): a figure the machine's load does not move."""
+    """The server's instructions per turn without limits and with them (and a tenant's
+    budget), counted by callgrind (``bench.instructions``): a figure the machine's load
+    does not move."""
     ns = argparse.Namespace(
         turns=args.instructions, concurrency=[args.instructions_sessions], worker=False, creations=0
     )
     limited = {"DEX_MODEL_LIMITS": json.dumps({SCRIPTED_GROUP: NEVER})}
+    budget = (TENANT, {"max_tokens_per_day": 1 << 60})
     base, limits = [
-        (await instructions.measure(code, None, ns, tmp, agents_file=file, server_env=env))[0]
-        for code, file, env in (
-            ("instr-no-limits", TURNS_AGENTS, {}),
-            ("instr-limits", FLOW_AGENTS, limited),
+        (
+            await instructions.measure(
+                code, None, ns, tmp, agents_file=file, server_env=env, tenant=tenant
+            )
+        )[0]
+        for code, file, env, tenant in (
+            ("instr-no-limits", TURNS_AGENTS, {}, None),
+            ("instr-limits", FLOW_AGENTS, limited, budget),
         )
     ]
     without, with_limits = base.server / base.turns, limits.server / limits.turns

@@ -108,9 +108,15 @@ class Callgrind:
         raise RuntimeError("callgrind wrote no dump")
 
 
-async def _turns(http: aiohttp.ClientSession, address: str, concurrency: int, turns: int) -> None:
-    """``turns`` turns over ``concurrency`` fresh sessions, each lane one turn at a time.
-    Plain HTTP with long timeouts: under callgrind a turn may take seconds."""
+async def _turns(
+    http: aiohttp.ClientSession,
+    address: str,
+    concurrency: int,
+    turns: int,
+    tenant: str | None = None,
+) -> None:
+    """``turns`` turns over ``concurrency`` fresh sessions (of ``tenant``'s), each lane one
+    turn at a time. Plain HTTP with long timeouts: under callgrind a turn may take seconds."""
     each, extra = divmod(turns, concurrency)
     timeout = aiohttp.ClientTimeout(total=900)
 
@@ -122,7 +128,7 @@ async def _turns(http: aiohttp.ClientSession, address: str, concurrency: int, tu
             return result
 
     async def lane(n: int) -> None:
-        session = (await call("POST", "/v1/sessions", {"agent": AGENT}))["id"]
+        session = (await call("POST", "/v1/sessions", {"agent": AGENT, "tenant": tenant}))["id"]
         for _ in range(n):
             turn = await call(
                 "POST", f"/v1/sessions/{session}/messages", {"text": "go", "wait_seconds": 600}
@@ -164,9 +170,11 @@ async def measure(
     *,
     agents_file: Path = ROOT / "bench" / "agents.py",
     server_env: Mapping[str, str] | None = None,
+    tenant: tuple[str, dict[str, Any] | None] | None = None,
 ) -> list[Count]:
     """Count the server's instructions (and with ``args.worker`` the Worker's) per turn of
-    ``agents_file``'s agent ``bench``; ``server_env``: more of the server's environment."""
+    ``agents_file``'s agent ``bench``; ``server_env``: more of the server's environment;
+    ``tenant``: the sessions' tenant and the budget set for it first (None: none)."""
     env = {"PYTHONPATH": str(src)} if src is not None else {}
     work = tmp / code
     work.mkdir()
@@ -202,15 +210,21 @@ async def measure(
                 return (await metrics(http, server.address)).get("dex_workers_connected", 0) >= 1
 
             await wait_until_async(worker_ready, 600, 0.2, "the Worker connected")
+            if tenant is not None and tenant[1] is not None:
+                url = f"{server.address}/admin/tenants/{tenant[0]}/budget"
+                async with http.put(url, json=tenant[1]) as r:
+                    if r.status != 200:
+                        raise RuntimeError(f"PUT {url}: {r.status} {await r.text()}")
+            name = tenant[0] if tenant is not None else None
             for concurrency in args.concurrency:
                 if args.turns:
                     turns = max(args.turns, concurrency * 4)
                     print(f"  {code}: {concurrency} sessions, {turns} turns ...", flush=True)
-                    await _turns(http, server.address, concurrency, concurrency * 2)  # warm-up
+                    await _turns(http, server.address, concurrency, concurrency * 2, name)  # warm
                     await asyncio.to_thread(server_cg.start)
                     if worker_cg is not None:
                         await asyncio.to_thread(worker_cg.start)
-                    await _turns(http, server.address, concurrency, turns)
+                    await _turns(http, server.address, concurrency, turns, name)
                     server_n = await asyncio.to_thread(server_cg.stop)
                     worker_n = await asyncio.to_thread(worker_cg.stop) if worker_cg else None
                     counts.append(Count(code, concurrency, turns, server_n, worker_n))

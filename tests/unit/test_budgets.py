@@ -22,6 +22,7 @@ from dex.server.engine.budget import (
 from dex.server.engine.budget import Usage as UsageTotals
 from dex.server.engine.state import AttemptError, SessionState, Step, TurnStatus
 from dex.server.engine.turn import hold_for_tenant
+from dex.server.flow import TenantBudgets, day_of
 from dex.wire import (
     AgentSpec,
     AttemptProgress,
@@ -363,3 +364,14 @@ def test_the_session_s_own_budget_wins_the_reason_of_a_recheck() -> None:
     [wait] = budget_waits(state)
     assert t.ready == [] and wait.wait is not None
     assert (wait.wait.reason, wait.wait.tenant) == ("1100 tokens used of a budget of 1000", None)
+
+
+def test_the_tenants_day_changes_exactly_at_midnight_utc_either_way() -> None:
+    tenants = TenantBudgets(store=None, now=lambda: 0.0)  # type: ignore[arg-type]
+    midnight = 1_781_049_600.0  # 2026-06-10 00:00 UTC
+    assert tenants.day(midnight - 0.001) == "2026-06-09"
+    assert tenants.day(midnight) == "2026-06-10"
+    assert tenants.day(midnight + 86_399.9) == "2026-06-10"
+    assert tenants.day(midnight + 86_400) == "2026-06-11"
+    assert tenants.day(midnight - 40 * 86_400) == "2026-05-01"  # a clock set back
+    assert all(tenants.day(t) == day_of(t) for t in (0.0, 1e9, midnight + 12_345.6))

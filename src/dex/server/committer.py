@@ -160,7 +160,8 @@ class Committer:
                 reason, budget = held
                 hold_for_tenant(state, t, msgspec.to_builtins(budget), reason, now)
             if t.used is not None:
-                used = TenantUsage(state.tenant, day_of(now), *t.used)
+                day = tenants.day(now) if tenants is not None else day_of(now)
+                used = TenantUsage(state.tenant, day, *t.used)
         if dispatch:
             handed, waiting = self._hand_out_now(state, t, now)
         else:

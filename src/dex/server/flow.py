@@ -18,6 +18,7 @@ part of the partitions.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -129,6 +130,9 @@ class ModelLimits:
         return out
 
 
+DAY = 86_400.0
+
+
 def day_of(at: float) -> str:
     """The UTC day of a Unix time, as a tenant's usage is counted: ``2026-12-08``. Its
     first seven characters are its month."""
@@ -169,6 +173,20 @@ class TenantBudgets:
         self.resume: Callable[[str, str | None], Awaitable[None]] | None = None
         """Ends the waits on a tenant's budget where it allows them to go on, saying who
         changed it (``Sessions.recheck_budgets``)."""
+        self._verdicts: dict[str, tuple[str, str | None]] = {}
+        """Each tenant's last ``reached`` reason (None: not reached), with the day it holds
+        for: dropped when its usage or budget changes."""
+        self._day: tuple[float, float, str] = (0.0, 0.0, "")
+        """The UTC day last asked for: (its start, its end, its name)."""
+
+    def day(self, now: float) -> str:
+        """``day_of(now)``, cheaply: the day last asked for, while ``now`` is in it."""
+        start, end, name = self._day
+        if not start <= now < end:
+            name = day_of(now)
+            start = float(calendar.timegm(time.strptime(name, "%Y-%m-%d")))
+            self._day = (start, start + DAY, name)
+        return name
 
     def reached(self, tenant: str, now: float) -> tuple[str, TenantBudget] | None:
         """Why a model call of ``tenant``'s may not start now (in words), with its budget;
@@ -176,8 +194,12 @@ class TenantBudgets:
         budget = self.budgets.get(tenant)
         if budget is None:
             return None
-        today, month = self.used(tenant, day_of(now))
-        reason = budget.reached(tenant, today, month)
+        day = self.day(now)
+        verdict = self._verdicts.get(tenant)
+        if verdict is None or verdict[0] != day:
+            verdict = (day, budget.reached(tenant, *self.used(tenant, day)))
+            self._verdicts[tenant] = verdict
+        reason = verdict[1]
         if reason is None:
             return None
         self.held.add(tenant)
@@ -199,6 +221,7 @@ class TenantBudgets:
             return  # no budget: storage counts it, this node need not
         day = days.setdefault(usage.day, Usage())
         day.add(usage.input_tokens, usage.output_tokens, usage.cost_usd)
+        self._verdicts.pop(usage.tenant, None)
 
     async def load(self) -> dict[str, str | None]:
         """Read the budgets, and what the tenants with one used this month. Returns the
@@ -220,6 +243,7 @@ class TenantBudgets:
         for tenant in [t for t in self.days if t not in self.budgets]:
             del self.days[tenant]
         self.days.update(days)
+        self._verdicts.clear()
 
     async def follow(self) -> None:
         """Every ``FOLLOW`` seconds, until cancelled: in a cluster, read the budgets and
@@ -257,6 +281,7 @@ class TenantBudgets:
         ``FOLLOW`` seconds."""
         spec = msgspec.json.encode(StoredBudget(budget, by)).decode()
         await self.store.write(Write(tenant_budgets=[(tenant, spec)]))
+        self._verdicts.pop(tenant, None)
         if budget is None:
             self.budgets.pop(tenant, None)
             self.days.pop(tenant, None)
