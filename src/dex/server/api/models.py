@@ -402,7 +402,17 @@ class TurnResult(BaseModel):
 
 class SentMessage(TurnResult):
     created: bool = Field(
-        description="False when this `message_id` was sent before: the first send's turn."
+        description="False when this `message_id` was sent before: the first send's turn "
+        "and outcome."
+    )
+    outcome: Literal["started", "queued", "interrupted", "steered"] = Field(
+        description="What the message did (docs/mid-turn.md): `started` its turn (the "
+        "session was idle); `queued` (its turn starts once the running one ends); "
+        "`interrupted` the running turn (cancelled; its turn started at once); `steered` "
+        "into the running turn (`turn` is that turn, which answers it)."
+    )
+    interrupted: int | None = Field(
+        None, description="With `interrupted`: the turn the message cancelled."
     )
 
 
