@@ -94,8 +94,10 @@ class AgentSpec(Wire):
     model_retry: RetryPolicy = Field(default_factory=RetryPolicy)
     compact_threshold_chars: int | None = Field(None, ge=100)
     """Summarize the history before RunModel once it holds more than this many characters."""
-    on_busy: OnBusy = "enqueue"
-    """What a user message does while a turn runs, unless its send says otherwise."""
+    on_busy: OnBusy = Field("enqueue", exclude_if=lambda v: v == "enqueue")
+    """What a user message does while a turn runs, unless its send says otherwise. Left
+    out when it is the default, so a Worker that keeps it registers with a server that
+    does not know the field."""
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:
