@@ -191,6 +191,23 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "The call is sent again with the same idempotency key in its _meta "
         "(dex/idempotency_key). The model is offered the same tools after the crash.",
     ),
+    "mid_turn.interrupt": (
+        "A message that interrupts a running turn (on_busy interrupt, docs/mid-turn.md)",
+        "Right after the send is acknowledged, while the interrupted turn's tool or model "
+        "call runs",
+        "The send's one commit cancelled the turn and started the message's: the old turn "
+        "stays cancelled once (its running write records outcome_unknown and does not run "
+        "again), and the new turn runs once. A send again with the same message_id answers "
+        "the same outcome and applies nothing.",
+    ),
+    "mid_turn.steer": (
+        "A message steered into a running turn (on_busy steer)",
+        "Right after the send is acknowledged, while the turn's tool or model call runs",
+        "The message is recorded with the turn: the call that ran follows its own row, and "
+        "the message enters the history once, before the turn's next model call (after a "
+        "model call's answer, the turn goes on to answer it); the turn completes once. A "
+        "send again with the same message_id answers steered and adds nothing.",
+    ),
 }
 
 E = "dex.server.engine."
@@ -286,6 +303,24 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
         H + "complete_model",
         MCP + "MCPTools._kind",
         MCP + "MCPTools.call",
+    ),
+    # one commit cancels the running turn and starts the message's; the message id is
+    # remembered with what the send did in that same commit
+    "mid_turn.interrupt": (
+        H + "receive_message",
+        H + "cancel_turn",
+        E + "turn.end_turn",
+        E + "outcomes.settle_failed_call",
+        S + "send",
+        "dex.server.committer._remembered",
+    ),
+    "mid_turn.steer": (
+        H + "receive_message",
+        E + "turn.steer",
+        E + "turn.call_model",
+        H + "complete_model",
+        S + "send",
+        "dex.server.committer._remembered",
     ),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each
