@@ -19,9 +19,10 @@ from the committed one (a marked case that failed or skipped). ``render`` is the
 that writes the page; ``CrashResults`` gathers the cases from the test reports (in
 pytest-xdist's controller, which receives every report).
 
-The "Decided by" column comes from ``DECIDED_BY``, not from results: after a change to it
-(or to ``PROSE``), ``python -m tests.support.crash_matrix docs/crash-matrix.md`` writes
-that column and the prose anew and keeps every result cell (``redecide``), with no run.
+The "What happens" and "Decided by" columns come from ``ROWS`` and ``DECIDED_BY``, not from
+results: after a change to them (or to ``PROSE``), ``python -m tests.support.crash_matrix
+docs/crash-matrix.md`` writes those columns and the prose anew and keeps every result cell
+(``redecide``), with no run.
 """
 
 from __future__ import annotations
@@ -567,21 +568,22 @@ def render(cases: Iterable[Case]) -> str:
 
 
 def redecide(page: str) -> str:
-    """``page`` with the "Decided by" column and the prose after the table written anew
-    from ``DECIDED_BY`` and ``PROSE``, every other cell as it was: what a run of every
-    crash test would write when its cases pass as they did in the run that wrote ``page``
-    (``python -m tests.support.crash_matrix docs/crash-matrix.md``). Raises if a row of
+    """``page`` with the "What happens" and "Decided by" columns and the prose after the
+    table written anew from ``ROWS``, ``DECIDED_BY`` and ``PROSE``, every other cell as it
+    was: what a run of every crash test would write when its cases pass as they did in the
+    run that wrote ``page`` (``python -m tests.support.crash_matrix docs/crash-matrix.md``). Raises if a row of
     ``ROWS`` is not on the page: that takes a run."""
     table, heading, _ = page.partition(PROSE.splitlines()[0])
     if not heading:
         raise ValueError("the page has no prose after its table")
     lines = table.splitlines()
-    for key, (step, interrupted, _) in ROWS.items():
+    for key, (step, interrupted, what) in ROWS.items():
         start = f"| {step} | {interrupted} |"
         index = next((i for i, line in enumerate(lines) if line.startswith(start)), None)
         if index is None:
             raise ValueError(f"the page has no row {start}: write it from a run, {REGENERATE}")
         cells = [cell.strip() for cell in lines[index].strip("|").split("|")]
+        cells[2] = what
         cells[3] = decided_by(key)
         lines[index] = "| " + " | ".join(cells) + " |"
     return "\n".join(lines).rstrip("\n") + "\n\n" + PROSE
