@@ -6,7 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+import dex
 from dex.errors import Conflict
+from dex.models import Scripted
 from dex.server.engine import handlers
 from dex.server.engine.handlers import Transition
 from dex.server.engine.state import (
@@ -260,3 +262,15 @@ def test_messages_steered_into_a_turn_that_fails_stay_in_the_history() -> None:
 
     assert t.ended_turn is not None and t.ended_turn.status == TurnStatus.FAILED
     assert users(t.history) == ["hurry"]
+
+
+def test_dex_agent_declares_its_on_busy_and_leaves_the_default_out() -> None:
+    """The Worker registers the agent's policy; the default is left out of the spec, so a
+    Worker that keeps it registers with a server that does not know the field."""
+    steering = dex.Agent(name="a", model=Scripted(lambda _: answer("x")), on_busy="steer")
+    default = dex.Agent(name="a", model=Scripted(lambda _: answer("x")))
+
+    assert steering.spec().on_busy == "steer"
+    assert steering.spec().model_dump()["on_busy"] == "steer"
+    assert default.spec().on_busy == "enqueue"
+    assert "on_busy" not in default.spec().model_dump(mode="json")
