@@ -259,14 +259,16 @@ def send(
     """Send a message to a session and sum its turn up (its tool calls and their outcomes,
     its text): once it ends, or as soon as it waits for a person (an approval, an answer),
     saying what it waits for. ``--on-busy`` decides what the message does if a turn runs
-    (docs/mid-turn.md); the first line says what it did."""
+    (docs/mid-turn.md); a message that did not start its turn says what it did (on
+    stderr)."""
     from dex.cli import render
 
     def sent(client: SyncClient) -> Any:
         policy = on_busy.value if on_busy is not None else None
         turn = client.send_message(session_id, text, on_busy=policy, wait=wait > 0, timeout=wait)
         err = render.console(stderr=True)
-        err.print(render.sent_line(turn), markup=False)
+        if turn.get("outcome", "started") != "started":  # queued, interrupted, steered
+            err.print(render.sent_line(turn), markup=False)
         for w in turn.get("waiting_for", []):
             err.print(f"turn {turn['turn']} waits: {render.wait_text(w)}", markup=False)
             err.print(f"  {render.how_to_act(w)}", markup=False)
