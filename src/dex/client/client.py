@@ -390,7 +390,7 @@ class Client:
         """The session's events as they happen (Server-Sent Events): ``history.item``,
         ``turn.started`` / ``turn.completed`` / ``turn.failed`` / ``turn.cancelled``,
         ``wait.started`` (and ``wait.ended``, ``budget.changed`` for a budget wait),
-        ``message.queued`` and live ``model.delta`` text. Each is
+        ``message.queued``, ``message.steered`` and live ``model.delta`` text. Each is
         ``{"id", "type", "data"}``; ids are opaque strings: pass the last one you saw as
         ``last_event_id`` to resume after it.
 

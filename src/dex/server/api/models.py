@@ -526,7 +526,7 @@ SSE_EVENT: dict[str, Any] = {
             "type": "string",
             "description": "history.item, turn.started, turn.completed, turn.failed, "
             "turn.cancelled, wait.started, wait.ended (a budget wait), budget.changed, "
-            "message.queued, model.delta, model.discard; "
+            "message.queued, message.steered, model.delta, model.discard; "
             "the stream's own notices, with no id: stream.gap (events after the "
             "Last-Event-ID are no longer kept) first, stream.dropped (this subscriber "
             "fell too far behind: the response ends, resume with Last-Event-ID) last",
