@@ -56,19 +56,20 @@ const (
 
 // The events of a session's stream (Event.Type), and the stream's own notices.
 const (
-	EventHistoryItem   = "history.item"
-	EventTurnStarted   = "turn.started"
-	EventTurnCompleted = "turn.completed"
-	EventTurnFailed    = "turn.failed"
-	EventTurnCancelled = "turn.cancelled"
-	EventWaitStarted   = "wait.started"
-	EventWaitEnded     = "wait.ended"     // a budget wait ended: the budget was raised or removed
-	EventBudgetChanged = "budget.changed" // the session's budget changed
-	EventMessageQueued = "message.queued"
-	EventModelDelta    = "model.delta"
-	EventModelDiscard  = "model.discard"
-	EventStreamGap     = "stream.gap"
-	EventStreamDropped = "stream.dropped"
+	EventHistoryItem    = "history.item"
+	EventTurnStarted    = "turn.started"
+	EventTurnCompleted  = "turn.completed"
+	EventTurnFailed     = "turn.failed"
+	EventTurnCancelled  = "turn.cancelled"
+	EventWaitStarted    = "wait.started"
+	EventWaitEnded      = "wait.ended"     // a budget wait ended: the budget was raised or removed
+	EventBudgetChanged  = "budget.changed" // the session's budget changed
+	EventMessageQueued  = "message.queued"
+	EventMessageSteered = "message.steered" // a message joined the running turn (docs/mid-turn.md)
+	EventModelDelta     = "model.delta"
+	EventModelDiscard   = "model.discard"
+	EventStreamGap      = "stream.gap"
+	EventStreamDropped  = "stream.dropped"
 )
 
 // Session is a session in the fleet view (schema Session).

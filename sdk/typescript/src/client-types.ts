@@ -76,7 +76,8 @@ export interface DexEvent {
   id: string;
   /** ``history.item``, ``turn.started``, ``turn.completed``, ``turn.failed``,
    * ``turn.cancelled``, ``wait.started``, ``wait.ended`` (a budget wait),
-   * ``budget.changed``, ``message.queued``, ``model.delta``, ``model.discard``; the
+   * ``budget.changed``, ``message.queued``, ``message.steered``, ``model.delta``,
+   * ``model.discard``; the
    * stream's own ``stream.gap`` and ``stream.dropped``. */
   type: string;
   data: Record<string, unknown>;
