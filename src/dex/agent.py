@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from dex.models.base import Model
 from dex.tools import Tool, ToolSource
-from dex.wire import AgentSpec, RetryPolicy
+from dex.wire import AgentSpec, OnBusy, RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,11 @@ class Agent:
     compact_threshold_chars: int | None = None
     """Summarize the history (a CompactContext Step) before a model call once the history
     since the last summary holds more than this many characters. None: never."""
+    on_busy: OnBusy = "enqueue"
+    """What a user message does while a turn of the session runs, unless its send says
+    otherwise (docs/mid-turn.md): ``enqueue`` (wait for the turn to end), ``reject`` (a
+    409), ``interrupt`` (cancel the turn, start one with the message), ``steer`` (join
+    the turn: its next model call sees the message)."""
 
     def __post_init__(self) -> None:
         self._check([t for t in self.tools if isinstance(t, Tool)])
@@ -56,6 +61,7 @@ class Agent:
             tools=[t.spec() for t in self.all_tools()],
             model_retry=self.model_retry,
             compact_threshold_chars=self.compact_threshold_chars,
+            on_busy=self.on_busy,
         )
 
     def tool(self, name: str) -> Tool | None:

@@ -323,6 +323,43 @@ def test_chat_commands_are_never_sent_to_the_agent(rig: Rig, terminals: list[Ter
     term.child.expect(pexpect.EOF, timeout=10)
 
 
+def test_steer_and_interrupt_a_turn_that_waits_for_an_approval(
+    rig: Rig, terminals: list[Terminal]
+) -> None:
+    rig.start_server()
+    rig.start_worker()
+    rig.session("waiter")
+    term = chat(rig, terminals, "waiter")
+    session_id = term.text().splitlines()[0].split()[1]
+
+    term.type(calls(("delete_all", {})))
+    term.asks("approve delete_all()? [y/n]")
+    term.type("/steer and then say hi")  # the turn goes on waiting: asked again
+    term.wait(
+        lambda screen: (
+            "the message was steered into turn 1" in screen
+            and term.last_line() == "approve delete_all()? [y/n]"
+        ),
+        what="the steer said, then the approval asked again",
+    )
+    term.type("y")
+    screen = term.prompt()
+    assert '← delete_all succeeded: "deleted"' in screen
+    assert "agent> echo: and then say hi" in screen  # the next model call saw it
+
+    term.type(calls(("delete_all", {})))
+    term.asks("approve delete_all()? [y/n]")
+    term.type("/interrupt never mind")
+    screen = term.prompt()
+    assert "turn 2 was interrupted (cancelled): the message started turn 3" in screen
+    assert "agent> echo: never mind" in screen
+    turns = [rig.client.wait_turn(session_id, n, timeout=0)["status"] for n in (1, 2, 3)]
+    assert turns == ["completed", "cancelled", "completed"]
+    assert len(rig.ledger.entries("delete_all")) == 1  # the interrupted call never ran
+    lines = screen.splitlines()
+    assert sum(line.startswith("agent> ") for line in lines) == 2  # each answer once
+
+
 def test_ctrl_c_or_cancel_ends_the_turn_and_ctrl_c_at_the_prompt_leaves(
     rig: Rig, terminals: list[Terminal]
 ) -> None:

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 import dex
+from dex.cli.main import app as cli
 from dex.testing import free_port, wait_until_async
 from tests.integration.conftest import FAST_WORKER, HELPER, HOLD, charges, metric, run_server
 
@@ -323,3 +325,68 @@ async def test_the_client_sets_lists_and_removes_a_tenant_s_budget(
     removed = await client.remove_tenant_budget("acme", by="ops")
     assert removed["budget"] is None
     assert await client.list_tenants() == []
+
+
+async def test_send_message_on_busy_rejects_steers_and_interrupts(
+    client: dex.Client, dex_worker: dex.Worker
+) -> None:
+    """``Client.send_message(..., on_busy=...)`` against a real server and Worker: the
+    answer says what the message did, and ``wait`` waits for the turn that answers it."""
+    HOLD["entered"], HOLD["open"] = asyncio.Event(), asyncio.Event()
+    sid = (await client.create_session("helper"))["id"]
+    await client.send_message(sid, "hold")
+    await asyncio.wait_for(HOLD["entered"].wait(), 10)
+
+    with pytest.raises(dex.Conflict) as refused:
+        await client.send_message(sid, "hurry", on_busy="reject")
+    assert refused.value.details["turn"] == 1
+
+    steering = asyncio.create_task(client.send_message(sid, "say hi", on_busy="steer", wait=True))
+    await wait_until_async(
+        lambda: _steered(client, sid), what="the steered message recorded in the turn"
+    )
+    HOLD["open"].set()
+    steered = await asyncio.wait_for(steering, 15)
+    assert (steered["turn"], steered["outcome"], steered["status"]) == (1, "steered", "completed")
+    assert steered["text"] == "echo: say hi"  # the turn's next model call saw it
+
+    HOLD["entered"], HOLD["open"] = asyncio.Event(), asyncio.Event()
+    await client.send_message(sid, "hold")
+    await asyncio.wait_for(HOLD["entered"].wait(), 10)
+    interrupting = await client.send_message(sid, "stop", on_busy="interrupt", wait=True)
+    assert (interrupting["outcome"], interrupting["interrupted"]) == ("interrupted", 2)
+    assert (interrupting["turn"], interrupting["status"]) == (3, "completed")
+    assert (await client.wait_turn(sid, 2, timeout=0))["status"] == "cancelled"
+
+
+async def _steered(client: dex.Client, sid: str) -> bool:
+    turn = (await client.get_agent_snapshot(sid))["current_turn"]
+    return turn is not None and turn["steered"] == ["say hi"]
+
+
+async def test_dex_send_on_busy_says_what_the_message_did(
+    server_address: str, client: dex.Client, dex_worker: dex.Worker
+) -> None:
+    """``dex send --on-busy``: a refused message exits 1 naming the turn; a steered one says
+    so, and the summed-up turn is the one it joined."""
+    HOLD["entered"], HOLD["open"] = asyncio.Event(), asyncio.Event()
+    sid = (await client.create_session("helper"))["id"]
+    await client.send_message(sid, "hold")
+    await asyncio.wait_for(HOLD["entered"].wait(), 10)
+
+    def dex_send(*args: str) -> Any:
+        return CliRunner().invoke(
+            cli, ["send", sid, *args, "--address", server_address], prog_name="dex"
+        )
+
+    refused = await asyncio.to_thread(dex_send, "hurry", "--on-busy", "reject")
+    assert refused.exit_code == 1 and "is running turn 1" in refused.output, refused.output
+    steering = asyncio.create_task(
+        asyncio.to_thread(dex_send, "say hi", "--on-busy", "steer", "--wait", "15")
+    )
+    await wait_until_async(lambda: _steered(client, sid), what="the steered message recorded")
+    HOLD["open"].set()
+    steered = await asyncio.wait_for(steering, 20)
+    assert steered.exit_code == 0, steered.output
+    assert "the message was steered into turn 1: its next model call sees it" in steered.output
+    assert "turn 1 completed" in steered.output and "text: echo: say hi" in steered.output

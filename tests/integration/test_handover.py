@@ -153,7 +153,8 @@ async def test_a_step_handed_out_in_a_commit_in_flight_finishes_before_the_parti
     assert not done and not rig.gave_up(), "it gave the partition up with a hand-out in flight"
 
     gate.set()
-    assert await sending == (1, True)
+    sent, created = await sending
+    assert (sent.turn, created) == (1, True)
     await wait_until_async(lambda: _now(bool(rig.steps())), what="the Step sent to the Worker")
     (step,) = rig.steps()
     assert not rig.gave_up()  # its attempt runs: the node waits for it

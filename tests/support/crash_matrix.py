@@ -19,9 +19,10 @@ from the committed one (a marked case that failed or skipped). ``render`` is the
 that writes the page; ``CrashResults`` gathers the cases from the test reports (in
 pytest-xdist's controller, which receives every report).
 
-The "Decided by" column comes from ``DECIDED_BY``, not from results: after a change to it
-(or to ``PROSE``), ``python -m tests.support.crash_matrix docs/crash-matrix.md`` writes
-that column and the prose anew and keeps every result cell (``redecide``), with no run.
+The "What happens" and "Decided by" columns come from ``ROWS`` and ``DECIDED_BY``, not from
+results: after a change to them (or to ``PROSE``), ``python -m tests.support.crash_matrix
+docs/crash-matrix.md`` writes those columns and the prose anew and keeps every result cell
+(``redecide``), with no run.
 """
 
 from __future__ import annotations
@@ -191,6 +192,23 @@ ROWS: dict[str, tuple[str, str, str]] = {
         "The call is sent again with the same idempotency key in its _meta "
         "(dex/idempotency_key). The model is offered the same tools after the crash.",
     ),
+    "mid_turn.interrupt": (
+        "A message that interrupts a running turn (on_busy interrupt, docs/mid-turn.md)",
+        "Right after the send is acknowledged, while the interrupted turn's tool or model "
+        "call runs",
+        "The send's one commit cancelled the turn and started the message's: the old turn "
+        "stays cancelled once (its running write records outcome_unknown and does not run "
+        "again), and the new turn runs once. A send again with the same message_id answers "
+        "the same outcome and applies nothing.",
+    ),
+    "mid_turn.steer": (
+        "A message steered into a running turn (on_busy steer)",
+        "Right after the send is acknowledged, while the turn's tool or model call runs",
+        "The message is recorded with the turn: the call that ran follows its own row, and "
+        "the message enters the history once, before the turn's next model call (after a "
+        "model call's answer, the turn goes on to answer it); the turn completes once. A "
+        "send again with the same message_id answers steered and adds nothing.",
+    ),
 }
 
 E = "dex.server.engine."
@@ -286,6 +304,24 @@ DECIDED_BY: dict[str, tuple[str, ...]] = {
         H + "complete_model",
         MCP + "MCPTools._kind",
         MCP + "MCPTools.call",
+    ),
+    # one commit cancels the running turn and starts the message's; the message id is
+    # remembered with what the send did in that same commit
+    "mid_turn.interrupt": (
+        H + "receive_message",
+        H + "cancel_turn",
+        E + "turn.end_turn",
+        E + "outcomes.settle_failed_call",
+        S + "send",
+        "dex.server.committer._remembered",
+    ),
+    "mid_turn.steer": (
+        H + "receive_message",
+        E + "turn.steer",
+        E + "turn.call_model",
+        H + "complete_model",
+        S + "send",
+        "dex.server.committer._remembered",
     ),
 }
 """For each row, the functions whose code decides what happens (shown on the page; each
@@ -532,21 +568,22 @@ def render(cases: Iterable[Case]) -> str:
 
 
 def redecide(page: str) -> str:
-    """``page`` with the "Decided by" column and the prose after the table written anew
-    from ``DECIDED_BY`` and ``PROSE``, every other cell as it was: what a run of every
-    crash test would write when its cases pass as they did in the run that wrote ``page``
-    (``python -m tests.support.crash_matrix docs/crash-matrix.md``). Raises if a row of
+    """``page`` with the "What happens" and "Decided by" columns and the prose after the
+    table written anew from ``ROWS``, ``DECIDED_BY`` and ``PROSE``, every other cell as it
+    was: what a run of every crash test would write when its cases pass as they did in the
+    run that wrote ``page`` (``python -m tests.support.crash_matrix docs/crash-matrix.md``). Raises if a row of
     ``ROWS`` is not on the page: that takes a run."""
     table, heading, _ = page.partition(PROSE.splitlines()[0])
     if not heading:
         raise ValueError("the page has no prose after its table")
     lines = table.splitlines()
-    for key, (step, interrupted, _) in ROWS.items():
+    for key, (step, interrupted, what) in ROWS.items():
         start = f"| {step} | {interrupted} |"
         index = next((i for i, line in enumerate(lines) if line.startswith(start)), None)
         if index is None:
             raise ValueError(f"the page has no row {start}: write it from a run, {REGENERATE}")
         cells = [cell.strip() for cell in lines[index].strip("|").split("|")]
+        cells[2] = what
         cells[3] = decided_by(key)
         lines[index] = "| " + " | ".join(cells) + " |"
     return "\n".join(lines).rstrip("\n") + "\n\n" + PROSE

@@ -35,9 +35,10 @@ async def test_a_copy_of_the_template_loads_as_the_template_does(tmp_path: Path)
         sessions = Sessions(store, Dispatcher(heartbeat_timeout=5))
         await sessions.start()
         copy = await sessions.reads.snapshot("s_0002")
-        assert await store.find_message("s_0002", "m1") == 1
-        number, created = await sessions.send("s_0002", "more", None)
-        assert (number, created) == (2, True)
+        found = await store.find_message("s_0002", "m1")
+        assert found is not None and found.number == 1
+        sent, created = await sessions.send("s_0002", "more", None)
+        assert (sent.turn, created) == (2, True)
     finally:
         await store.close()
     assert copy["session"]["id"] == "s_0002"

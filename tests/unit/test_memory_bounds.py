@@ -56,8 +56,8 @@ async def test_the_cache_holds_sessions_up_to_a_size_and_a_larger_one_still_work
         assert len(sessions.actors) == 3 and sessions.actors.chars <= 4_500  # ~1.3 KB each
         await sessions.reads.snapshot("big")  # over the bound alone: stays, the rest go
         assert list(sessions.actors) == ["big"]
-        number, _ = await sessions.send("big", "again", None)
-        assert number == 2
+        sent, _ = await sessions.send("big", "again", None)
+        assert sent.turn == 2
         big = sessions.actors.cached("big")
         assert big is not None and sessions.actors.chars == big.chars > 5_000
     finally:

@@ -78,6 +78,8 @@ SCHEMA: dict[str, dict[str, tuple[str, bool, int]]] = {
         "session_id": ("TEXT", True, 1),
         "message_id": ("TEXT", True, 2),
         "number": ("INTEGER", True, 0),
+        "outcome": ("TEXT", False, 0),
+        "interrupted": ("INTEGER", False, 0),
     },
     "model_limits": {
         "grp": ("TEXT", False, 1),

@@ -36,6 +36,7 @@ from dex.server.records import write
 from dex.server.sessions import Sessions
 from dex.server.store.base import (
     SAID_CHARS,
+    RememberedMessage,
     Said,
     SessionQuery,
     SessionRecord,
@@ -195,7 +196,9 @@ async def test_creating_an_existing_session_is_a_conflict_and_keeps_the_first(
 
     with pytest.raises(Conflict):
         await store.write(
-            write(session=second, create=True, history=[user(99)], message=("m-x", 1))
+            write(
+                session=second, create=True, history=[user(99)], message=RememberedMessage("m-x", 1)
+            )
         )
 
     loaded = await load(store, "s1")
@@ -318,17 +321,31 @@ async def test_archiving_the_same_turn_twice_is_a_conflict(store: Store) -> None
 async def test_find_message_returns_the_number_of_a_remembered_message(store: Store) -> None:
     await create(store, idle("s1"))
     await create(store, idle("s2"))
-    await store.write(write(session=idle("s1"), message=("m-1", 1)))
-    await store.write(write(session=idle("s1"), message=("m-2", 2)))
+    await store.write(write(session=idle("s1"), message=RememberedMessage("m-1", 1)))
+    await store.write(write(session=idle("s1"), message=RememberedMessage("m-2", 2)))
 
-    assert await store.find_message("s1", "m-1") == 1
-    assert await store.find_message("s1", "m-2") == 2
+    assert await store.find_message("s1", "m-1") == RememberedMessage("m-1", 1)
+    assert await store.find_message("s1", "m-2") == RememberedMessage("m-2", 2)
     assert await store.find_message("s1", "m-3") is None
     assert await store.find_message("s2", "m-1") is None  # message ids are per session
 
     with pytest.raises(Conflict):
-        await store.write(write(session=idle("s1"), message=("m-1", 3)))
-    assert await store.find_message("s1", "m-1") == 1
+        await store.write(write(session=idle("s1"), message=RememberedMessage("m-1", 3)))
+    assert await store.find_message("s1", "m-1") == RememberedMessage("m-1", 1)
+
+
+async def test_find_message_returns_what_the_send_did(store: Store) -> None:
+    await create(store, idle("s1"))
+    steered = RememberedMessage("m-steer", 2, "steered")
+    interrupting = RememberedMessage("m-stop", 3, "interrupted", 2)
+    # one batch, as the committer's group commit writes them (PostgreSQL: one bulk insert)
+    await asyncio.gather(
+        store.write(write(session=idle("s1"), message=steered)),
+        store.write(write(session=idle("s1"), message=interrupting)),
+    )
+
+    assert await store.find_message("s1", "m-steer") == steered
+    assert await store.find_message("s1", "m-stop") == interrupting
 
 
 async def test_running_sessions_lists_only_sessions_in_a_turn(store: Store) -> None:
@@ -439,7 +456,9 @@ async def test_data_survives_close_and_reopen(backend: Backend) -> None:
     first = backend.make()
     await first.open()
     state, history = in_a_turn("s1")
-    await first.write(write(session=state, create=True, history=history, message=("m-1", 1)))
+    await first.write(
+        write(session=state, create=True, history=history, message=RememberedMessage("m-1", 1))
+    )
     await first.write(write(session=idle("s2"), create=True, agents=[SPEC]))
     await first.close()
 
@@ -448,7 +467,7 @@ async def test_data_survives_close_and_reopen(backend: Backend) -> None:
     try:
         loaded = await load(second, "s1")
         assert loaded == (state, history)
-        assert await second.find_message("s1", "m-1") == 1
+        assert await second.find_message("s1", "m-1") == RememberedMessage("m-1", 1)
         assert await load_agents(second) == [SPEC]
         assert await second.running_sessions() == ["s1"]
     finally:
@@ -800,7 +819,7 @@ def format_1_writes() -> list[Write]:
                     session=SessionRecord(
                         sid, s["agent"], s["created_at"], s["status"], s["state"]
                     ),
-                    message=(m["message_id"], m["number"]),
+                    message=RememberedMessage(m["message_id"], m["number"]),
                 )
             )
     return out
@@ -820,7 +839,7 @@ async def test_records_stored_by_dex_0_1_load_and_recover(store: Store) -> None:
     assert done is not None and done[1] == [UserItem(text="hello"), AssistantItem(text="hi")]
     turn = await load_turn(store, "done", 1)
     assert turn is not None and turn.text == "hi"
-    assert await store.find_message("done", "m-9") == 1
+    assert await store.find_message("done", "m-9") == RememberedMessage("m-9", 1)
 
     # a node starting on these rows recovers them as a restart does
     domain = Sessions(store, Dispatcher(10.0))

@@ -319,6 +319,11 @@ type SendOptions struct {
 	// send's turn (Created false) and changes nothing. With one, a send is tried again
 	// on every address until the timeout; without, once on each.
 	MessageID string
+	// OnBusy is what the message does if a turn runs (docs/mid-turn.md): "enqueue"
+	// (wait for it to end), "reject" (a *Error with Code "conflict" naming the turn),
+	// "interrupt" (cancel it and start a turn with this message), "steer" (join it).
+	// Empty: the agent's policy.
+	OnBusy string
 	// Wait: return once the turn has ended, or as soon as it waits for a person
 	// (TurnWaiting, with WaitingFor), or when Timeout passed (TurnRunning).
 	Wait bool
@@ -326,15 +331,15 @@ type SendOptions struct {
 	Timeout time.Duration
 }
 
-// SendMessage sends a user message to sessionID. Its turn starts now, or after the
-// running turn ends.
+// SendMessage sends a user message to sessionID. Its turn starts now if the session
+// is idle; else opts.OnBusy decides. The answer's Outcome says what it did.
 func (c *Client) SendMessage(ctx context.Context, sessionID, text string, opts SendOptions) (*SentMessage, error) {
 	timeout := opts.Timeout
 	if timeout <= 0 {
 		timeout = c.timeout
 	}
 	deadline := time.Now().Add(timeout)
-	body := sendMessage{Text: text, MessageID: opts.MessageID}
+	body := sendMessage{Text: text, MessageID: opts.MessageID, OnBusy: opts.OnBusy}
 	perTry := longPollSlack
 	if opts.Wait {
 		chunk := minDuration(timeout, longPoll)
@@ -361,7 +366,10 @@ func (c *Client) SendMessage(ctx context.Context, sessionID, text string, opts S
 		if err != nil {
 			return nil, err
 		}
-		return &SentMessage{TurnResult: *ended, Created: sent.Created}, nil
+		return &SentMessage{
+			TurnResult: *ended, Created: sent.Created,
+			Outcome: sent.Outcome, Interrupted: sent.Interrupted,
+		}, nil
 	}
 	return &sent, nil
 }

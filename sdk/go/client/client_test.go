@@ -280,6 +280,24 @@ func TestASendWithAMessageIDIsTriedAgain(t *testing.T) {
 	}
 }
 
+func TestASendSaysWhatItDoesIfATurnRuns(t *testing.T) {
+	n := newNode(t, func(w http.ResponseWriter, r *http.Request, count int) {
+		answerJSON(w, 201, `{"session_id": "s1", "turn": 3, "status": "running", "created": true,
+			"outcome": "interrupted", "interrupted": 2}`)
+	})
+	c := newTestClient(t, n.URL)
+	sent, err := c.SendMessage(context.Background(), "s1", "stop", SendOptions{OnBusy: "interrupt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent.Turn != 3 || sent.Outcome != "interrupted" || sent.Interrupted == nil || *sent.Interrupted != 2 {
+		t.Fatalf("decoded %+v", sent)
+	}
+	if requests := n.seen(); requests[0].body != `{"text":"stop","on_busy":"interrupt"}` {
+		t.Fatalf("sent %+v", requests)
+	}
+}
+
 func TestABudgetsChangeIsTriedAgain(t *testing.T) {
 	n := newNode(t, func(w http.ResponseWriter, r *http.Request, count int) {
 		if count%2 == 1 {

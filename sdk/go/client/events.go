@@ -60,8 +60,8 @@ type EventStream struct {
 
 // StreamEvents follows the session's events as they happen (Server-Sent Events):
 // history.item, turn.started / turn.completed / turn.failed / turn.cancelled,
-// wait.started, message.queued and live model.delta text. Read them with Next and Event;
-// Close (or ctx) ends the stream.
+// wait.started, message.queued, message.steered and live model.delta text. Read them
+// with Next and Event; Close (or ctx) ends the stream.
 //
 // A stream that breaks or ends (a node restarting, a standby taking over, a network
 // error, a 5xx, 45 s without a byte) is opened again with the last id seen as

@@ -56,19 +56,20 @@ const (
 
 // The events of a session's stream (Event.Type), and the stream's own notices.
 const (
-	EventHistoryItem   = "history.item"
-	EventTurnStarted   = "turn.started"
-	EventTurnCompleted = "turn.completed"
-	EventTurnFailed    = "turn.failed"
-	EventTurnCancelled = "turn.cancelled"
-	EventWaitStarted   = "wait.started"
-	EventWaitEnded     = "wait.ended"     // a budget wait ended: the budget was raised or removed
-	EventBudgetChanged = "budget.changed" // the session's budget changed
-	EventMessageQueued = "message.queued"
-	EventModelDelta    = "model.delta"
-	EventModelDiscard  = "model.discard"
-	EventStreamGap     = "stream.gap"
-	EventStreamDropped = "stream.dropped"
+	EventHistoryItem    = "history.item"
+	EventTurnStarted    = "turn.started"
+	EventTurnCompleted  = "turn.completed"
+	EventTurnFailed     = "turn.failed"
+	EventTurnCancelled  = "turn.cancelled"
+	EventWaitStarted    = "wait.started"
+	EventWaitEnded      = "wait.ended"     // a budget wait ended: the budget was raised or removed
+	EventBudgetChanged  = "budget.changed" // the session's budget changed
+	EventMessageQueued  = "message.queued"
+	EventMessageSteered = "message.steered" // a message joined the running turn (docs/mid-turn.md)
+	EventModelDelta     = "model.delta"
+	EventModelDiscard   = "model.discard"
+	EventStreamGap      = "stream.gap"
+	EventStreamDropped  = "stream.dropped"
 )
 
 // Session is a session in the fleet view (schema Session).
@@ -249,11 +250,19 @@ type TurnResult struct {
 	WaitingFor []PersonWait `json:"waiting_for"`
 }
 
-// SentMessage is the turn a message started (SentMessage).
+// SentMessage is what a message did, and the turn that answers it (SentMessage).
 type SentMessage struct {
 	TurnResult
-	// Created is false when this message id was sent before: the first send's turn.
+	// Created is false when this message id was sent before: the first send's turn
+	// and outcome.
 	Created bool `json:"created"`
+	// Outcome is what the message did (docs/mid-turn.md): "started" its turn (the
+	// session was idle), "queued" (its turn starts once the running one ends),
+	// "interrupted" the running turn (cancelled; its turn started at once), or
+	// "steered" into the running turn (Turn is that turn, which answers it).
+	Outcome string `json:"outcome"`
+	// Interrupted is, with "interrupted", the turn the message cancelled.
+	Interrupted *int `json:"interrupted"`
 }
 
 // Step is one durable unit of work of a turn, with its attempts (Step).
@@ -612,6 +621,7 @@ type fork struct {
 type sendMessage struct {
 	Text        string   `json:"text"`
 	MessageID   string   `json:"message_id,omitempty"`
+	OnBusy      string   `json:"on_busy,omitempty"`
 	WaitSeconds *float64 `json:"wait_seconds,omitempty"`
 }
 

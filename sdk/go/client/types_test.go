@@ -167,7 +167,7 @@ func TestTheConstantsAreTheDocumentsEnums(t *testing.T) {
 		"text/event-stream", "itemSchema", "properties", "event", "description").(string)
 	same("event types", []string{
 		EventHistoryItem, EventTurnStarted, EventTurnCompleted, EventTurnFailed, EventTurnCancelled,
-		EventWaitStarted, EventWaitEnded, EventBudgetChanged, EventMessageQueued, EventModelDelta, EventModelDiscard,
+		EventWaitStarted, EventWaitEnded, EventBudgetChanged, EventMessageQueued, EventMessageSteered, EventModelDelta, EventModelDiscard,
 		EventStreamGap, EventStreamDropped,
 	}, regexp.MustCompile(`\b[a-z]+\.[a-z_]+\b`).FindAllString(item, -1))
 }

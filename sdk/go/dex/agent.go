@@ -34,6 +34,10 @@ type Agent struct {
 	ModelRetry *RetryPolicy
 	// CompactThresholdChars (> 0) compacts the history once it is that long.
 	CompactThresholdChars int
+	// OnBusy is what a user message does while a turn of the session runs, unless its
+	// send says otherwise (docs/mid-turn.md): "enqueue" (the default, also when empty),
+	// "reject", "interrupt" or "steer".
+	OnBusy string
 }
 
 // Tool is a function the model may call.
@@ -294,6 +298,9 @@ func (a *Agent) spec() agentSpec {
 	if a.CompactThresholdChars > 0 {
 		n := a.CompactThresholdChars
 		s.CompactThresholdChars = &n
+	}
+	if a.OnBusy != "enqueue" {
+		s.OnBusy = a.OnBusy // left out when the default, as the Python Worker does
 	}
 	return s
 }

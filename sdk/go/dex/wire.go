@@ -122,6 +122,7 @@ type agentSpec struct {
 	Tools                 []toolSpec     `json:"tools"`
 	ModelRetry            *RetryPolicy   `json:"model_retry,omitempty"`
 	CompactThresholdChars *int           `json:"compact_threshold_chars,omitempty"`
+	OnBusy                string         `json:"on_busy,omitempty"`
 }
 
 type hello struct {

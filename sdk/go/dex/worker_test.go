@@ -301,3 +301,16 @@ func TestConcurrencyKeyInTheToolSpec(t *testing.T) {
 		t.Fatalf("read: %v", got[2])
 	}
 }
+
+func TestAnAgentsOnBusyIsInItsSpecUnlessTheDefault(t *testing.T) {
+	for onBusy, want := range map[string]string{"steer": `"on_busy":"steer"`, "enqueue": "", "": ""} {
+		agent := Agent{Name: "a", Model: viewModel{}, OnBusy: onBusy}
+		raw, err := json.Marshal(agent.spec())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(string(raw), "on_busy"); got != (want != "") || (want != "" && !strings.Contains(string(raw), want)) {
+			t.Fatalf("OnBusy %q: %s", onBusy, raw)
+		}
+	}
+}

@@ -241,6 +241,10 @@ export interface AgentOptions {
   tools?: Tool[];
   modelRetry?: RetryPolicy;
   compactThresholdChars?: number;
+  /** What a user message does while a turn of the session runs, unless its send says
+   * otherwise (docs/mid-turn.md): ``enqueue`` (the default), ``reject``, ``interrupt``,
+   * ``steer``. */
+  onBusy?: p.OnBusy;
 }
 
 export interface Agent {
@@ -277,6 +281,9 @@ export function defineAgent(options: AgentOptions): Agent {
       }
       if (options.compactThresholdChars !== undefined) {
         spec.compact_threshold_chars = options.compactThresholdChars;
+      }
+      if (options.onBusy !== undefined && options.onBusy !== "enqueue") {
+        spec.on_busy = options.onBusy; // left out when the default, as the Python Worker does
       }
       return spec;
     },

@@ -1234,9 +1234,14 @@ export interface components {
         SendMessage: {
             /**
              * Message Id
-             * @description A client-chosen id: sending the same id again returns the first turn.
+             * @description A client-chosen id: sending the same id again returns the first send's turn and outcome, and changes nothing.
              */
             message_id?: string | null;
+            /**
+             * On Busy
+             * @description What the message does if a turn runs (docs/mid-turn.md): `enqueue` (wait for it to end), `reject` (a 409 `conflict` naming the turn; nothing changes), `interrupt` (cancel it and start a turn with this message, in one commit), `steer` (join it: its next model call sees the message). Absent: the agent's `on_busy`, `enqueue` unless its Worker declares another.
+             */
+            on_busy?: ("enqueue" | "reject" | "interrupt" | "steer") | null;
             /** Text */
             text: string;
             /**
@@ -1250,13 +1255,24 @@ export interface components {
         SentMessage: {
             /**
              * Created
-             * @description False when this `message_id` was sent before: the first send's turn.
+             * @description False when this `message_id` was sent before: the first send's turn and outcome.
              */
             created: boolean;
             /** Ended At */
             ended_at?: number | null;
             /** Error */
             error?: string | null;
+            /**
+             * Interrupted
+             * @description With `interrupted`: the turn the message cancelled.
+             */
+            interrupted?: number | null;
+            /**
+             * Outcome
+             * @description What the message did (docs/mid-turn.md): `started` its turn (the session was idle); `queued` (its turn starts once the running one ends); `interrupted` the running turn (cancelled; its turn started at once); `steered` into the running turn (`turn` is that turn, which answers it).
+             * @enum {string}
+             */
+            outcome: "started" | "queued" | "interrupted" | "steered";
             /** Session Id */
             session_id: string;
             /** Started At */
@@ -1292,6 +1308,12 @@ export interface components {
             model_retry?: components["schemas"]["RetryPolicy"];
             /** Name */
             name: string;
+            /**
+             * On Busy
+             * @default enqueue
+             * @enum {string}
+             */
+            on_busy: "enqueue" | "reject" | "interrupt" | "steer";
             /** Tools */
             tools?: components["schemas"]["ToolSpec"][];
             /**
@@ -1845,6 +1867,8 @@ export interface components {
             started_at: number;
             /** @default running */
             status: components["schemas"]["TurnStatus"];
+            /** Steered */
+            steered?: string[];
             /** Steps */
             steps?: components["schemas"]["Step"][];
             /** Text */

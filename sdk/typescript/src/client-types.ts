@@ -76,7 +76,8 @@ export interface DexEvent {
   id: string;
   /** ``history.item``, ``turn.started``, ``turn.completed``, ``turn.failed``,
    * ``turn.cancelled``, ``wait.started``, ``wait.ended`` (a budget wait),
-   * ``budget.changed``, ``message.queued``, ``model.delta``, ``model.discard``; the
+   * ``budget.changed``, ``message.queued``, ``message.steered``, ``model.delta``,
+   * ``model.discard``; the
    * stream's own ``stream.gap`` and ``stream.dropped``. */
   type: string;
   data: Record<string, unknown>;
@@ -161,6 +162,11 @@ export interface SendMessageOptions {
   /** Sending again with the same id returns the first send's turn and changes nothing:
    * such a send is retried, one without an id is not. */
   messageId?: string;
+  /** What the message does if a turn runs (docs/mid-turn.md): ``enqueue`` (wait for it to
+   * end), ``reject`` (a ``ConflictError`` naming the turn), ``interrupt`` (cancel it and
+   * start a turn with this message), ``steer`` (join it). Absent: the agent's policy. The
+   * answer's ``outcome`` says what it did. */
+  onBusy?: "enqueue" | "reject" | "interrupt" | "steer";
   /** Return once the turn has ended, or as soon as it waits for a person (``waiting``),
    * or when ``timeout`` passed (``running``). */
   wait?: boolean;

@@ -222,6 +222,7 @@ export class Client {
     const deadline = now() + timeout;
     const body: Record<string, unknown> = { text };
     if (options.messageId !== undefined) body.message_id = options.messageId;
+    if (options.onBusy !== undefined) body.on_busy = options.onBusy;
     if (options.wait) body.wait_seconds = Math.min(timeout, LONG_POLL);
     const result = await this.request<SentMessage>("POST", `/v1/sessions/${seg(sessionId)}/messages`, {
       body,
@@ -234,7 +235,7 @@ export class Client {
       const ended = await this.waitTurn(sessionId, result.turn, {
         timeout: Math.max(0, deadline - now()),
       });
-      return { ...ended, created: result.created };
+      return { ...ended, created: result.created, outcome: result.outcome, interrupted: result.interrupted };
     }
     return result;
   }

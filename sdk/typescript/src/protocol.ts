@@ -34,7 +34,11 @@ export interface AgentSpec {
   tools?: ToolSpec[];
   model_retry?: RetryPolicy;
   compact_threshold_chars?: number | null;
+  on_busy?: OnBusy;
 }
+
+/** What a user message does while a turn runs (docs/mid-turn.md). */
+export type OnBusy = "enqueue" | "reject" | "interrupt" | "steer";
 
 export type ToolCallStatus =
   | "pending"

@@ -27,6 +27,13 @@ test("a tool's retry and an agent's modelRetry are written snake_case in the spe
   );
 });
 
+test("an agent's onBusy is written on_busy in the spec, and left out when the default", () => {
+  const model = new Scripted(() => "x");
+  assert.equal(defineAgent({ name: "a", model, onBusy: "steer" }).spec().on_busy, "steer");
+  assert.equal("on_busy" in defineAgent({ name: "a", model, onBusy: "enqueue" }).spec(), false);
+  assert.equal("on_busy" in defineAgent({ name: "a", model }).spec(), false);
+});
+
 test("a model's response and summary are written snake_case, every field there", () => {
   const call = { id: "c1", name: "t" };
   const response = { toolCalls: [call], stopReason: "tool_use", usage: { inputTokens: 5, outputTokens: 7 }, approvalRequired: ["c1"], state: { k: 1 } };

@@ -394,6 +394,24 @@ test("listSessions sends its filters as the API's query parameters", async () =>
   });
 });
 
+test("sendMessage sends onBusy as on_busy and returns what the message did", async () => {
+  const node = new FakeServer((_seen, res) =>
+    json(res, 201, {
+      session_id: "s1",
+      turn: 2,
+      status: "running",
+      created: true,
+      outcome: "interrupted",
+      interrupted: 1,
+    }),
+  );
+  const client = new Client({ address: await node.start(), timeout: 10 });
+  const sent = await client.sendMessage("s1", "stop", { onBusy: "interrupt" });
+  assert.equal(sent.outcome, "interrupted");
+  assert.equal(sent.interrupted, 1);
+  assert.deepEqual(node.seen[0].body, { text: "stop", on_busy: "interrupt" });
+});
+
 test("sendMessage with wait long-polls the turn until it ends or waits for a person", async () => {
   let polls = 0;
   const node = new FakeServer((seen, res) => {

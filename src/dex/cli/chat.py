@@ -10,7 +10,11 @@ text is never printed for good: the region shows the current attempt's text (a
 the assistant's item replaces it once committed.
 
 Approvals and questions are asked inline. Ctrl-C during a turn cancels it; at the prompt
-(or Ctrl-D) it leaves the chat. A line that starts with ``/`` is one of the chat's
+(or Ctrl-D) it leaves the chat. While a turn waits for a person, ``/steer MESSAGE`` adds a
+message to it (it goes on waiting, and its next model call sees the message) and
+``/interrupt MESSAGE`` cancels it and starts a turn with the message (docs/mid-turn.md); at
+the message prompt they send with that ``on_busy``, and a plain message does what the
+agent's ``on_busy`` says. A line that starts with ``/`` is one of the chat's
 commands (``COMMANDS``: ``/help`` lists them), at any prompt, and is never sent to the agent.
 Messages carry an id, so a send cut off by a node's death is sent again safely.
 
@@ -31,7 +35,7 @@ import threading
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -39,9 +43,12 @@ from rich.markup import escape
 from rich.spinner import Spinner
 from rich.text import Text
 
-from dex.cli.render import call_text, tenant_raise_text, wait_text
+from dex.cli.render import call_text, sent_line, tenant_raise_text, wait_text
 from dex.client import Client
 from dex.errors import Conflict, DexError, NotFound, Unavailable
+
+if TYPE_CHECKING:
+    from dex.wire import OnBusy
 
 PERSON_WAITS = ("AwaitToolApproval", "AwaitQuestionAnswer", "AwaitBudget")
 ENDED = ("completed", "failed", "cancelled")
@@ -160,10 +167,16 @@ class Chat:
 
     # --- a turn ------------------------------------------------------------------------------
 
-    async def send(self, text: str) -> int:
+    async def send(self, text: str, on_busy: OnBusy | None = None) -> dict[str, Any]:
+        """Send a message (``on_busy``: what it does if a turn runs; None: the agent's
+        policy); what the server answered. What it did is said, unless it started a turn."""
         self.typed.append(text)
-        sent = await self.client.send_message(self.session_id, text, message_id=uuid.uuid4().hex)
-        return int(sent["turn"])
+        sent = await self.client.send_message(
+            self.session_id, text, message_id=uuid.uuid4().hex, on_busy=on_busy
+        )
+        if sent["outcome"] != "started":
+            self.console.print(Text(sent_line(sent), style="dim"))
+        return sent
 
     async def follow(self, turn: int) -> list[dict[str, Any]]:
         """Show the turn until it ends (returns ``[]``) or waits for a person (returns what
@@ -303,6 +316,8 @@ COMMANDS = {
     "approve": "approve the tool call the chat asks about (as y)",
     "deny": "deny it (as n); /deny REASON gives the reason at once",
     "cancel": "cancel the running turn (as Ctrl-C during a turn)",
+    "steer": "/steer MESSAGE: add it to the turn that waits here; its next model call sees it",
+    "interrupt": "/interrupt MESSAGE: cancel the turn that waits here, start one with it",
     "snapshot": "where the session is: its turn, what it waits for, its tool calls",
     "exit": "leave the chat (as Ctrl-D); the session stays: dex chat --session ID goes on",
 }
@@ -458,8 +473,8 @@ def run(address: str, agent: str | None, session_id: str | None, tenant: str | N
                     return
                 if (typed := command(line)) is not None:
                     _command(loop, chat, typed)
-                elif line.strip() and (turn := _send(loop, chat, message(line))) is not None:
-                    _turn(loop, chat, turn)
+                elif line.strip() and (sent := _send(loop, chat, message(line))) is not None:
+                    _turn(loop, chat, int(sent["turn"]))
         except Leave:
             return
         finally:
@@ -476,8 +491,17 @@ def _command(loop: Loop, chat: Chat, typed: Command) -> None:
             _turn(loop, chat, int(current["number"]))
     elif typed.name == "cancel":
         loop.run(chat.cancel())
+    elif typed.name in ON_BUSY_COMMANDS:
+        if not typed.rest:
+            chat.console.print(Text(f"type /{typed.name} MESSAGE", style="yellow"))
+        elif (sent := _send(loop, chat, typed.rest, ON_BUSY_COMMANDS[typed.name])) is not None:
+            _turn(loop, chat, int(sent["turn"]))
     else:
         _common(loop, chat, typed)
+
+
+ON_BUSY_COMMANDS: dict[str, OnBusy] = {"steer": "steer", "interrupt": "interrupt"}
+"""The commands that send a message with their ``on_busy``."""
 
 
 def _common(loop: Loop, chat: Chat, typed: Command) -> None:
@@ -494,11 +518,14 @@ def _common(loop: Loop, chat: Chat, typed: Command) -> None:
     chat.console.print(help_text())
 
 
-def _send(loop: Loop, chat: Chat, text: str) -> int | None:
-    """The message's turn, or None if the server did not acknowledge it (said why: it may
-    still have been recorded, and then the snapshot and ``dex chat --session`` show it)."""
+def _send(
+    loop: Loop, chat: Chat, text: str, on_busy: OnBusy | None = None
+) -> dict[str, Any] | None:
+    """What the server answered the message (its ``turn`` answers it), or None if it did
+    not acknowledge it (said why: it may still have been recorded, and then the snapshot
+    and ``dex chat --session`` show it)."""
     try:
-        return loop.run(chat.send(text))
+        return loop.run(chat.send(text, on_busy))
     except (DexError, KeyboardInterrupt) as e:
         chat.typed.remove(text)
         why = e.message if isinstance(e, DexError) else "interrupted"
@@ -533,27 +560,34 @@ def _tell_budget(chat: Chat, wait: dict[str, Any]) -> None:
 
 
 def _turn(loop: Loop, chat: Chat, turn: int) -> None:
-    """Follow a turn to its end, asking what it waits for; Ctrl-C cancels it."""
-    while True:
+    """Follow a turn to its end, asking what it waits for; Ctrl-C cancels it. A message
+    that interrupts it (``/interrupt``) starts a turn that is followed next."""
+    following: list[int] = [turn]
+    while following:
+        turn = following[0]
         try:
             waits = loop.run(chat.follow(turn))
             for wait in waits:
                 if wait["kind"] == "budget":
                     _tell_budget(chat, wait)
                     continue
-                if (decision := _ask(loop, chat, wait)) is None:
+                if (decision := _ask(loop, chat, wait, following)) is None:
                     break  # the turn was cancelled: following it shows how it ended
                 loop.run(chat.resolve(wait, *decision))
         except KeyboardInterrupt:
             loop.run(chat.cancel())
             continue
         if not waits:
-            return
+            following.pop(0)
 
 
-def _ask(loop: Loop, chat: Chat, wait: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+def _ask(
+    loop: Loop, chat: Chat, wait: dict[str, Any], following: list[int]
+) -> tuple[str, dict[str, Any]] | None:
     """Ask the person at the terminal: the client method and its arguments, or None if
-    they cancelled the turn (``/cancel``)."""
+    they cancelled the turn (``/cancel``, or ``/interrupt MESSAGE``: the turn that answers
+    the message joins ``following``). ``/steer MESSAGE`` adds a message to the turn, which
+    goes on waiting: the question is asked again."""
     chat.asked.add(wait_key(wait))
     approval = wait["kind"] == "approval"
     if approval:
@@ -576,6 +610,13 @@ def _ask(loop: Loop, chat: Chat, wait: dict[str, Any]) -> tuple[str, dict[str, A
         elif typed.name == "cancel":
             loop.run(chat.cancel())
             return None
+        elif typed.name in ON_BUSY_COMMANDS and typed.rest:
+            sent = _send(loop, chat, typed.rest, ON_BUSY_COMMANDS[typed.name])
+            if sent is not None and sent["outcome"] in ("interrupted", "started"):
+                following.append(int(sent["turn"]))
+                return None  # the waiting turn ended (interrupted, or before the send)
+        elif typed.name in ON_BUSY_COMMANDS:
+            chat.console.print(Text(f"type /{typed.name} MESSAGE", style="yellow"))
         elif typed.name == "approve" and approval:
             return "approve", {"arguments_hash": wait["arguments_hash"]}
         elif typed.name == "deny" and approval:

@@ -24,6 +24,26 @@ Address = Annotated[str, typer.Option(envvar="DEX_ADDRESS", help="Server address
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
+class OnBusyChoice(StrEnum):
+    """``dex send --on-busy`` (``dex.wire.OnBusy``)."""
+
+    ENQUEUE = "enqueue"
+    REJECT = "reject"
+    INTERRUPT = "interrupt"
+    STEER = "steer"
+
+
+OnBusyOption = Annotated[
+    OnBusyChoice | None,
+    typer.Option(
+        "--on-busy",
+        envvar="DEX_ON_BUSY",
+        help="If a turn runs: enqueue (wait for it), reject (refuse), interrupt (cancel it, "
+        "start a turn with this message), steer (join it). Default: the agent's policy.",
+    ),
+]
+
+
 class StatusFilter(StrEnum):
     IDLE = "idle"
     RUNNING = "running"
@@ -233,16 +253,22 @@ def send(
         float,
         typer.Option(help="Seconds to wait for the turn to end or to wait for a person."),
     ] = 60.0,
+    on_busy: OnBusyOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Send a message to a session and sum its turn up (its tool calls and their outcomes,
     its text): once it ends, or as soon as it waits for a person (an approval, an answer),
-    saying what it waits for."""
+    saying what it waits for. ``--on-busy`` decides what the message does if a turn runs
+    (docs/mid-turn.md); a message that did not start its turn says what it did (on
+    stderr)."""
     from dex.cli import render
 
     def sent(client: SyncClient) -> Any:
-        turn = client.send_message(session_id, text, wait=wait > 0, timeout=wait)
+        policy = on_busy.value if on_busy is not None else None
+        turn = client.send_message(session_id, text, on_busy=policy, wait=wait > 0, timeout=wait)
         err = render.console(stderr=True)
+        if turn.get("outcome", "started") != "started":  # queued, interrupted, steered
+            err.print(render.sent_line(turn), markup=False)
         for w in turn.get("waiting_for", []):
             err.print(f"turn {turn['turn']} waits: {render.wait_text(w)}", markup=False)
             err.print(f"  {render.how_to_act(w)}", markup=False)

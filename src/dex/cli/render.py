@@ -229,6 +229,18 @@ def tool_call_line(call: dict[str, Any]) -> str:
     return clip(f"{head}  {status}{': ' + outcome if outcome else ''}", 160)
 
 
+def sent_line(sent: dict[str, Any]) -> str:
+    """What a sent message did (``outcome``, docs/mid-turn.md), in words."""
+    number = sent["turn"]
+    return {
+        "started": f"the message started turn {number}",
+        "queued": f"the message is queued: turn {number} starts when the running turn ends",
+        "interrupted": f"turn {sent.get('interrupted')} was interrupted (cancelled): "
+        f"the message started turn {number}",
+        "steered": f"the message was steered into turn {number}: its next model call sees it",
+    }.get(sent.get("outcome", ""), f"the message is turn {number}")
+
+
 def turn_summary(turn: dict[str, Any], hint: bool = True) -> list[str]:
     """A turn in a few lines: its status, its tool calls and outcomes, its text or error;
     with ``hint``, the command that shows its Steps."""

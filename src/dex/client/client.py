@@ -9,7 +9,7 @@ import ssl as ssl_module
 import time
 from collections.abc import AsyncGenerator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
@@ -33,6 +33,9 @@ from dex.errors import (
     StorageError,
     Unavailable,
 )
+
+if TYPE_CHECKING:
+    from dex.wire import OnBusy  # a Literal: the client does not import pydantic to send
 
 LONG_POLL = 2.0
 """A request that waits for a turn waits at most this long on the server, then asks again:
@@ -217,21 +220,33 @@ class Client:
         text: str,
         *,
         message_id: str | None = None,
+        on_busy: OnBusy | None = None,
         wait: bool = False,
         timeout: float | None = None,
     ) -> dict[str, Any]:
-        """Send a user message. Its turn starts now, or after the running turn ends.
+        """Send a user message. Its turn starts now if the session is idle; if a turn runs,
+        ``on_busy`` decides (None: the agent's policy, ``enqueue`` unless its Worker
+        declares another; docs/mid-turn.md): ``enqueue`` starts its turn after the running
+        one ends, ``reject`` raises ``Conflict`` (its ``details["turn"]``: the running
+        turn), ``interrupt`` cancels the running turn and starts the message's at once,
+        ``steer`` adds the message to the running turn, whose next model call sees it.
+        The answer's ``outcome`` says which happened (``started``, ``queued``,
+        ``interrupted``: with ``interrupted``, the turn cancelled; ``steered``), and its
+        ``turn`` is the turn that answers the message (for ``steered``, the running one).
 
         With ``wait=True`` return once the turn has ended, or as soon as it waits for a
         person (``status`` ``waiting``: ``waiting_for`` lists each call to approve or
         question to answer), or when ``timeout`` passed (``running``). Sending again with
-        the same ``message_id`` returns the first send's turn and changes nothing.
+        the same ``message_id`` returns the first send's turn and outcome and changes
+        nothing.
         """
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         body: dict[str, Any] = {"text": text}
         if message_id is not None:
             body["message_id"] = message_id
+        if on_busy is not None:
+            body["on_busy"] = on_busy
         if wait:
             body["wait_seconds"] = min(timeout, LONG_POLL)
         result = await self._request(
@@ -247,6 +262,8 @@ class Client:
             remaining = max(0.0, deadline - time.monotonic())
             ended = await self.wait_turn(session_id, result["turn"], timeout=remaining)
             ended["created"] = result["created"]
+            ended["outcome"] = result["outcome"]
+            ended["interrupted"] = result["interrupted"]
             return ended
         return result
 
@@ -373,7 +390,7 @@ class Client:
         """The session's events as they happen (Server-Sent Events): ``history.item``,
         ``turn.started`` / ``turn.completed`` / ``turn.failed`` / ``turn.cancelled``,
         ``wait.started`` (and ``wait.ended``, ``budget.changed`` for a budget wait),
-        ``message.queued`` and live ``model.delta`` text. Each is
+        ``message.queued``, ``message.steered`` and live ``model.delta`` text. Each is
         ``{"id", "type", "data"}``; ids are opaque strings: pass the last one you saw as
         ``last_event_id`` to resume after it.
 

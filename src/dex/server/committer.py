@@ -42,7 +42,7 @@ from dex.server.engine.state import SessionState, Step, ToolCall, attempt_id
 from dex.server.engine.turn import hold_for_tenant
 from dex.server.flow import TenantBudgets, day_of
 from dex.server.metrics import Metrics
-from dex.server.store.base import Store, TenantUsage
+from dex.server.store.base import RememberedMessage, Store, TenantUsage
 from dex.server.streams import Streams
 from dex.wire import StepStatus, server_frames
 
@@ -180,7 +180,7 @@ class Committer:
                 history_plain=plain,
                 history_start=start,
                 ended_turn=t.ended_turn,
-                message=(message_id, state.messages_received) if message_id else None,
+                message=_remembered(message_id, t),
                 archived_call=archived_call,
             )
             write.tenant_usage = used
@@ -391,3 +391,11 @@ def _reloaded() -> Exception:
     its partition was handed over) while this input waited. A 503 (``Unavailable``): the
     caller tries again, on this node or the one that serves the session now."""
     return Unavailable("the session was reloaded; try again", retryable=True)
+
+
+def _remembered(message_id: str | None, t: Transition) -> RememberedMessage | None:
+    """What a send with a client message id did, to remember (``Store.find_message``)."""
+    if message_id is None or t.sent is None:
+        return None
+    sent = t.sent
+    return RememberedMessage(message_id, sent.turn, sent.outcome.value, sent.interrupted)

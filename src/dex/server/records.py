@@ -32,6 +32,7 @@ from pydantic_core import PydanticSerializationError
 from dex.errors import CorruptRecord, InvalidInput
 from dex.server.engine.state import SessionState, Step, ToolCall, Turn
 from dex.server.store.base import (
+    RememberedMessage,
     Row,
     SessionRecord,
     StoredSession,
@@ -134,7 +135,7 @@ def write(
     history_plain: Sequence[dict[str, Any]] | None = None,
     history_start: int = 0,
     ended_turn: Turn | None = None,
-    message: tuple[str, int] | None = None,
+    message: RememberedMessage | None = None,
     agents: list[AgentSpec] | None = None,
     archived_call: tuple[int, ToolCall] | None = None,
     archived_turns: list[Turn] | None = None,

@@ -39,13 +39,21 @@ from dex.server.dispatch.queues import Queued
 from dex.server.engine import fork, handlers
 from dex.server.engine.budget import Budget, Prices
 from dex.server.engine.handlers import Transition
-from dex.server.engine.state import SessionState, Step, ToolCall, Turn, attempt_id
+from dex.server.engine.state import (
+    SendOutcome,
+    Sent,
+    SessionState,
+    Step,
+    ToolCall,
+    Turn,
+    attempt_id,
+)
 from dex.server.flow import TenantBudgets
 from dex.server.metrics import Metrics
 from dex.server.reads import Reads
-from dex.server.store.base import Store, Write
+from dex.server.store.base import RememberedMessage, Store, Write
 from dex.server.streams import MemoryStreams, Streams
-from dex.wire import ITEMS, AgentSpec, StepStatus, StepType
+from dex.wire import ITEMS, AgentSpec, OnBusy, StepStatus, StepType
 
 if TYPE_CHECKING:
     from dex.server.tracing import Tracing  # OpenTelemetry: imported only when tracing is on
@@ -336,32 +344,44 @@ class Sessions:
             sid = write.session.id
             raise Conflict(f"session {sid!r} already exists", session_id=sid) from None
 
-    async def send(self, session_id: str, text: str, message_id: str | None) -> tuple[int, bool]:
-        """Returns (message number, whether this call created it)."""
+    async def send(
+        self,
+        session_id: str,
+        text: str,
+        message_id: str | None,
+        on_busy: OnBusy | None = None,
+    ) -> tuple[Sent, bool]:
+        """A user message (``on_busy``: what it does if a turn runs; None: the agent's
+        policy). Returns what it did, and whether this call did it: a ``message_id`` sent
+        before answers what its first send did, and changes nothing. A refused send
+        (``reject``) is not remembered: sent again, it is decided again."""
         if message_id is None:
-            t = await self.committer.apply(session_id, functools.partial(self._message, text, None))
-            assert t.message is not None
-            return t.message, True
+            message = functools.partial(self._message, text, None, on_busy)
+            t = await self.committer.apply(session_id, message)
+            assert t.sent is not None
+            return t.sent, True
         actor = await self.actors.get(session_id)
         await actor.acquire()  # no other input between the look-up and the commit
         try:
             known = await self.store.find_message(session_id, message_id)
-            handle = None if known is not None else self._message(text, message_id, actor)
+            handle = None if known is not None else self._message(text, message_id, on_busy, actor)
         except BaseException:
             actor.release()
             raise
         if known is not None:
             actor.release()
-            return known, False
+            return _sent(known), False
         assert handle is not None
         t = await self.committer.commit(actor, handle, message_id=message_id)
-        assert t.message is not None
-        return t.message, True
+        assert t.sent is not None
+        return t.sent, True
 
-    def _message(self, text: str, message_id: str | None, actor: Actor) -> Handle:
+    def _message(
+        self, text: str, message_id: str | None, on_busy: OnBusy | None, actor: Actor
+    ) -> Handle:
         spec = self.spec(actor.state.agent)
 
-        return lambda s, now: handlers.receive_message(s, spec, text, message_id, now)[0]
+        return lambda s, now: handlers.receive_message(s, spec, text, message_id, now, on_busy)[0]
 
     # --- waits: approvals, answers, timers, cancel, reconcile ------------------------------
 
@@ -535,6 +555,13 @@ class Sessions:
             actor, handle, archived_call=(turn.number, call) if archived else None
         )
         return call
+
+
+def _sent(known: RememberedMessage) -> Sent:
+    """What a remembered send did; one remembered before outcomes were started or queued its
+    turn (which of the two is not known: queued says that the turn answers it)."""
+    outcome = SendOutcome(known.outcome) if known.outcome else SendOutcome.QUEUED
+    return Sent(turn=known.number, outcome=outcome, interrupted=known.interrupted)
 
 
 def _new_id(session_id: str | None) -> str:

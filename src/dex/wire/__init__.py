@@ -74,6 +74,16 @@ class ToolSpec(Wire):
     concurrency_limit: int = Field(1, ge=1)
 
 
+OnBusy = Literal["enqueue", "reject", "interrupt", "steer"]
+"""What a user message does when it arrives while a turn of its session runs
+(docs/mid-turn.md): ``enqueue`` waits for the turn to end and starts the next one;
+``reject`` is refused (409); ``interrupt`` cancels the running turn and starts a new one
+with the message, in one commit; ``steer`` joins the running turn, whose next model call
+sees it."""
+
+ON_BUSY: tuple[OnBusy, ...] = ("enqueue", "reject", "interrupt", "steer")
+
+
 class AgentSpec(Wire):
     """What a Worker tells the server about an agent it serves."""
 
@@ -84,6 +94,10 @@ class AgentSpec(Wire):
     model_retry: RetryPolicy = Field(default_factory=RetryPolicy)
     compact_threshold_chars: int | None = Field(None, ge=100)
     """Summarize the history before RunModel once it holds more than this many characters."""
+    on_busy: OnBusy = Field("enqueue", exclude_if=lambda v: v == "enqueue")
+    """What a user message does while a turn runs, unless its send says otherwise. Left
+    out when it is the default, so a Worker that keeps it registers with a server that
+    does not know the field."""
 
     def tool(self, name: str) -> ToolSpec | None:
         for spec in self.tools:

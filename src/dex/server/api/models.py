@@ -402,7 +402,17 @@ class TurnResult(BaseModel):
 
 class SentMessage(TurnResult):
     created: bool = Field(
-        description="False when this `message_id` was sent before: the first send's turn."
+        description="False when this `message_id` was sent before: the first send's turn "
+        "and outcome."
+    )
+    outcome: Literal["started", "queued", "interrupted", "steered"] = Field(
+        description="What the message did (docs/mid-turn.md): `started` its turn (the "
+        "session was idle); `queued` (its turn starts once the running one ends); "
+        "`interrupted` the running turn (cancelled; its turn started at once); `steered` "
+        "into the running turn (`turn` is that turn, which answers it)."
+    )
+    interrupted: int | None = Field(
+        None, description="With `interrupted`: the turn the message cancelled."
     )
 
 
@@ -516,7 +526,7 @@ SSE_EVENT: dict[str, Any] = {
             "type": "string",
             "description": "history.item, turn.started, turn.completed, turn.failed, "
             "turn.cancelled, wait.started, wait.ended (a budget wait), budget.changed, "
-            "message.queued, model.delta, model.discard; "
+            "message.queued, message.steered, model.delta, model.discard; "
             "the stream's own notices, with no id: stream.gap (events after the "
             "Last-Event-ID are no longer kept) first, stream.dropped (this subscriber "
             "fell too far behind: the response ends, resume with Last-Event-ID) last",

@@ -16,7 +16,7 @@ from dex.server.api.responses import ORJSONResponse, RecordsResponse
 from dex.server.fleet import TENANT, Filters
 from dex.server.sessions import Sessions
 from dex.server.views import Turn
-from dex.wire import Wire
+from dex.wire import OnBusy, Wire
 
 router = APIRouter(
     prefix="/v1",
@@ -100,7 +100,16 @@ class SendMessage(Wire):
         None,
         min_length=1,
         max_length=128,
-        description="A client-chosen id: sending the same id again returns the first turn.",
+        description="A client-chosen id: sending the same id again returns the first "
+        "send's turn and outcome, and changes nothing.",
+    )
+    on_busy: OnBusy | None = Field(
+        None,
+        description="What the message does if a turn runs (docs/mid-turn.md): `enqueue` "
+        "(wait for it to end), `reject` (a 409 `conflict` naming the turn; nothing "
+        "changes), `interrupt` (cancel it and start a turn with this message, in one "
+        "commit), `steer` (join it: its next model call sees the message). Absent: the "
+        "agent's `on_busy`, `enqueue` unless its Worker declares another.",
     )
     wait_seconds: float = Field(
         0,
@@ -317,14 +326,16 @@ async def send(app: Any, session_id: str, body: SendMessage) -> tuple[dict[str, 
     """The message send, as this route and ``hot.HotRoutes`` both answer it: the body and
     the status."""
     sessions: Sessions = app.state["sessions"]
-    number, created = await sessions.send(session_id, body.text, body.message_id)
+    sent, created = await sessions.send(session_id, body.text, body.message_id, body.on_busy)
     turn: Turn | None = None
     waits: list[dict[str, Any]] = []
-    if body.wait_seconds > 0:
+    if body.wait_seconds > 0:  # the turn that answers the message (a steered one's: its own)
         wait = min(body.wait_seconds, app.state["config"].max_wait_seconds)
-        turn, waits = await sessions.reads.wait_turn(session_id, number, wait)
-    result = _turn_body(session_id, number, turn, waits)
+        turn, waits = await sessions.reads.wait_turn(session_id, sent.turn, wait)
+    result = _turn_body(session_id, sent.turn, turn, waits)
     result["created"] = created
+    result["outcome"] = sent.outcome.value
+    result["interrupted"] = sent.interrupted
     return result, 201 if created else 200
 
 

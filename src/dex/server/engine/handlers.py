@@ -38,8 +38,9 @@ from dex.server.engine.state import (
     Attempt,
     AttemptError,
     QueuedMessage,
+    SendOutcome,
+    Sent,
     SessionState,
-    SessionStatus,
     Step,
     ToolCall,
     TurnStatus,
@@ -56,7 +57,14 @@ from dex.server.engine.steps import (
     running_step,
 )
 from dex.server.engine.transition import Transition, append_history, merge
-from dex.server.engine.turn import after_tool_call, call_model, end_turn, queue_tool, start_turn
+from dex.server.engine.turn import (
+    after_tool_call,
+    call_model,
+    end_turn,
+    queue_tool,
+    start_turn,
+    steer,
+)
 from dex.server.engine.waits import apply_input, end_wait, record_input, start_wait
 from dex.wire import (
     AgentSpec,
@@ -65,6 +73,7 @@ from dex.wire import (
     AttemptOutcome,
     AttemptProgress,
     ModelResponse,
+    OnBusy,
     StepStatus,
     StepType,
     Summary,
@@ -103,18 +112,48 @@ def arguments_hash(arguments: dict[str, Any]) -> str:
 
 
 def receive_message(
-    state: SessionState, spec: AgentSpec, text: str, message_id: str | None, now: float
+    state: SessionState,
+    spec: AgentSpec,
+    text: str,
+    message_id: str | None,
+    now: float,
+    on_busy: OnBusy | None = None,
 ) -> tuple[Transition, int]:
-    """A user message: starts a turn, or waits for the running one to end."""
+    """A user message: starts a turn if the session is idle; else ``on_busy`` (the agent's
+    ``on_busy`` if None) decides: wait for the running turn to end (``enqueue``), refuse
+    (``reject``: ``Conflict``, nothing changes), cancel the running turn and start one at
+    once (``interrupt``), or join the running turn (``steer``). ``Transition.sent`` says
+    which, and the turn that answers the message (also returned)."""
+    policy = on_busy or spec.on_busy
+    turn = state.turn
+    if turn is not None and policy == "reject":
+        raise Conflict(
+            f"session {state.id} is running turn {turn.number}: the message was refused "
+            "(on_busy reject); send it once the turn has ended, or with another on_busy",
+            session_id=state.id,
+            turn=turn.number,
+        )
     t = Transition()
+    if turn is not None and policy == "steer":
+        steer(state, turn, text, t)
+        t.events.append({"type": "message.steered", "turn": turn.number})
+        t.sent = Sent(turn=turn.number, outcome=SendOutcome.STEERED)
+        return t, turn.number
     state.messages_received += 1
-    number = t.message = state.messages_received
+    number = state.messages_received
     message = QueuedMessage(number=number, text=text, message_id=message_id)
-    if state.status == SessionStatus.IDLE:
+    if turn is None:
         start_turn(state, spec, message, now, t)
+        t.sent = Sent(turn=number, outcome=SendOutcome.STARTED)
+    elif policy == "interrupt":
+        # the message goes ahead of those queued before it; the cancelled turn's end starts it
+        state.queued.insert(0, message)
+        merge(t, cancel_turn(state, spec, now, f"interrupted by message {number}"))
+        t.sent = Sent(turn=number, outcome=SendOutcome.INTERRUPTED, interrupted=turn.number)
     else:
         state.queued.append(message)
         t.events.append({"type": "message.queued", "turn": number})
+        t.sent = Sent(turn=number, outcome=SendOutcome.QUEUED)
     return t, number
 
 
@@ -258,7 +297,10 @@ def complete_model(
         AssistantItem(text=response.text, tool_calls=response.tool_calls, state=response.state),
     )
     if not response.tool_calls:
-        end_turn(state, spec, TurnStatus.COMPLETED, now, t, text=response.text)
+        if turn.steered:  # a message steered in while the model ran: the model answers it
+            call_model(state, spec, now, t)
+        else:
+            end_turn(state, spec, TurnStatus.COMPLETED, now, t, text=response.text)
         return t
     turn.batch = []
     for model_call in response.tool_calls:

@@ -220,6 +220,10 @@ class Turn(msgspec.Struct, kw_only=True):
     """The tool calls of the latest model response, in the model's order."""
     usage: Usage = field(default_factory=Usage)
     """The tokens and cost of the turn's model calls whose results committed."""
+    steered: list[str] = field(default_factory=list)
+    """User messages steered into the turn (``on_busy`` steer) while its model call ran or
+    its tool calls had not all settled: they join the history just before its next model
+    call (``turn.call_model``), where every model API accepts a user message."""
 
     def step(self, step_id: str) -> Step | None:
         """A Step by id (``{turn}.{n}``: the n-th Step of the turn)."""
@@ -251,6 +255,28 @@ class QueuedMessage(msgspec.Struct, kw_only=True):
     number: int
     text: str
     message_id: str | None = None
+
+
+class SendOutcome(StrEnum):
+    """What a user message did (``handlers.receive_message``)."""
+
+    STARTED = "started"
+    """The session was idle: the message started its turn."""
+    QUEUED = "queued"
+    """A turn ran: the message starts its turn once the turns before it have ended."""
+    INTERRUPTED = "interrupted"
+    """A turn ran: it was cancelled, and the message started its turn at once."""
+    STEERED = "steered"
+    """A turn ran: the message joined it, and that turn answers it."""
+
+
+class Sent(msgspec.Struct, kw_only=True, frozen=True):
+    """What a user message did: ``turn`` answers it; ``interrupted``: the turn it
+    cancelled."""
+
+    turn: int
+    outcome: SendOutcome
+    interrupted: int | None = None
 
 
 class ForkedFrom(msgspec.Struct, kw_only=True):

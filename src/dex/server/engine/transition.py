@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dex.server.engine.state import SessionState, Step, ToolCall, Turn
+from dex.server.engine.state import Sent, SessionState, Step, ToolCall, Turn
 from dex.wire import AssistantItem, Item, ToolResultItem
 
 
@@ -22,8 +22,8 @@ class Transition:
     cancel: list[str] = field(default_factory=list)
     """Attempt ids whose Worker should stop."""
     events: list[dict[str, Any]] = field(default_factory=list)
-    message: int | None = None
-    """For a user message: its number (the number of the turn it starts, now or later)."""
+    sent: Sent | None = None
+    """For a user message: what it did, and the turn that answers it."""
     unknown: list[tuple[ToolCall, Step]] = field(default_factory=list)
     """Tool calls whose outcome became unknown, each with its failed Step (to be logged)."""
     used: tuple[int, int, float] | None = None

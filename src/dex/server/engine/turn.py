@@ -52,11 +52,35 @@ def start_turn(
     call_model(state, spec, now, t)
 
 
+def steer(state: SessionState, turn: Turn, text: str, t: Transition) -> None:
+    """A user message joins the running turn. If the turn's latest Step is a model call
+    that waits in the queue, the message joins the history now (the call reads the history
+    when it is handed out); else it waits in ``turn.steered`` for the turn's next model
+    call: a model call that runs is not interrupted, and a user message between a model's
+    tool calls and their results is refused by model APIs."""
+    latest = turn.steps[-1] if turn.steps else None
+    if latest is not None and latest.type in MODEL_STEPS and latest.status == StepStatus.QUEUED:
+        append_history(state, t, UserItem(text=text))
+    else:
+        turn.steered.append(text)
+
+
+def _steered_in(state: SessionState, turn: Turn, t: Transition) -> None:
+    """The messages steered into the turn join its history (before its next model call,
+    or as it ends)."""
+    for text in turn.steered:
+        append_history(state, t, UserItem(text=text))
+    turn.steered = []
+
+
 def call_model(state: SessionState, spec: AgentSpec, now: float, t: Transition) -> None:
     """The next model call: compact the history first if it grew past the threshold and
     there is something before the current turn to compact (the turn's items stay). With
-    the session's budget used up, the turn waits for a bigger one instead."""
+    the session's budget used up, the turn waits for a bigger one instead. Messages
+    steered into the turn join the history first."""
     turn = current_turn(state)
+    if turn.steered:
+        _steered_in(state, turn, t)
     if state.budget is not None:
         reason = state.budget.reached(state.usage)
         if reason is not None:
@@ -195,6 +219,8 @@ def end_turn(
                 end_unfinished(state, step, AttemptOutcome.CANCELLED, now, t)
             step.status = StepStatus.CANCELLED
             step.ended_at = now
+    if turn.steered:  # the turn failed or was cancelled first: they stay on record
+        _steered_in(state, turn, t)
     if status != TurnStatus.COMPLETED:
         ran = [c for c in turn.tool_calls if may_have_run(c)]
         if ran:

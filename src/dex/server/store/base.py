@@ -71,6 +71,18 @@ class TenantUsage(NamedTuple):
     calls: int = 1
 
 
+class RememberedMessage(NamedTuple):
+    """A client message id remembered for idempotent sends, and what its send did."""
+
+    message_id: str
+    number: int
+    """The turn that answers the message (for a steered one, the turn it joined)."""
+    outcome: str | None = None
+    """started, queued, interrupted or steered; None if remembered before outcomes were."""
+    interrupted: int | None = None
+    """For an interrupting message: the turn it cancelled."""
+
+
 @dataclass
 class Write:
     """Everything one transition writes. Applied all or nothing."""
@@ -90,8 +102,8 @@ class Write:
     archived_turns: list[TurnRecord] = field(default_factory=list)
     """Ended turns to insert with a new session (a fork's copies of the original's; their
     Steps and calls are in ``steps`` and ``calls``)."""
-    message: tuple[str, int] | None = None
-    """(client message id, message number) to remember for idempotent sends."""
+    message: RememberedMessage | None = None
+    """A client message id to remember for idempotent sends."""
     agents: list[tuple[str, str]] = field(default_factory=list)
     """(name, spec as JSON) to insert or replace."""
     limits: list[tuple[str, str | None]] = field(default_factory=list)
@@ -286,7 +298,7 @@ class Store(ABC):
         """Every ended turn of the session, oldest first."""
 
     @abstractmethod
-    async def find_message(self, session_id: str, message_id: str) -> int | None: ...
+    async def find_message(self, session_id: str, message_id: str) -> RememberedMessage | None: ...
 
     @abstractmethod
     async def load_limits(self) -> list[tuple[str, str]]:

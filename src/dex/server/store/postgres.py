@@ -92,10 +92,10 @@ BULK: dict[str, tuple[LiteralString, tuple[int, ...], tuple[type, ...]]] = {
         (str, int, str, float, float, int, int, int, float, str),
     ),
     INSERT_MESSAGE: (
-        "INSERT INTO messages (session_id, message_id, number) "
-        "SELECT * FROM unnest(%b::text[], %b::text[], %b::int[])",
+        "INSERT INTO messages (session_id, message_id, number, outcome, interrupted) "
+        "SELECT * FROM unnest(%b::text[], %b::text[], %b::int[], %b::text[], %b::int[])",
         (),
-        (str, str, int),
+        (str, str, int, str, int),
     ),
     INSERT_HISTORY: (
         "INSERT INTO history (session_id, seq, item) "

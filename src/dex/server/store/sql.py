@@ -17,6 +17,7 @@ from dex.server.store.base import (
     IN_A_TURN,
     SAID_CHARS,
     ListedSession,
+    RememberedMessage,
     Said,
     SessionQuery,
     SessionRow,
@@ -45,7 +46,10 @@ UPDATE_SESSION = (
     "UPDATE sessions SET status = ?, turn = ?, state = ?, updated_at = ?, waiting_since = ?, "
     "outcome_unknown = ?, input_tokens = ?, output_tokens = ?, cost_usd = ? WHERE id = ?"
 )
-INSERT_MESSAGE = "INSERT INTO messages (session_id, message_id, number) VALUES (?, ?, ?)"
+INSERT_MESSAGE = (
+    "INSERT INTO messages (session_id, message_id, number, outcome, interrupted) "
+    "VALUES (?, ?, ?, ?, ?)"
+)
 INSERT_HISTORY = "INSERT INTO history (session_id, seq, item) VALUES (?, ?, ?)"
 UPSERT_STEP = (
     "INSERT INTO steps (session_id, turn, seq, step) VALUES (?, ?, ?, ?) "
@@ -94,7 +98,9 @@ TURN_CALLS = "SELECT call FROM calls WHERE session_id = ? AND turn = ? ORDER BY 
 LOAD_TURNS = "SELECT number, turn FROM turns WHERE session_id = ? ORDER BY number"
 ALL_STEPS = "SELECT turn, step FROM steps WHERE session_id = ? ORDER BY turn, seq"
 ALL_CALLS = "SELECT turn, call FROM calls WHERE session_id = ? ORDER BY turn, seq"
-FIND_MESSAGE = "SELECT number FROM messages WHERE session_id = ? AND message_id = ?"
+FIND_MESSAGE = (
+    "SELECT number, outcome, interrupted FROM messages WHERE session_id = ? AND message_id = ?"
+)
 LOAD_AGENTS = "SELECT spec FROM agents ORDER BY name"
 UPSERT_LIMIT = (
     "INSERT INTO model_limits (grp, spec, updated_at) VALUES (?, ?, ?) "
@@ -162,7 +168,7 @@ def statements(w: Write, now: float | None = None) -> list[Statement]:
         fleet = (updated_at, s.waiting_since, s.outcome_unknown, *s.usage)
         out.append((UPDATE_SESSION, [(s.status, s.turn, s.state, *fleet, s.id)]))
     if w.message is not None:
-        out.append((INSERT_MESSAGE, [(s.id, w.message[0], w.message[1])]))
+        out.append((INSERT_MESSAGE, [(s.id, *w.message)]))
     if w.history:
         start = w.history_start
         out.append((INSERT_HISTORY, [(s.id, start + i, item) for i, item in enumerate(w.history)]))
@@ -382,9 +388,17 @@ class SqlStore(Store):
                     found[which].append(str(text))
         return [StoredTurn(str(t), *by_turn[int(n)]) for n, t in turns]
 
-    async def find_message(self, session_id: str, message_id: str) -> int | None:
+    async def find_message(self, session_id: str, message_id: str) -> RememberedMessage | None:
         rows = await self._rows(FIND_MESSAGE, session_id, message_id)
-        return int(rows[0][0]) if rows else None
+        if not rows:
+            return None
+        number, outcome, interrupted = rows[0]
+        return RememberedMessage(
+            message_id,
+            int(number),
+            None if outcome is None else str(outcome),
+            None if interrupted is None else int(interrupted),
+        )
 
     async def load_agents(self) -> list[str]:
         return [str(r[0]) for r in await self._rows(LOAD_AGENTS)]
