@@ -139,11 +139,11 @@ def test_interrupt_cancels_the_turn_as_cancel_does_and_starts_the_new_one_in_one
     assert paid.status == ToolCallStatus.OUTCOME_UNKNOWN  # it may have run
     assert looked.status == ToolCallStatus.FAILED
     assert (looked.error or "").startswith(TOOL_CALL_NOT_RUN_ERROR_PREFIX)
-    # the new turn runs at once, ahead of the message queued before it
-    assert state.turn is not None and state.turn.number == 3
-    assert [m.number for m in state.queued] == [2]
+    # the message queued before it has its turn first: turns run in the order of their numbers
+    assert state.turn is not None and state.turn.number == 2
+    assert [m.number for m in state.queued] == [3]
     assert [s.type for s in t.ready] == [StepType.RUN_MODEL]
-    assert users(t.history) == ["stop, do this instead"]
+    assert users(t.history) == ["queued before"]
     assert isinstance(t.history[0], NoteItem)  # the cancelled turn's calls that may have run
     types = [e["type"] for e in t.events]
     assert types.index("turn.cancelled") < types.index("turn.started")
@@ -155,17 +155,18 @@ def call_for_ended(t: Transition, model_call_id: str) -> ToolCall:
     return call
 
 
-def test_the_queued_message_after_an_interrupting_one_starts_when_it_ends() -> None:
+def test_an_interrupting_message_s_turn_follows_those_queued_before_it_in_order() -> None:
     spec = make_spec()
     state, _ = running_turn(spec)
     say(state, spec, "second")
     say(state, spec, "third", "interrupt")
+    assert state.turn is not None and state.turn.number == 2  # turn 1 cancelled
+
+    t = run_model(state, spec, answer("done with the second"))
+
+    assert t.ended_turn is not None and t.ended_turn.number == 2
     assert state.turn is not None and state.turn.number == 3
-
-    t = run_model(state, spec, answer("done with the third"))
-
-    assert t.ended_turn is not None and t.ended_turn.number == 3
-    assert state.turn is not None and state.turn.number == 2
+    assert users(t.history) == ["third"]
 
 
 def test_steer_does_not_interrupt_a_running_model_call_the_next_call_sees_the_message() -> None:

@@ -146,8 +146,10 @@ def receive_message(
         start_turn(state, spec, message, now, t)
         t.sent = Sent(turn=number, outcome=SendOutcome.STARTED)
     elif policy == "interrupt":
-        # the message goes ahead of those queued before it; the cancelled turn's end starts it
-        state.queued.insert(0, message)
+        # the cancelled turn's end starts the next queued message: this one, or those that
+        # came before it first (turns run in the order of their numbers, which forks, the
+        # console and every reader of the history by turn rely on)
+        state.queued.append(message)
         merge(t, cancel_turn(state, spec, now, f"interrupted by message {number}"))
         t.sent = Sent(turn=number, outcome=SendOutcome.INTERRUPTED, interrupted=turn.number)
     else:
