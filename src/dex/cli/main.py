@@ -15,7 +15,7 @@ import typer
 from dex import _loop
 from dex._address import DEFAULT_ADDRESS
 from dex._settings import Settings
-from dex.cli import client_cmds
+from dex.cli import client_cmds, flow_cmds
 from dex.cli.client_cmds import Address, print_json
 from dex.errors import DexError
 
@@ -26,6 +26,7 @@ S = TypeVar("S", bound=Settings)
 
 app = typer.Typer(help="Dex: a durable runtime for AI agents.", no_args_is_help=True)
 app.add_typer(client_cmds.app)  # the client commands: dex new, send, turn, reconcile...
+app.add_typer(flow_cmds.app)  # the operator's: dex limits, dex tenants
 
 
 def _version(value: bool) -> None:
