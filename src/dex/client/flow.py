@@ -4,6 +4,7 @@ limits and tenants' budgets. They need an admin token when the server has auth o
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -11,18 +12,8 @@ from urllib.parse import quote
 class FlowControl:
     """What ``Client`` does for an operator of flow control; it gives ``_request``."""
 
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        params: dict[str, Any] | None = None,
-        read_timeout: float | None = None,
-        per_try: float | None = None,
-        retry: bool | None = None,
-    ) -> dict[str, Any]:
-        raise NotImplementedError  # Client's
+    _request: Callable[..., Awaitable[dict[str, Any]]]
+    """``Client._request``: one request to whichever node serves."""
 
     async def get_limits(self) -> list[dict[str, Any]]:
         """The model groups with limits or calls: each one's ``limit`` (``concurrency``,
